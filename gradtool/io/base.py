@@ -1,0 +1,190 @@
+"""What every format shares: tensor index entries, the lazy reader interface, name and size checks."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, UnsafeInputError
+
+MAX_NAME_LENGTH = 4096
+
+
+@dataclass
+class TensorInfo:
+    """One entry of a dump's index: what is known without reading the data."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    attrs: dict[str, Any] = field(default_factory=dict)  # HDF5 dataset attributes, kept on write
+    compression: str | None = None  # "gzip"/"deflate" when the input stored it compressed
+    compression_opts: Any = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 1 << 40
+
+
+def check_tensor_name(name: Any, path: str) -> str:
+    """Refuse names that could escape a directory or corrupt output: '..' parts, absolute paths, NUL and
+    control characters, empty or absurdly long names."""
+    if not isinstance(name, str):
+        raise UnsafeInputError(f"{path}: tensor name {name!r} is not a string")
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    if not name:
+        raise UnsafeInputError(f"{path}: empty tensor name")
+    if len(name) > MAX_NAME_LENGTH:
+        raise UnsafeInputError(f"{path}: tensor name of {len(name)} characters (more than {MAX_NAME_LENGTH})")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise UnsafeInputError(f"{path}: tensor name {shown!r} contains control characters")
+    if name.startswith(("/", "\\")) or (len(name) > 2 and name[0].isalpha() and name[1] == ":" and name[2] in "/\\"):
+        raise UnsafeInputError(f"{path}: tensor name {shown!r} is an absolute path")
+    parts = name.replace("\\", "/").split("/")
+    if any(p in ("..", ".") for p in parts) or any(p == "" for p in parts):
+        raise UnsafeInputError(f"{path}: tensor name {shown!r} has an empty, '.' or '..' path component")
+    return name
+
+
+def check_unique(names: Sequence[str], path: str) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise UnsafeInputError(f"{path}: duplicate tensor name {n!r}")
+        seen.add(n)
+
+
+def check_dtype(dtype: np.dtype, name: str, path: str) -> np.dtype:
+    """Only plain numeric dtypes are tensors; object (pickle), string, void and structured dtypes are refused."""
+    if dtype.hasobject:
+        raise UnsafeInputError(f"{path}: tensor {name!r} holds Python objects (pickle); refusing to load it")
+    from ..backend import is_floating_dtype
+
+    if dtype.kind not in "biufc" and not is_floating_dtype(dtype):
+        raise InputError(f"{path}: tensor {name!r} has unsupported dtype {dtype.str!r} (not a numeric tensor)")
+    return dtype
+
+
+def check_shape(shape: Any, name: str, path: str) -> tuple[int, ...]:
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise InputError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
+    if any(d < 0 for d in shape) or len(shape) > 64:
+        raise InputError(f"{path}: tensor {name!r} has an invalid shape {tuple(shape)!r}")
+    return tuple(int(d) for d in shape)
+
+
+def allocate(info: TensorInfo, path: str) -> np.ndarray:
+    """An empty array for a tensor, refusing sizes no machine here could hold (hostile headers)."""
+    if info.nbytes > physical_memory():
+        raise UnsafeInputError(
+            f"{path}: tensor {info.name!r} claims {info.nbytes} bytes, more than this machine's memory"
+        )
+    try:
+        return np.empty(info.shape, dtype=info.dtype)
+    except (MemoryError, ValueError) as exc:
+        raise InputError(f"{path}: cannot allocate tensor {info.name!r} ({info.nbytes} bytes): {exc}") from None
+
+
+class DumpReader:
+    """A lazily read dump. Subclasses fill ``tensors`` and ``metadata`` on open and implement ``_read``."""
+
+    format: str = "?"
+
+    def __init__(self, path: str, *, display_path: str | None = None):
+        self.path = path
+        self.display_path = display_path or path
+        self.group: str | None = None
+        self.tensors: list[TensorInfo] = []
+        self.metadata: dict[str, Any] = {}
+        self.group_attrs: dict[str, dict[str, Any]] = {}  # HDF5: group path (relative) -> attributes
+
+    # -- index
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+    def info(self, name: str) -> TensorInfo:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    @property
+    def step(self) -> int | None:
+        s = self.metadata.get("step")
+        return s if isinstance(s, int) and not isinstance(s, bool) else None
+
+    # -- data
+    def read(self, name: str) -> np.ndarray:
+        """Load one tensor (a fresh array, never a view of the file)."""
+        return self._read(self.info(name))
+
+    def _read(self, info: TensorInfo) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def iter_tensors(self, names: Sequence[str] | None = None) -> Iterator[tuple[TensorInfo, np.ndarray]]:
+        wanted = None if names is None else set(names)
+        for info in self.tensors:
+            if wanted is None or info.name in wanted:
+                yield info, self._read(info)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> DumpReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _validate_index(self) -> None:
+        for t in self.tensors:
+            check_tensor_name(t.name, self.display_path)
+        check_unique(self.names, self.display_path)
+
+
+class DumpWriter:
+    """Writes one dump (or, for HDF5, several step groups) to an already chosen temporary path."""
+
+    format: str = "?"
+
+    def __init__(self, path: str, metadata: dict[str, Any] | None = None):
+        self.path = path
+        self.metadata = dict(metadata or {})
+
+    def plan(self, infos: list[TensorInfo]) -> None:
+        """Announce the tensors (in order) that ``add`` will write; formats with a header need this."""
+
+    def add(self, info: TensorInfo, array: np.ndarray) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def set_group_attrs(self, group: str, attrs: dict[str, Any]) -> None:
+        """Attributes of a (sub)group; only HDF5 keeps them."""
+
+    def begin_step(self, group: str, metadata: dict[str, Any]) -> None:
+        raise InputError(f"{self.path}: the {self.format} format holds one step per file")
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> DumpWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,54 @@
+"""Format detection from a file's first bytes (the extension only breaks ties and names outputs)."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from ..errors import InputError, UsageError
+
+DUMP_FORMATS = ("npz", "npy", "hdf5", "safetensors")
+EXTENSIONS = {
+    ".npz": "npz", ".npy": "npy", ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".safetensors": "safetensors",
+    ".st": "safetensors",
+}
+FORMAT_EXTENSION = {"npz": ".npz", "npy": ".npy", "hdf5": ".h5", "safetensors": ".safetensors"}
+
+
+def sniff(head: bytes) -> str | None:
+    """The dump format that these leading bytes announce, or None."""
+    if head.startswith(b"\x93NUMPY"):
+        return "npy"
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        return "npz"
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+        return "hdf5"
+    if len(head) >= 9:
+        (n,) = struct.unpack("<Q", head[:8])
+        if 2 <= n <= 100 * 1024 * 1024 and head[8:9] == b"{":
+            return "safetensors"
+    return None
+
+
+def detect_format(path: str) -> str | None:
+    """Read the first bytes of ``path`` and return its dump format (None if it is not a dump)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except IsADirectoryError:
+        return None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    return sniff(head)
+
+
+def format_from_extension(path: str) -> str | None:
+    return EXTENSIONS.get(os.path.splitext(path)[1].lower())
+
+
+def output_format(path: str, default: str | None) -> str:
+    """The format to write: the one the output's extension names, else ``default`` (the input's)."""
+    fmt = format_from_extension(path) or default
+    if fmt is None:
+        raise UsageError(f"{path}: cannot tell which format to write; use one of {', '.join(EXTENSIONS)}")
+    return fmt

@@ -1,0 +1,211 @@
+"""HDF5 dumps through h5py: tensors anywhere in the group tree, one step per file or many steps per file.
+
+* A tensor's name is its dataset path relative to the dump's root group, without the leading ``/``.
+* A *history file* holds several steps as top-level groups that carry an integer ``step`` attribute;
+  each such group is one dump (its attributes are that step's metadata). Otherwise the file is one dump
+  and the root group's attributes are its metadata.
+* Only hard links are followed: soft and external links are never dereferenced (an external link could
+  point anywhere on the disk), and each object is visited once, so link cycles cannot loop.
+* Writing keeps names, order (creation order is tracked), group structure, group and dataset attributes
+  and gzip compression. HDF5 has no bfloat16; such dumps must be written as safetensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape
+
+MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def _h5py() -> Any:
+    import h5py
+
+    return h5py
+
+
+def _attrs(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in obj.attrs:
+        try:
+            v = obj.attrs[k]
+        except Exception:  # unreadable attribute types (references, exotic compounds) are dropped
+            continue
+        out[k] = v
+    return out
+
+
+def _plain(v: Any) -> Any:
+    """An attribute value as plain JSON-able Python (for metadata)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, np.ndarray):
+        return v.tolist() if v.dtype.kind in "biuf" else str(v)
+    return v
+
+
+def open_h5(path: str, display: str) -> Any:
+    h5py = _h5py()
+    try:
+        return h5py.File(path, "r")
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{display}: not a readable HDF5 file ({exc})") from None
+
+
+def step_groups(f: Any) -> list[tuple[str, int]]:
+    """Top-level groups with an integer ``step`` attribute, as (group name, step), in file order."""
+    h5py = _h5py()
+    out = []
+    for key in f.keys():
+        link = f.get(key, getlink=True)
+        if not isinstance(link, h5py.HardLink):
+            continue
+        obj = f.get(key)
+        if isinstance(obj, h5py.Group) and "step" in obj.attrs:
+            s = obj.attrs["step"]
+            if isinstance(s, np.ndarray) and s.size == 1:
+                s = s.reshape(()).item()
+            if isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_)):
+                out.append((key, int(s)))
+    return out
+
+
+class Hdf5Reader(DumpReader):
+    format = "hdf5"
+
+    def __init__(self, path: str, *, group: str | None = None, display_path: str | None = None, _file: Any = None):
+        super().__init__(path, display_path=display_path)
+        self._f = _file or open_h5(path, self.display_path)
+        self._own = _file is None
+        self.group = group
+        try:
+            self._index()
+        except InputError:
+            self.close()
+            raise
+        except Exception as exc:  # h5py raises KeyError/OSError/RuntimeError on corrupt internals
+            self.close()
+            raise InputError(f"{self.display_path}: corrupt HDF5 file ({type(exc).__name__}: {exc})") from None
+        self._validate_index()
+
+    def _index(self) -> None:
+        h5py = _h5py()
+        root = self._f if self.group is None else self._f[self.group]
+        self._root = root
+        self.metadata = {k: _plain(v) for k, v in _attrs(root).items()}
+        self._datasets: dict[str, Any] = {}
+        seen: set[Any] = set()
+        p = self.display_path
+
+        def walk(group: Any, prefix: str) -> None:
+            for key in group.keys():
+                link = group.get(key, getlink=True)
+                if not isinstance(link, h5py.HardLink):
+                    continue  # soft/external links are never followed
+                obj = group.get(key)
+                addr = h5py.h5o.get_info(obj.id).addr if hasattr(h5py.h5o.get_info(obj.id), "addr") else obj.id
+                if addr in seen:
+                    continue
+                seen.add(addr)
+                name = f"{prefix}{key}"
+                if isinstance(obj, h5py.Dataset):
+                    self._add_dataset(name, obj)
+                elif isinstance(obj, h5py.Group):
+                    if self.group is None and not prefix and "step" in obj.attrs and self._is_history:
+                        continue
+                    self.group_attrs[name] = _attrs(obj)
+                    walk(obj, name + "/")
+
+        self._is_history = self.group is None and bool(step_groups(self._f))
+        if self._is_history:
+            raise InputError(f"{p}: holds several steps; open one of its step groups")
+        walk(root, "")
+
+    def _add_dataset(self, name: str, ds: Any) -> None:
+        p = self.display_path
+        if ds.shape is None:
+            raise InputError(f"{p}: dataset {name!r} has no data (null dataspace)")
+        dtype = check_dtype(ds.dtype, name, p)
+        shape = check_shape(tuple(int(d) for d in ds.shape), name, p)
+        info = TensorInfo(name, shape, dtype, attrs=_attrs(ds),
+                          compression=ds.compression, compression_opts=ds.compression_opts)
+        self._datasets[name] = ds
+        self.tensors.append(info)
+
+    def _read(self, info: TensorInfo) -> np.ndarray:
+        ds = self._datasets[info.name]
+        out = allocate(info, self.display_path)
+        try:
+            if info.size:
+                ds.read_direct(out)
+        except Exception as exc:
+            raise InputError(f"{self.display_path}: cannot read dataset {info.name!r} ({exc})") from None
+        return out
+
+    def close(self) -> None:
+        if self._own:
+            try:
+                self._f.close()
+            except Exception:
+                pass
+
+
+class Hdf5Writer(DumpWriter):
+    """Writes datasets in order (creation order tracked); ``begin_step`` starts a step group."""
+
+    format = "hdf5"
+
+    def __init__(self, path: str, metadata: dict[str, Any] | None = None, *, file: Any = None):
+        super().__init__(path, metadata)
+        self._own = file is None
+        self._f = _h5py().File(path, "w", track_order=True) if file is None else file
+        self._root = self._f
+        if self._own:
+            self._set_attrs(self._f, self.metadata)
+
+    @staticmethod
+    def _set_attrs(obj: Any, attrs: dict[str, Any]) -> None:
+        for k, v in attrs.items():
+            if v is None:
+                continue
+            try:
+                obj.attrs[k] = v
+            except (TypeError, ValueError):
+                obj.attrs[k] = str(v)
+
+    def begin_step(self, group: str, metadata: dict[str, Any]) -> None:
+        self._root = self._f.create_group(group, track_order=True)
+        self._set_attrs(self._root, metadata)
+
+    def _group(self, path: str) -> Any:
+        g = self._root
+        if not path:
+            return g
+        for part in path.split("/"):
+            g = g[part] if part in g else g.create_group(part, track_order=True)
+        return g
+
+    def set_group_attrs(self, group: str, attrs: dict[str, Any]) -> None:
+        self._set_attrs(self._group(group), attrs)
+
+    def add(self, info: TensorInfo, array: np.ndarray) -> None:
+        from .npy import check_writable_dtype
+
+        check_writable_dtype(array.dtype, "HDF5", info.name)
+        parent, _, leaf = info.name.rpartition("/")
+        g = self._group(parent)
+        kwargs: dict[str, Any] = {}
+        if info.compression == "gzip" and array.size:
+            kwargs = {"compression": "gzip", "compression_opts": info.compression_opts}
+        ds = g.create_dataset(leaf, data=array, **kwargs)
+        self._set_attrs(ds, info.attrs)
+
+    def close(self) -> None:
+        if self._own:
+            self._f.close()

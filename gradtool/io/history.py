@@ -1,0 +1,111 @@
+"""Turn command-line inputs into a history: an ordered list of dumps, each with a step number.
+
+Inputs are files, directories (their dump files, sorted by name, not recursive; other files are
+ignored) and multi-step HDF5 files (one dump per top-level group with an integer ``step`` attribute).
+A dump's step number comes from, in order: its metadata (``step`` in the npz ``__metadata__.json``, the
+safetensors ``__metadata__``, or the HDF5 group/root attribute); else the first integer in its file name
+(``step_00100.npz`` -> 100); else its position in the argument order (0, 1, 2, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import InputError
+from .base import DumpReader
+from .detect import detect_format
+from .dump import open_dump
+
+_INT = re.compile(r"\d+")
+
+
+@dataclass
+class DumpRef:
+    """Where one dump lives (a file, or a step group inside an HDF5 history file) and its step number."""
+
+    path: str
+    format: str | None
+    group: str | None = None
+    step: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}::{self.group}" if self.group else self.path
+
+    def open(self) -> DumpReader:
+        return open_dump(self.path, group=self.group, format=self.format)
+
+
+def step_from_filename(path: str) -> int | None:
+    """The first integer in the file name (not the directory): step_00100.npz -> 100."""
+    m = _INT.search(os.path.basename(path))
+    return int(m.group()) if m else None
+
+
+def _dir_files(directory: str) -> list[str]:
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as exc:
+        raise InputError(f"{directory}: cannot list directory ({exc.strerror or exc})") from None
+    out = []
+    for n in names:
+        p = os.path.join(directory, n)
+        if n.startswith(".") or not os.path.isfile(p):
+            continue
+        if detect_format(p) is not None:
+            out.append(p)
+    return out
+
+
+def _refs_for_file(path: str) -> list[DumpRef]:
+    fmt = detect_format(path) if path != "-" else None
+    if fmt == "hdf5":
+        from .hdf5 import open_h5, step_groups
+
+        with open_h5(path, path) as f:
+            groups = step_groups(f)
+        if groups:
+            return [DumpRef(path, "hdf5", g, s) for g, s in groups]
+    return [DumpRef(path, fmt)]
+
+
+def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True) -> list[DumpRef]:
+    """Expand files/directories/multi-step HDF5 files into dump references with step numbers."""
+    refs: list[DumpRef] = []
+    for item in inputs:
+        if item != "-" and os.path.isdir(item):
+            files = _dir_files(item)
+            if not files:
+                raise InputError(f"{item}: directory holds no gradient dumps (.npz .npy .h5 .safetensors)")
+            for p in files:
+                refs.extend(_refs_for_file(p))
+        elif item != "-" and not os.path.exists(item):
+            raise InputError(f"{item}: no such file or directory")
+        else:
+            refs.extend(_refs_for_file(item))
+    if resolve_steps:
+        for order, ref in enumerate(refs):
+            if ref.step is None:
+                ref.step = _metadata_step(ref)
+            if ref.step is None and ref.path != "-":
+                ref.step = step_from_filename(ref.path)
+            if ref.step is None:
+                ref.step = order
+    return refs
+
+
+def _metadata_step(ref: DumpRef) -> int | None:
+    if ref.path == "-" or ref.format is None:
+        return None
+    with ref.open() as r:
+        return r.step
+
+
+def iter_dumps(inputs: Sequence[str]):  # noqa: ANN201 - generator of (DumpRef, DumpReader)
+    """Yield ``(ref, reader)`` for every dump of the inputs, one open reader at a time."""
+    for ref in expand_inputs(inputs):
+        with ref.open() as reader:
+            yield ref, reader

@@ -1,0 +1,142 @@
+"""NumPy ``.npy`` format: a safe header parser (no pickle, bounded sizes) and the one-tensor reader/writer.
+
+The header is parsed with ``ast.literal_eval`` (as NumPy does) after checking its length, so a hostile
+header cannot allocate or execute anything; object dtypes are refused before any data is read.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import struct
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..errors import InputError, UnsafeInputError
+from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape
+
+MAGIC = b"\x93NUMPY"
+MAX_HEADER = 1 << 16
+
+
+def read_npy_header(f: BinaryIO, name: str, path: str) -> tuple[tuple[int, ...], np.dtype, bool, int]:
+    """Parse a .npy header from ``f``: returns (shape, dtype, fortran_order, header_length_in_bytes)."""
+    head = f.read(8)
+    if len(head) < 8 or head[:6] != MAGIC:
+        raise InputError(f"{path}: {name!r} is not a .npy array (bad magic)")
+    major = head[6]
+    if major == 1:
+        raw = f.read(2)
+        if len(raw) < 2:
+            raise InputError(f"{path}: {name!r}: truncated .npy header")
+        hlen = struct.unpack("<H", raw)[0]
+        prefix = 10
+    elif major in (2, 3):
+        raw = f.read(4)
+        if len(raw) < 4:
+            raise InputError(f"{path}: {name!r}: truncated .npy header")
+        hlen = struct.unpack("<I", raw)[0]
+        prefix = 12
+    else:
+        raise InputError(f"{path}: {name!r}: unsupported .npy version {major}.{head[7]}")
+    if hlen > MAX_HEADER:
+        raise UnsafeInputError(f"{path}: {name!r}: .npy header of {hlen} bytes is too large")
+    text = f.read(hlen)
+    if len(text) < hlen:
+        raise InputError(f"{path}: {name!r}: truncated .npy header")
+    try:
+        d = ast.literal_eval(text.decode("utf-8" if major == 3 else "latin1"))
+    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
+        raise InputError(f"{path}: {name!r}: malformed .npy header") from None
+    if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
+        raise InputError(f"{path}: {name!r}: malformed .npy header")
+    try:
+        dtype = np.lib.format.descr_to_dtype(d["descr"])
+    except Exception:
+        raise InputError(f"{path}: {name!r}: unknown dtype {d['descr']!r}") from None
+    check_dtype(dtype, name, path)
+    shape = check_shape(d["shape"], name, path)
+    return shape, dtype, bool(d["fortran_order"]), prefix + hlen
+
+
+def read_exact_into(f: BinaryIO, out: np.ndarray, name: str, path: str) -> None:
+    """Fill ``out`` (C-contiguous) from ``f``; a short read is a truncated file."""
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    pos = 0
+    total = len(view)
+    while pos < total:
+        n = f.readinto(view[pos:])  # type: ignore[attr-defined]
+        if not n:
+            raise InputError(f"{path}: tensor {name!r} is truncated ({pos} of {total} bytes)")
+        pos += n
+
+
+def read_npy_data(f: BinaryIO, info: TensorInfo, fortran: bool, path: str) -> np.ndarray:
+    shape = info.shape[::-1] if fortran else info.shape
+    out = allocate(TensorInfo(info.name, shape, info.dtype), path)
+    read_exact_into(f, out, info.name, path)
+    if not out.dtype.isnative:
+        out = out.astype(out.dtype.newbyteorder("="))
+    return out.T if fortran else out
+
+
+def check_writable_dtype(dtype: np.dtype, fmt: str, name: str) -> None:
+    from ..backend import is_floating_dtype
+
+    if dtype.kind == "V" or (is_floating_dtype(dtype) and dtype.kind != "f"):
+        raise InputError(
+            f"cannot write tensor {name!r} of dtype {dtype.name} as {fmt}: the format has no such dtype; "
+            "write a .safetensors file instead"
+        )
+
+
+def write_npy(f: BinaryIO, array: np.ndarray) -> None:
+    np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
+
+
+class NpyReader(DumpReader):
+    """A single .npy file is a dump of one tensor named after the file's stem."""
+
+    format = "npy"
+
+    def __init__(self, path: str, *, display_path: str | None = None, name: str | None = None):
+        super().__init__(path, display_path=display_path)
+        self._name = name or os.path.splitext(os.path.basename(self.display_path))[0] or "tensor"
+        self._f = open(path, "rb")
+        try:
+            shape, dtype, self._fortran, self._offset = read_npy_header(self._f, self._name, self.display_path)
+            size = os.fstat(self._f.fileno()).st_size
+            info = TensorInfo(self._name, shape, dtype)
+            if size - self._offset < info.nbytes:
+                raise InputError(
+                    f"{self.display_path}: truncated: header claims {info.nbytes} data bytes, "
+                    f"file holds {max(size - self._offset, 0)}"
+                )
+            self.tensors = [info]
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _read(self, info: TensorInfo) -> np.ndarray:
+        self._f.seek(self._offset)
+        return read_npy_data(self._f, info, self._fortran, self.display_path)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class NpyWriter(DumpWriter):
+    format = "npy"
+
+    def __init__(self, path: str, metadata: dict[str, Any] | None = None):
+        super().__init__(path, metadata)
+        self._written = False
+
+    def add(self, info: TensorInfo, array: np.ndarray) -> None:
+        if self._written:
+            raise InputError(f"a .npy file holds one tensor; {info.name!r} would be the second: write .npz instead")
+        check_writable_dtype(array.dtype, "npy", info.name)
+        with open(self.path, "wb") as f:
+            write_npy(f, array)
+        self._written = True

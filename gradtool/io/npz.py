@@ -1,0 +1,117 @@
+"""NumPy ``.npz`` archives (stored or deflate-compressed zip of .npy members), read lazily and safely.
+
+Each member ``NAME.npy`` is the tensor ``NAME``; the member ``__metadata__.json`` (written by gradtool)
+holds the dump's metadata (step, loss, ...). Opening reads the zip directory and each member's .npy
+header only. Member data is checked against its header before anything is allocated: a member whose
+header claims more bytes than it holds, or whose compression ratio is impossible for deflate, is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, UnsafeInputError
+from .base import DumpReader, DumpWriter, TensorInfo
+from .npy import check_writable_dtype, read_npy_data, read_npy_header, write_npy
+
+METADATA_MEMBER = "__metadata__.json"
+MAX_DEFLATE_RATIO = 1100  # deflate cannot exceed ~1032:1
+
+
+class NpzReader(DumpReader):
+    format = "npz"
+
+    def __init__(self, path: str, *, display_path: str | None = None):
+        super().__init__(path, display_path=display_path)
+        try:
+            self._zip = zipfile.ZipFile(path, "r")
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+            raise InputError(f"{self.display_path}: not a readable .npz archive ({exc})") from None
+        try:
+            self._index()
+        except BaseException:
+            self._zip.close()
+            raise
+        self._validate_index()
+
+    def _index(self) -> None:
+        self._members: dict[str, tuple[zipfile.ZipInfo, bool]] = {}
+        self.compressed = False
+        p = self.display_path
+        for zi in self._zip.infolist():
+            if zi.is_dir():
+                continue
+            if zi.filename == METADATA_MEMBER:
+                self.metadata = self._read_metadata(zi)
+                continue
+            if not zi.filename.endswith(".npy"):
+                continue  # numpy ignores foreign members too; they are not tensors
+            name = zi.filename[: -len(".npy")]
+            if zi.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise InputError(f"{p}: member {zi.filename!r} uses an unsupported zip compression")
+            if zi.compress_type == zipfile.ZIP_DEFLATED:
+                self.compressed = True
+                if zi.file_size > zi.compress_size * MAX_DEFLATE_RATIO + 4096:
+                    raise UnsafeInputError(f"{p}: member {zi.filename!r} claims an impossible compression ratio (zip bomb?)")
+            try:
+                with self._zip.open(zi) as f:
+                    shape, dtype, fortran, hlen = read_npy_header(f, name, p)
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+                raise InputError(f"{p}: member {zi.filename!r} is corrupt ({exc})") from None
+            info = TensorInfo(name, shape, dtype, compression="gzip" if zi.compress_type else None)
+            if zi.file_size - hlen != info.nbytes:
+                raise InputError(
+                    f"{p}: member {zi.filename!r}: header claims {info.nbytes} data bytes but the member holds "
+                    f"{zi.file_size - hlen} (truncated or corrupt)"
+                )
+            self._members[name] = (zi, fortran)
+            self.tensors.append(info)
+
+    def _read_metadata(self, zi: zipfile.ZipInfo) -> dict[str, Any]:
+        if zi.file_size > 1 << 20:
+            raise UnsafeInputError(f"{self.display_path}: metadata member is larger than 1 MiB")
+        try:
+            meta = json.loads(self._zip.read(zi).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, zipfile.BadZipFile, zlib.error) as exc:
+            raise InputError(f"{self.display_path}: malformed {METADATA_MEMBER} ({exc})") from None
+        if not isinstance(meta, dict):
+            raise InputError(f"{self.display_path}: {METADATA_MEMBER} is not a JSON object")
+        return meta
+
+    def _read(self, info: TensorInfo) -> np.ndarray:
+        zi, fortran = self._members[info.name]
+        try:
+            with self._zip.open(zi) as f:
+                read_npy_header(f, info.name, self.display_path)
+                return read_npy_data(f, info, fortran, self.display_path)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+            raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
+
+    def close(self) -> None:
+        self._zip.close()
+
+
+class NpzWriter(DumpWriter):
+    """Streams members one at a time into a zip (ZIP64 always on, so members may exceed 4 GiB)."""
+
+    format = "npz"
+
+    def __init__(self, path: str, metadata: dict[str, Any] | None = None, *, compress: bool = False):
+        super().__init__(path, metadata)
+        self._zip = zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED,
+                                    allowZip64=True)
+
+    def add(self, info: TensorInfo, array: np.ndarray) -> None:
+        check_writable_dtype(array.dtype, "npz", info.name)
+        with self._zip.open(info.name + ".npy", "w", force_zip64=True) as f:
+            write_npy(f, array)
+
+    def close(self) -> None:
+        if self.metadata:
+            self._zip.writestr(METADATA_MEMBER, json.dumps(self.metadata, allow_nan=True))
+        self._zip.close()

@@ -1,0 +1,189 @@
+"""safetensors files, through a small header parser rather than the ``safetensors`` package.
+
+Why our own: the format is 8 bytes of header length, a JSON header and raw little-endian data, so a
+parser is ~100 lines; it lets us validate every offset before reading (out-of-range or overlapping
+offsets are refused), read one tensor at a time with ``pread`` (the package's ``load_file`` holds the
+whole file, twice), keep BF16/F8 via ml_dtypes, and avoid a compiled dependency. Interoperability with
+the official package is tested both ways.
+
+Layout: ``u64 N`` | N bytes of JSON ``{"name": {"dtype", "shape", "data_offsets": [b, e]}, ...,
+"__metadata__": {str: str}}`` | data. gradtool stores its metadata values as JSON text in
+``__metadata__`` (``{"step": "100", "loss": "0.25"}``). Tensor order = order of their data in the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import InputError, UnsafeInputError
+from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_shape
+
+MAX_HEADER = 100 * 1024 * 1024
+
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+CODES = {v: k for k, v in DTYPES.items()}
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _metadata_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class SafetensorsReader(DumpReader):
+    format = "safetensors"
+
+    def __init__(self, path: str, *, display_path: str | None = None):
+        super().__init__(path, display_path=display_path)
+        self._fd = os.open(path, os.O_RDONLY)
+        try:
+            self._index()
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._validate_index()
+
+    def _index(self) -> None:
+        p = self.display_path
+        file_size = os.fstat(self._fd).st_size
+        head = os.pread(self._fd, 8, 0)
+        if len(head) < 8:
+            raise InputError(f"{p}: not a safetensors file (shorter than its 8-byte header length)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER:
+            raise UnsafeInputError(f"{p}: safetensors header claims {n} bytes (limit {MAX_HEADER})")
+        if 8 + n > file_size:
+            raise InputError(f"{p}: truncated safetensors file (header of {n} bytes, file of {file_size})")
+        raw = os.pread(self._fd, n, 8)
+        try:
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise InputError(f"{p}: malformed safetensors header ({exc})") from None
+        if not isinstance(header, dict):
+            raise InputError(f"{p}: malformed safetensors header (not a JSON object)")
+        self._data_start = 8 + n
+        data_size = file_size - self._data_start
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict):
+            raise InputError(f"{p}: safetensors __metadata__ is not an object")
+        self.metadata = {str(k): _metadata_value(v) if isinstance(v, str) else v for k, v in meta.items()}
+        entries = []
+        for name, spec in header.items():
+            if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= set(spec):
+                raise InputError(f"{p}: tensor {name!r}: malformed header entry")
+            code = spec["dtype"]
+            if code not in DTYPES:
+                raise InputError(f"{p}: tensor {name!r}: unsupported dtype {code!r}")
+            shape = check_shape(spec["shape"], name, p)
+            offs = spec["data_offsets"]
+            if (not isinstance(offs, list) or len(offs) != 2
+                    or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
+                raise InputError(f"{p}: tensor {name!r}: malformed data_offsets {offs!r}")
+            begin, end = offs
+            info = TensorInfo(name, shape, DTYPES[code])
+            if not 0 <= begin <= end or end - begin != info.nbytes:
+                raise InputError(
+                    f"{p}: tensor {name!r}: data_offsets {offs} do not match shape {list(shape)} x {code}"
+                )
+            if end > data_size:
+                raise InputError(f"{p}: tensor {name!r}: data_offsets {offs} run past the end of the file (truncated?)")
+            entries.append((begin, end, info))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        last_end = 0
+        for begin, end, info in entries:
+            if begin < last_end and end > begin:
+                raise UnsafeInputError(f"{p}: tensor {info.name!r} overlaps another tensor's data")
+            last_end = max(last_end, end)
+        self._offsets = {info.name: begin for begin, _, info in entries}
+        self.tensors = [info for _, _, info in entries]
+
+    def _read(self, info: TensorInfo) -> np.ndarray:
+        out = allocate(info, self.display_path)
+        buf = memoryview(out.reshape(-1).view(np.uint8))
+        pos, total = 0, len(buf)
+        start = self._data_start + self._offsets[info.name]
+        while pos < total:
+            n = os.preadv(self._fd, [buf[pos:]], start + pos)
+            if n <= 0:
+                raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
+            pos += n
+        return out
+
+    def close(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+
+
+class SafetensorsWriter(DumpWriter):
+    """The header needs every offset, so tensors are collected as (info, array) lazily by the caller via
+    :meth:`plan`, then streamed. ``add`` in plan order writes data sequentially."""
+
+    format = "safetensors"
+
+    def __init__(self, path: str, metadata: dict[str, Any] | None = None):
+        super().__init__(path, metadata)
+        self._f = open(path, "wb")
+        self._planned: list[TensorInfo] | None = None
+        self._next = 0
+
+    def plan(self, infos: list[TensorInfo]) -> None:
+        """Write the header for these tensors (names, shapes, dtypes in this order)."""
+        header: dict[str, Any] = {}
+        if self.metadata:
+            header["__metadata__"] = {
+                str(k): v if isinstance(v, str) else json.dumps(v) for k, v in self.metadata.items()
+            }
+        offset = 0
+        for info in infos:
+            dt = np.dtype(info.dtype)
+            code = CODES.get(dt.newbyteorder("<") if dt.byteorder == ">" else dt)
+            if code is None:
+                raise InputError(f"cannot write tensor {info.name!r} of dtype {info.dtype} as safetensors")
+            header[info.name] = {"dtype": code, "shape": list(info.shape), "data_offsets": [offset, offset + info.nbytes]}
+            offset += info.nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        raw += b" " * (-len(raw) % 8)
+        self._f.write(struct.pack("<Q", len(raw)) + raw)
+        self._planned = list(infos)
+
+    def add(self, info: TensorInfo, array: np.ndarray) -> None:
+        if self._planned is None:
+            raise RuntimeError("SafetensorsWriter.plan() must be called before add()")
+        expect = self._planned[self._next]
+        if expect.name != info.name or tuple(array.shape) != expect.shape or array.dtype != expect.dtype:
+            raise RuntimeError(f"tensor {info.name!r} does not match the planned header entry {expect.name!r}")
+        a = np.ascontiguousarray(array)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        self._f.write(memoryview(a.reshape(-1).view(np.uint8)))
+        self._next += 1
+
+    def close(self) -> None:
+        if self._planned is None:
+            self.plan([])
+        self._f.close()
