@@ -92,7 +92,7 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True) -> list[
                 ref.step = _metadata_step(ref)
             if ref.step is None and ref.path != "-":
                 ref.step = step_from_filename(ref.path)
-            if ref.step is None:
+            if ref.step is None and ref.path != "-":
                 ref.step = order
     return refs
 

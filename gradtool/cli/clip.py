@@ -1,0 +1,260 @@
+"""`gradtool clip`: apply a clipping mode with thresholds, write the clipped dump, report what changed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+import click
+
+from .common import backend_option, format_option, progress, select_options
+
+REPORT_TENSOR_FIELDS = ["name", "norm_before", "norm_after", "clipped", "clipped_elements", "threshold", "skipped"]
+
+EXAMPLES = """
+\b
+Examples:
+  gradtool clip step_00100.npz -o clipped.npz --mode global-norm --max 5
+  gradtool clip dumps/ -o clipped/ --mode norm --max 1 --select 'encoder.*'
+  gradtool clip g.h5 -o g_clipped.h5 --mode norm --max 1 --axes -1 --select '*weight'
+  gradtool clip g.npz -o - --mode value --max 0.01 | gradtool stats -
+  gradtool clip run.h5 -o run_clipped.h5 --mode global-norm \\
+      --max "$(gradtool suggest-threshold run.h5 --mode global-norm --format value)"
+  gradtool clip g.npz --dry-run --mode average-norm --max 1e-4 --format json
+
+\b
+Modes (TensorFlow semantics): value = clip_by_value to [--min, --max] (default min = -max);
+norm = clip_by_norm per tensor (L2 over --axes, default all); average-norm = clip_by_average_norm
+(L2 norm / element count); global-norm = clip_by_global_norm over all selected tensors (--use-norm,
+--norm-type). Unclipped tensors are written back bit-identical; non-float tensors pass through.
+"""
+
+
+def _parse_axes(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(int(a) for a in value.split(",") if a.strip() != "")
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,1 or -1") from None
+
+
+def _load_thresholds(path: str | None, mode: str) -> dict[str, float] | None:
+    if path is None:
+        return None
+    from ..errors import InputError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read thresholds ({exc})") from None
+    table = doc.get("thresholds") if isinstance(doc, dict) else None
+    if isinstance(table, dict) and mode in table and isinstance(table[mode], dict):
+        table = table[mode]
+    if not isinstance(table, dict) or not all(isinstance(v, (int, float)) for v in table.values()):
+        raise InputError(f"{path}: expected {{\"thresholds\": {{\"<mode>\": {{\"tensor name\": number, ...}}}}}}")
+    return {str(k): float(v) for k, v in table.items()}
+
+
+def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: bool) -> dict[str, str | None]:
+    """Map each source file to its output path (None for a dry run, '-' for stdout)."""
+    from ..errors import UsageError
+
+    if output is None:
+        if not dry_run:
+            raise UsageError("give an output with -o FILE (or DIR for several inputs, - for stdout), or use --dry-run")
+        return {s: None for s in sources}
+    if output == "-":
+        if many:
+            raise UsageError("-o - writes one dump to stdout; give a single input")
+        if sys.stdout.isatty():
+            raise UsageError("refusing to write a binary dump to a terminal; redirect stdout or give -o FILE")
+        return {sources[0]: "-"}
+    if many or os.path.isdir(output):
+        os.makedirs(output, exist_ok=True)
+        outs = {s: os.path.join(output, os.path.basename(s)) for s in sources}
+        names = list(outs.values())
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise UsageError(f"several inputs share the output name {sorted(dup)[0]}; clip them separately")
+        return outs
+    return {sources[0]: output}
+
+
+@click.command("clip", epilog=EXAMPLES)
+@click.argument("dumps", nargs=-1, required=True, metavar="DUMP...")
+@click.option("-o", "--output", default=None, metavar="OUT",
+              help="Output file (one input), directory (several inputs), or - for stdout.")
+@click.option("--mode", type=click.Choice(["value", "norm", "average-norm", "global-norm"]), required=True,
+              help="Clipping mode.")
+@click.option("--max", "max_", type=float, default=None, metavar="X",
+              help="Clip norm (norm modes) or upper bound (value).")
+@click.option("--min", "min_", type=float, default=None, metavar="Y", help="Lower bound for value mode (default -X).")
+@click.option("--axes", default=None, metavar="A,B", help="Axes of the L2 norm for --mode norm (TF's axes), e.g. 0,1 or -1.")
+@click.option("--use-norm", type=float, default=None, metavar="N",
+              help="Global-norm mode: use N as the global norm instead of computing it (TF's use_norm).")
+@click.option("--norm-type", type=click.Choice(["2", "1", "inf"]), default="2", show_default=True,
+              help="Global-norm mode: the norm (PyTorch's total-norm definition).")
+@click.option("--thresholds", "thresholds_file", default=None, metavar="FILE",
+              help="Per-tensor thresholds (JSON from `suggest-threshold --per-tensor -o FILE`).")
+@select_options
+@click.option("--nonfinite", type=click.Choice(["error", "propagate", "zero"]), default="error", show_default=True,
+              help="NaN/Inf: stop and write nothing; propagate as TensorFlow does; or zero them first.")
+@click.option("--force", is_flag=True, help="Replace an existing output file (never an input).")
+@click.option("--dry-run", is_flag=True, help="Report what would change; write nothing.")
+@format_option()
+@backend_option
+def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: float | None, min_: float | None,
+                 axes: str | None, use_norm: float | None, norm_type: str, thresholds_file: str | None,
+                 select: tuple[str, ...], exclude: tuple[str, ...], nonfinite: str, force: bool, dry_run: bool,
+                 fmt: str, backend: str | None) -> None:
+    """Clip the gradients of DUMP with --mode and --max, write the clipped dump to -o, and report, per
+    tensor, the norm before and after and whether it was clipped. Inputs are never modified."""
+    from ..clip_dump import ClipSpec, clip_dump
+    from ..io.atomic import atomic_output, check_output_path
+    from ..io.detect import output_format
+    from ..io.dump import make_writer
+    from ..io.history import expand_inputs
+    from .common import xp_for
+
+    spec = ClipSpec(mode=mode, max=max_, min=min_, axes=_parse_axes(axes), use_norm=use_norm,
+                    norm_type=float(norm_type), nonfinite=nonfinite, select=select, exclude=exclude,
+                    thresholds=_load_thresholds(thresholds_file, mode)).validate()
+    xp = xp_for(backend)
+    refs = expand_inputs(list(dumps))
+    sources = list(dict.fromkeys(r.path for r in refs))
+    many = len(sources) > 1 or any(os.path.isdir(d) for d in dumps)
+    outputs = _plan_outputs(sources, output, dry_run, many)
+    all_inputs = [s for s in sources]
+    for out in outputs.values():
+        if out not in (None, "-"):
+            check_output_path(out, force=force, inputs=all_inputs)
+    report_stream = sys.stderr if output == "-" else sys.stdout
+    reports: list[dict[str, Any]] = []
+    total = sum(1 for _ in refs)
+    with progress(total, "clip") as advance:
+        for source in sources:
+            src_refs = [r for r in refs if r.path == source]
+            target = outputs[source]
+            fmt_in = src_refs[0].format
+            if target is None:
+                for ref in src_refs:
+                    with ref.open() as reader:
+                        reports.append(_record(clip_dump(reader, None, spec, step=ref.step, xp=xp), None))
+                    advance(1)
+                continue
+            out_fmt = output_format(target, fmt_in) if target != "-" else fmt_in
+            final = target
+            with _output_file(target, force, all_inputs) as tmp:
+                compress = _compressed(src_refs[0])
+                history = any(r.group for r in src_refs)
+                first_meta = {} if history else None
+                with make_writer(tmp, out_fmt, first_meta, compress=compress) as writer:
+                    for ref in src_refs:
+                        with ref.open() as reader:
+                            if history:
+                                writer.begin_step(ref.group, reader.metadata)
+                            else:
+                                writer.metadata.update(reader.metadata)
+                                _set_root_meta(writer, reader.metadata)
+                            reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp), final))
+                        advance(1)
+    _render(reports, fmt, report_stream)
+
+
+def _set_root_meta(writer: Any, meta: dict[str, Any]) -> None:
+    if writer.format == "hdf5" and meta:
+        writer.set_group_attrs("", meta)
+
+
+def _compressed(ref: Any) -> bool:
+    if ref.format != "npz":
+        return False
+    with ref.open() as r:
+        return bool(getattr(r, "compressed", False))
+
+
+class _output_file:
+    """atomic_output for a path, or a temp file copied to stdout for '-'."""
+
+    def __init__(self, target: str, force: bool, inputs: list[str]):
+        self.target, self.force, self.inputs = target, force, inputs
+
+    def __enter__(self) -> str:
+        if self.target == "-":
+            fd, self.tmp = tempfile.mkstemp(prefix="gradtool-clip-")
+            os.close(fd)
+            return self.tmp
+        self._cm = atomic_output_cm(self.target, self.force, self.inputs)
+        return self._cm.__enter__()
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        if self.target != "-":
+            return bool(self._cm.__exit__(et, ev, tb))
+        try:
+            if et is None:
+                with open(self.tmp, "rb") as f:
+                    shutil.copyfileobj(f, sys.stdout.buffer, 1 << 20)
+                sys.stdout.buffer.flush()
+        finally:
+            os.unlink(self.tmp)
+        return False
+
+
+def atomic_output_cm(target: str, force: bool, inputs: list[str]) -> Any:
+    from ..io.atomic import atomic_output
+
+    return atomic_output(target, force=force, inputs=inputs)
+
+
+def _num(v: Any) -> Any:
+    return None if v is None else v
+
+
+def _record(res: Any, output: str | None) -> dict[str, Any]:
+    spec = res.spec
+    lo, hi = spec.bounds()
+    return {
+        "input": res.input, "group": res.group, "step": res.step, "output": output, "mode": spec.mode,
+        "max": hi, "min": lo if spec.mode == "value" else None,
+        "axes": list(spec.axes) if spec.axes is not None else None, "use_norm": spec.use_norm,
+        "norm_type": "inf" if math.isinf(spec.norm_type) else int(spec.norm_type), "nonfinite": spec.nonfinite,
+        "global_norm_before": res.global_norm_before, "global_norm_after": res.global_norm_after,
+        "scale": res.scale, "clipped_tensors": res.clipped_tensors, "clipped_elements": res.clipped_elements,
+        "tensors": [{"name": t.name, "norm_before": t.norm_before, "norm_after": t.norm_after, "clipped": t.clipped,
+                     "clipped_elements": t.clipped_elements, "threshold": t.threshold, "skipped": t.skipped}
+                    for t in res.tensors],
+    }
+
+
+def _render(reports: list[dict[str, Any]], fmt: str, stream: Any) -> None:
+    from . import render
+
+    if fmt == "json":
+        render.write_json({"dumps": reports}, stream)
+        return
+    if fmt in ("jsonl", "csv", "tsv"):
+        rows = ({"input": r["input"], "group": r["group"], "step": r["step"], "output": r["output"], **t}
+                for r in reports for t in r["tensors"])
+        render.write_records(rows, ["input", "group", "step", "output"] + REPORT_TENSOR_FIELDS, fmt, stream)
+        return
+    out = render.console(stderr=stream is sys.stderr)
+    for r in reports:
+        where = r["input"] + (f"::{r['group']}" if r["group"] else "")
+        dest = r["output"] or "(dry run, nothing written)"
+        render.print_table(f"{where} -> {dest}  (step {r['step']}, {r['mode']}, max {render.human(r['max'])})",
+                           ["tensor", "norm before", "norm after", "clipped", "elements changed"],
+                           ([t["name"], t["norm_before"], t["norm_after"],
+                             t["clipped"] if not t["skipped"] else t["skipped"], t["clipped_elements"]]
+                            for t in r["tensors"]),
+                           right=["norm before", "norm after", "elements changed"], out=out)
+        scale = f", scale {render.human(r['scale'])}" if r["scale"] is not None else ""
+        render.print_line(f"global norm {render.human(r['global_norm_before'])} -> {render.human(r['global_norm_after'])}"
+                          f"{scale}; {r['clipped_tensors']} tensors, {r['clipped_elements']} elements changed", out)
+        out.print()

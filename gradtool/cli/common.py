@@ -1,0 +1,71 @@
+"""Options and helpers shared by every command."""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from .render import FORMATS
+
+
+def format_option(*, extra: Sequence[str] = (), default: str = "table") -> Callable:
+    choices = list(FORMATS) + list(extra)
+    return click.option("--format", "fmt", type=click.Choice(choices), default=default, show_default=True,
+                        help="Output format: table for people; json, jsonl, csv, tsv for pipelines.")
+
+
+def backend_option(f: Callable) -> Callable:
+    return click.option("--backend", type=click.Choice(["numpy", "cupy", "auto"]), default=None,
+                        envvar="GRADTOOL_BACKEND", show_envvar=True,
+                        help="Array backend for the arithmetic (default numpy; auto = cupy if a GPU is there).")(f)
+
+
+def select_options(f: Callable) -> Callable:
+    f = click.option("--exclude", "exclude", multiple=True, metavar="GLOB",
+                     help="Skip tensors whose name matches GLOB (repeatable).")(f)
+    return click.option("--select", "select", multiple=True, metavar="GLOB",
+                        help="Only tensors whose name matches GLOB (repeatable; shell-style * ? [..]).")(f)
+
+
+def norm_type_option(f: Callable) -> Callable:
+    return click.option("--norm-type", type=click.Choice(["2", "1", "inf"]), default="2", show_default=True,
+                        help="Norm: 2 (Euclidean), 1 (sum |g|) or inf (max |g|).")(f)
+
+
+def selected(name: str, select: Sequence[str], exclude: Sequence[str]) -> bool:
+    """True when ``name`` matches one of ``select`` (or select is empty) and none of ``exclude``."""
+    if select and not any(fnmatch.fnmatchcase(name, g) for g in select):
+        return False
+    return not any(fnmatch.fnmatchcase(name, g) for g in exclude)
+
+
+def message(text: str) -> None:
+    """A message for the user, on stderr."""
+    click.echo(text, err=True)
+
+
+@contextmanager
+def progress(total: int, description: str) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr, shown only when stderr is a terminal; yields ``advance(n)``."""
+    if not sys.stderr.isatty() or total <= 1:
+        yield lambda n=1: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .render import console
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)
+
+
+def xp_for(backend: str | None) -> Any:
+    from ..backend import get_namespace
+
+    return get_namespace(backend)

@@ -1,0 +1,95 @@
+"""The `gradtool` command group and ``main()``, which maps errors to exit codes.
+
+User errors (:class:`GradtoolError`) become one line on stderr, ``gradtool: error: ...``, and their exit
+code; click's usage errors exit 2; a closed stdout pipe (``| head``) is quiet; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import EXIT_CODE_TABLE, ExitCode, GradtoolError
+
+EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODE_TABLE) + """
+
+\b
+Run `gradtool COMMAND --help` for a command's options and examples."""
+
+
+class LazyGroup(click.Group):
+    """Imports a command's module only when that command runs (keeps `--help` and start-up fast)."""
+
+    commands_by_module = {
+        "stats": ("gradtool.cli.stats", "stats_command"),
+        "clip": ("gradtool.cli.clip", "clip_command"),
+        "suggest-threshold": ("gradtool.cli.suggest", "suggest_command"),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands_by_module)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands_by_module:
+            return None
+        from importlib import import_module
+
+        module, attr = self.commands_by_module[name]
+        return getattr(import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gradtool")
+def cli() -> None:
+    """gradtool: gradient diagnostics for saved gradient dumps (.npz, .npy, .h5, .safetensors).
+
+    \b
+    stats              per-tensor and global norms, max |g|, NaN/Inf counts
+    clip               apply value / norm / average-norm / global-norm clipping, write the result
+    suggest-threshold  recommend a clipping threshold from a norm history, with the evidence
+    """
+
+
+def _error(text: str) -> None:
+    try:
+        click.echo(f"gradtool: error: {text}", err=True)
+    except Exception:
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point."""
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        cli.main(args=argv, prog_name="gradtool", standalone_mode=False)
+        code = 0
+    except GradtoolError as exc:
+        _error(exc.message)
+        code = int(exc.exit_code)
+    except click.exceptions.Abort:
+        _error("interrupted")
+        code = ExitCode.INTERRUPTED
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        _error("interrupted")
+        code = ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        code = 0
+    except MemoryError:
+        _error("out of memory")
+        code = ExitCode.INPUT
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `gradtool stats x.npz | head -1`: the reader left; do not print a traceback on exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(code)

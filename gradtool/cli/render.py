@@ -1,0 +1,141 @@
+"""The one renderer for every command: table (people), json / jsonl / csv / tsv (pipelines).
+
+Data goes to stdout, messages and progress to stderr. JSON is strict: non-finite floats are written as the
+strings "NaN", "Infinity" and "-Infinity" (and a statistic that does not exist, e.g. the mean of an empty
+tensor, as null). CSV/TSV use the same spellings and an empty cell for null. Floats are printed in full
+precision (Python's repr, which round-trips exactly), never rounded, except in tables.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
+
+FORMATS = ("table", "json", "jsonl", "csv", "tsv")
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def strict(value: Any) -> Any:
+    """A JSON-safe copy: NaN/±inf floats become "NaN"/"Infinity"/"-Infinity"; tuples become lists."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    if isinstance(value, dict):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return strict(value.item())
+    return value
+
+
+def dumps_json(doc: Any, *, indent: int | None = 2) -> str:
+    return json.dumps(strict(doc), allow_nan=False, indent=indent, ensure_ascii=False)
+
+
+def cell(value: Any) -> str:
+    """A CSV/TSV cell: full-precision floats, strict non-finite spellings, '' for None."""
+    value = strict(value)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return json.dumps(value, separators=(",", ":"))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def write_json(doc: Any, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    out.write(dumps_json(doc) + "\n")
+
+
+def write_records(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: str, out: TextIO | None = None) -> None:
+    """jsonl: one JSON object per row; csv/tsv: a header then one row per record."""
+    out = out or sys.stdout
+    if fmt == "jsonl":
+        for r in rows:
+            out.write(dumps_json({c: r.get(c) for c in columns}, indent=None) + "\n")
+        return
+    w = csv.writer(out, delimiter="\t" if fmt == "tsv" else ",", lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow([cell(r.get(c)) for c in columns])
+
+
+def human(value: Any) -> str:
+    """A compact cell for tables (6 significant digits)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(str(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return str(value)
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 200
+    return Console(file=stream, markup=False, highlight=False, emoji=False, width=width, soft_wrap=False)
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,
+                right: Sequence[str] = (), out: Any = None) -> None:
+    """A rich table with markup off: user data (tensor names like ``attn[weight]``) prints as itself."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False)
+    for c in columns:
+        table.add_column(c, justify="right" if c in right else "left", overflow="fold")
+    for r in rows:
+        table.add_row(*[Text(human(v)) for v in r])
+    (out or console()).print(table)
+
+
+def print_line(text: str, out: Any = None) -> None:
+    from rich.text import Text
+
+    (out or console()).print(Text(text))
+
+
+def sparkline(values: Sequence[float], *, width: int = 80, log: bool = True) -> str:
+    """A one-line picture of a series (log scale by default); non-finite points show as '!'."""
+    if not values:
+        return ""
+    if len(values) > width:  # keep the maximum of each bucket: spikes must stay visible
+        step = len(values) / width
+        buckets = [values[int(i * step): max(int((i + 1) * step), int(i * step) + 1)] for i in range(width)]
+        values = [math.nan if any(not math.isfinite(v) for v in b) else max(b) for b in buckets]
+    finite = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
+    if not finite:
+        return "!" * len(values)
+    f = (lambda v: math.log10(v)) if log else (lambda v: v)
+    lo, hi = f(min(finite)), f(max(finite))
+    out = []
+    for v in values:
+        if not math.isfinite(v):
+            out.append("!")
+        elif log and v <= 0:
+            out.append(" ")
+        else:
+            k = 0 if hi == lo else int((f(v) - lo) / (hi - lo) * (len(SPARK) - 1) + 0.5)
+            out.append(SPARK[k])
+    return "".join(out)

@@ -1,0 +1,147 @@
+"""`gradtool stats`: per-tensor and global norms of one dump or a whole history."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+from .common import backend_option, format_option, message, norm_type_option, progress, select_options
+
+TENSOR_FIELDS = ["name", "shape", "dtype", "size", "norm", "avg_norm", "max_abs", "mean", "std",
+                 "nan_count", "inf_count", "zero_count", "l2_norm", "min", "max", "is_float"]
+
+EXAMPLES = """
+\b
+Examples:
+  gradtool stats step_00100.npz                 # table of every tensor, global norm
+  gradtool stats run.h5 --top 5 --sort norm     # history: per-step table and sparkline
+  gradtool stats dumps/ --format json | jq '.dumps[].global_norm'
+  gradtool stats dumps/ --format csv > norms.csv
+  gradtool stats --fail-on-nonfinite dumps/ && echo "all finite"
+
+\b
+A history is several files, a directory of dumps, or an HDF5 file whose top-level groups carry an
+integer `step` attribute. JSON writes NaN/inf as the strings "NaN", "Infinity", "-Infinity".
+"""
+
+
+def _norm_type_json(p: float) -> Any:
+    return "inf" if math.isinf(p) else int(p)
+
+
+def tensor_record(name: str, s: Any) -> dict[str, Any]:
+    d = s.as_dict()
+    d["name"] = name
+    d["shape"] = list(s.shape)
+    d["norm_type"] = _norm_type_json(s.norm_type)
+    return {k: d[k] for k in TENSOR_FIELDS}
+
+
+def _sorted(tensors: list, sort: str | None, top: int | None) -> list:
+    if sort == "name":
+        tensors = sorted(tensors, key=lambda t: t[0])
+    elif sort == "norm":
+        tensors = sorted(tensors, key=lambda t: (not t[1].norm != t[1].norm, t[1].norm), reverse=True)
+    elif sort == "size":
+        tensors = sorted(tensors, key=lambda t: t[1].size, reverse=True)
+    return tensors[:top] if top is not None else tensors
+
+
+def dump_record(summary: Any, sort: str | None, top: int | None) -> dict[str, Any]:
+    name, norm = summary.largest
+    return {
+        "path": summary.path,
+        "format": summary.format,
+        "group": summary.group,
+        "step": summary.step,
+        "num_tensors": summary.num_tensors,
+        "num_elements": summary.num_elements,
+        "global_norm": summary.global_norm,
+        "norm_type": _norm_type_json(summary.norm_type),
+        "max_tensor": name,
+        "max_tensor_norm": norm,
+        "nonfinite_tensors": summary.nonfinite_tensors,
+        "metadata": summary.metadata,
+        "tensors": [tensor_record(n, s) for n, s in _sorted(summary.tensors, sort, top)],
+    }
+
+
+@click.command("stats", epilog=EXAMPLES)
+@click.argument("dumps", nargs=-1, required=True, metavar="DUMP...")
+@select_options
+@norm_type_option
+@click.option("--sort", type=click.Choice(["name", "norm", "size"]), default=None,
+              help="Order tensors by name, norm (largest first) or size (largest first); default: file order.")
+@click.option("--top", type=click.IntRange(min=1), default=None, metavar="N", help="Show only the first N tensors.")
+@click.option("--per-tensor/--no-per-tensor", default=None,
+              help="Tables: also print every dump's tensor table for a history (default: only for one dump).")
+@format_option()
+@click.option("--fail-on-nonfinite", is_flag=True, help="Exit 3 (naming tensors and steps) if any NaN/Inf is found.")
+@backend_option
+def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tuple[str, ...], norm_type: str,
+                  sort: str | None, top: int | None, per_tensor: bool | None, fmt: str, fail_on_nonfinite: bool,
+                  backend: str | None) -> None:
+    """Per-tensor and global gradient norms, max |g|, NaN/Inf counts of DUMP (files, directories, or a
+    multi-step HDF5 file). Several dumps form a history: a per-step table and a sparkline follow."""
+    from ..errors import ExitCode, GradtoolError
+    from ..io.history import expand_inputs
+    from ..summarize import summarize_dump
+    from .common import xp_for
+
+    xp = xp_for(backend)
+    refs = expand_inputs(list(dumps))
+    summaries = []
+    with progress(len(refs), "stats") as advance:
+        for ref in refs:
+            with ref.open() as reader:
+                summaries.append(summarize_dump(reader, step=ref.step, select=select, exclude=exclude,
+                                                norm_type=norm_type, xp=xp))
+            advance(1)
+    records = [dump_record(s, sort, top) for s in summaries]
+    _render(records, summaries, fmt, per_tensor)
+    if fail_on_nonfinite:
+        bad = [(r["step"], r["path"], r["group"], r["nonfinite_tensors"]) for r in records if r["nonfinite_tensors"]]
+        if bad:
+            parts = [f"step {s} ({(p + '::' + g) if g else p}): {', '.join(names)}" for s, p, g, names in bad]
+            raise GradtoolError("non-finite values (NaN/Inf) in " + "; ".join(parts), exit_code=ExitCode.NONFINITE)
+
+
+def _render(records: list[dict[str, Any]], summaries: list, fmt: str, per_tensor: bool | None) -> None:
+    from . import render
+
+    if fmt == "json":
+        render.write_json({"dumps": records})
+        return
+    if fmt in ("jsonl", "csv", "tsv"):
+        rows = ({"path": r["path"], "group": r["group"], "step": r["step"], **t} for r in records for t in r["tensors"])
+        render.write_records(rows, ["path", "group", "step"] + TENSOR_FIELDS, fmt)
+        return
+    out = render.console()
+    history = len(records) > 1
+    if per_tensor or (per_tensor is None and not history):
+        for r in records:
+            title = f"{r['path']}" + (f"::{r['group']}" if r["group"] else "") + f"  (step {r['step']}, {r['format']})"
+            render.print_table(title, ["tensor", "shape", "dtype", "norm", "avg norm", "max |g|", "mean", "std",
+                                       "NaN", "Inf", "zeros"],
+                               ([t["name"], t["shape"], t["dtype"], t["norm"], t["avg_norm"], t["max_abs"], t["mean"],
+                                 t["std"], t["nan_count"], t["inf_count"], t["zero_count"]] for t in r["tensors"]),
+                               right=["norm", "avg norm", "max |g|", "mean", "std", "NaN", "Inf", "zeros"], out=out)
+            nf = r["nonfinite_tensors"]
+            render.print_line(
+                f"global norm {render.human(r['global_norm'])} over {r['num_tensors']} tensors, "
+                f"{r['num_elements']} elements" + (f"; NON-FINITE: {', '.join(nf)}" if nf else ""), out)
+            out.print()
+    if history:
+        render.print_table(f"{len(records)} steps", ["step", "global norm", "max tensor norm", "max tensor", "non-finite"],
+                           ([r["step"], r["global_norm"], r["max_tensor_norm"], r["max_tensor"],
+                             len(r["nonfinite_tensors"])] for r in records),
+                           right=["step", "global norm", "max tensor norm", "non-finite"], out=out)
+        norms = [r["global_norm"] for r in records]
+        finite = [v for v in norms if math.isfinite(v)]
+        render.print_line(f"global norm, steps {records[0]['step']}..{records[-1]['step']} (log scale, ! = NaN/Inf):", out)
+        render.print_line(render.sparkline(norms), out)
+        if finite:
+            render.print_line(f"min {render.human(min(finite))}  median {render.human(sorted(finite)[len(finite)//2])}"
+                              f"  max {render.human(max(finite))}", out)
