@@ -26,8 +26,8 @@ _LAZY = {
     "open_dump": "gradtool.io.dump",
     "iter_dumps": "gradtool.io.history",
     "save_dump": "gradtool.io.dump",
-    "Recorder": "gradtool.record",
-    "record": "gradtool.record",
+    "Recorder": "gradtool.recorder",
+    "record": "gradtool.recorder",
     "suggest_threshold": "gradtool.suggest",
     "read_norm_log": "gradtool.io.logs",
 }

@@ -132,4 +132,6 @@ def is_floating(x: Any) -> bool:
 
 
 def dtype_name(dtype: Any) -> str:
-    return getattr(dtype, "name", None) or str(dtype)
+    """'float32', 'bfloat16', ... whatever the namespace (array-api-strict spells 'array_api_strict.float32')."""
+    name = getattr(dtype, "name", None)
+    return name if isinstance(name, str) else str(dtype).rsplit(".", 1)[-1]

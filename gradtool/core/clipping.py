@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from ..backend import asarray, is_floating, namespace_of
 from ..errors import NonFiniteError, UsageError
 from .norms import combine_norms, parse_norm_type, slice_l2_norms, tensor_norm
@@ -89,7 +91,8 @@ def _apply_policy(t: Any, nonfinite: str, xp: ModuleType, label: Any = 0) -> Any
 
 def scale_tensor(t: Any, scale: Any, xp: ModuleType) -> Any:
     """fl(t·scale): the product computed in float64 and rounded once to t's dtype."""
-    return xp.astype(xp.astype(t, xp.float64) * scale, t.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf·0 -> NaN is TF's result under "propagate"
+        return xp.astype(xp.astype(t, xp.float64) * scale, t.dtype)
 
 
 def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:

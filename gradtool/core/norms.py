@@ -92,14 +92,18 @@ def _sum_sq_numpy_fast(x: np.ndarray) -> float:
             rows = c[:full].reshape(-1, ROW)
             total += float(np.vecdot(rows, rows).sum(dtype=np.float64))
         if full < c.shape[0]:
-            tail = c[full:]
+            tail = c[full:].astype(np.float64)  # small: exact in float64 (so small tensors are exact)
             total += float(np.dot(tail, tail))
     return total
 
 
 def l2_norm(x: Any, /, *, xp: ModuleType | None = None) -> float:
     """Euclidean norm ‖x‖₂ = sqrt(Σ xᵢ²), accumulated in float64 (see module doc). 0.0 for empty x."""
-    xp = namespace_of(x, xp=xp)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # overflow is detected and redone
+        return _l2_norm(x, namespace_of(x, xp=xp))
+
+
+def _l2_norm(x: Any, xp: ModuleType) -> float:
     if _size(x) == 0:
         return 0.0
     total = math.nan

@@ -119,7 +119,7 @@ def save_dump(path: str, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]],
     ``tensors`` maps names to array-likes (NumPy arrays, or anything with ``__array__``/``__dlpack__``).
     The format is ``format`` or the one ``path``'s extension names. Returns the path written.
     """
-    from ..record import to_numpy
+    from ..recorder import to_numpy
 
     fmt = format or output_format(path, None)
     items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)

@@ -1,0 +1,149 @@
+"""Malicious and broken files: one clear error naming the file, never a traceback, never unpickling."""
+
+import io
+import os
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+
+from gradtool import open_dump, save_dump
+from gradtool.errors import GradtoolError, InputError, UnsafeInputError
+
+
+class Boom:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))  # would create a file if ever unpickled
+
+
+def test_pickled_object_array_in_npz_is_refused_and_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    p = str(tmp_path / "evil.npz")
+    np.savez(p, ok=np.ones(2), evil=np.array([Boom(str(marker))], dtype=object))
+    with pytest.raises(UnsafeInputError, match="evil.*pickle|pickle") as e:
+        with open_dump(p) as r:
+            [r.read(n) for n in r.names]
+    assert "evil" in str(e.value)
+    assert not marker.exists()
+
+
+def test_member_claiming_huge_shape(tmp_path):
+    p = str(tmp_path / "bomb.npz")
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)})
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("x.npy", header.getvalue() + b"\0" * 64)
+    with pytest.raises(InputError, match="claims"):
+        open_dump(p)
+
+
+def test_npy_claiming_huge_shape(tmp_path):
+    p = str(tmp_path / "bomb.npy")
+    with open(p, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (10**15, 10**6)})
+        f.write(b"\0" * 16)
+    with pytest.raises(InputError, match="truncated"):
+        open_dump(p)
+
+
+@pytest.mark.parametrize("ext", ["npz", "h5", "safetensors", "npy"])
+def test_truncated_files_at_many_offsets(tmp_path, ext):
+    p = str(tmp_path / f"good.{ext}")
+    t = {"w": np.arange(1000, dtype=np.float32)} if ext == "npy" else {"a": np.arange(1000, dtype=np.float32), "b": np.ones(300)}
+    if ext == "npy":
+        np.save(p, t["w"])
+    else:
+        save_dump(p, t)
+    data = open(p, "rb").read()
+    for cut in sorted({1, 5, 8, 9, 20, 64, 100, len(data) // 3, len(data) // 2, len(data) - 100, len(data) - 1}):
+        bad = str(tmp_path / f"cut{cut}.{ext}")
+        with open(bad, "wb") as f:
+            f.write(data[:cut])
+        with pytest.raises(GradtoolError) as e:
+            with open_dump(bad) as r:
+                for n in r.names:
+                    r.read(n)
+        assert os.path.basename(bad) in str(e.value)
+
+
+def test_text_file_named_h5(tmp_path):
+    p = tmp_path / "notes.h5"
+    p.write_text("hello, I am not HDF5\n")
+    with pytest.raises(InputError, match="notes.h5.*not look like a hdf5|does not look like"):
+        open_dump(str(p))
+
+
+def test_zero_length_file(tmp_path):
+    p = tmp_path / "empty.npz"
+    p.write_bytes(b"")
+    with pytest.raises(InputError, match="empty.npz"):
+        open_dump(str(p))
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs/path", "a/../../b", "nul\x00byte", "ctl\x1b[31m", "x" * 5000, "a//b", ""])
+def test_path_like_and_control_names_refused_in_safetensors(tmp_path, name):
+    import json
+
+    p = str(tmp_path / "names.safetensors")
+    header = json.dumps({name: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    with open(p, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
+    with pytest.raises(UnsafeInputError):
+        open_dump(p)
+
+
+def test_tf_style_names_are_fine(tmp_path):
+    p = str(tmp_path / "tf.npz")
+    save_dump(p, {"dense/kernel:0": np.ones(2), "w:0": np.ones(1), "attn[weight]": np.ones(1)})
+    with open_dump(p) as r:
+        assert r.names == ["dense/kernel:0", "w:0", "attn[weight]"]
+
+
+def test_safetensors_overlapping_and_out_of_range_offsets(tmp_path):
+    import json
+
+    def write(header, data=b"\0" * 8):
+        p = str(tmp_path / "x.safetensors")
+        h = json.dumps(header).encode()
+        with open(p, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + data)
+        return p
+
+    with pytest.raises(UnsafeInputError, match="overlaps"):
+        open_dump(write({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                         "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}))
+    with pytest.raises(InputError, match="past the end"):
+        open_dump(write({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}))
+    with pytest.raises(InputError, match="do not match"):
+        open_dump(write({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}))
+    with pytest.raises(InputError, match="unsupported dtype"):
+        open_dump(write({"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}))
+    with pytest.raises(InputError, match="duplicate"):
+        p = str(tmp_path / "dup.safetensors")
+        h = b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'
+        with open(p, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + b"\0" * 8)
+        open_dump(p)
+
+
+def test_valid_zip_that_is_not_an_npz(tmp_path):
+    p = str(tmp_path / "docs.npz")
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("readme.txt", "hello")
+    with open_dump(p) as r:
+        assert r.names == []  # no tensors: numpy ignores foreign members too
+
+
+def test_corrupt_member_data(tmp_path):
+    p = str(tmp_path / "c.npz")
+    np.savez_compressed(p, a=np.random.default_rng(0).standard_normal(10_000))
+    data = bytearray(open(p, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(p, "wb").write(bytes(data))
+    with pytest.raises(InputError, match="c.npz"):
+        with open_dump(p) as r:
+            r.read("a")

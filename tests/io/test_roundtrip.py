@@ -1,0 +1,161 @@
+import os
+
+import h5py
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gradtool import open_dump, save_dump
+from gradtool.io.detect import detect_format
+
+FORMATS = ["npz", "h5", "safetensors"]
+
+
+def sample_tensors():
+    rng = np.random.default_rng(0)
+    return {
+        "encoder/layer.0/attn[weight]": rng.standard_normal((4, 3)).astype(np.float32),
+        "bias": rng.standard_normal(5).astype(np.float64),
+        "half": rng.standard_normal((2, 2)).astype(np.float16),
+        "scalar": np.array(2.5, np.float32),
+        "empty": np.zeros((0, 7), np.float32),
+        "count": np.arange(6, dtype=np.int64).reshape(2, 3),
+        "mask": np.array([True, False]),
+        "ünïcode.名前": np.ones(3, np.float32),
+    }
+
+
+@pytest.mark.parametrize("ext", FORMATS)
+def test_roundtrip_names_order_shapes_dtypes_values(tmp_path, ext):
+    t = sample_tensors()
+    p = str(tmp_path / f"d.{ext}")
+    save_dump(p, t, {"step": 12, "loss": 0.25})
+    with open_dump(p) as r:
+        assert r.step == 12 and r.metadata["loss"] == 0.25
+        if ext != "safetensors":  # safetensors orders by data offset, which we write in the given order too
+            assert r.names == list(t)
+        assert r.names == list(t)
+        for name, a in t.items():
+            b = r.read(name)
+            assert b.dtype == a.dtype and b.shape == a.shape
+            assert b.tobytes() == a.tobytes()
+
+
+def test_bfloat16_and_float8_in_safetensors(tmp_path):
+    p = str(tmp_path / "bf.safetensors")
+    t = {"w": np.array([1.5, -2.0, 3e38], ml_dtypes.bfloat16), "f8": np.array([0.5], ml_dtypes.float8_e4m3fn)}
+    save_dump(p, t)
+    with open_dump(p) as r:
+        assert r.read("w").dtype == np.dtype(ml_dtypes.bfloat16)
+        assert r.read("w").tobytes() == t["w"].tobytes()
+        assert r.read("f8").tobytes() == t["f8"].tobytes()
+
+
+@pytest.mark.parametrize("ext", ["npz", "h5"])
+def test_bfloat16_refused_where_the_format_lacks_it(tmp_path, ext):
+    from gradtool.errors import GradtoolError
+
+    with pytest.raises(GradtoolError, match="safetensors"):
+        save_dump(str(tmp_path / f"x.{ext}"), {"w": np.ones(2, ml_dtypes.bfloat16)})
+    assert not os.listdir(tmp_path)  # nothing left behind
+
+
+def test_interop_with_official_safetensors_package(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    t = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1, 2], np.int32)}
+    p1 = str(tmp_path / "ours.safetensors")
+    save_dump(p1, t, {"step": 3})
+    loaded = st.load_file(p1)
+    assert all(np.array_equal(loaded[k], v) for k, v in t.items())
+    p2 = str(tmp_path / "theirs.safetensors")
+    st.save_file(t, p2, metadata={"step": "7"})
+    with open_dump(p2) as r:
+        assert r.step == 7 and np.array_equal(r.read("a"), t["a"])
+
+
+def test_interop_with_numpy_savez(tmp_path):
+    a, b = np.arange(5.0), np.ones((2, 2), np.float32)
+    for fn, name in ((np.savez, "s.npz"), (np.savez_compressed, "c.npz")):
+        p = str(tmp_path / name)
+        fn(p, a=a, b=b)
+        with open_dump(p) as r:
+            assert r.names == ["a", "b"] and np.array_equal(r.read("a"), a) and np.array_equal(r.read("b"), b)
+    with open_dump(str(tmp_path / "c.npz")) as r:
+        assert r.compressed
+
+
+def test_npy_single_tensor(tmp_path):
+    p = str(tmp_path / "grad.npy")
+    np.save(p, np.arange(4, dtype=np.float32))
+    with open_dump(p) as r:
+        assert r.names == ["grad"] and r.read("grad").tolist() == [0, 1, 2, 3]
+    f = str(tmp_path / "fortran.npy")
+    np.save(f, np.asfortranarray(np.arange(6.0).reshape(2, 3)))
+    with open_dump(f) as r:
+        assert r.read("fortran").tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_format_detected_from_bytes_not_extension(tmp_path):
+    p = str(tmp_path / "misnamed.h5")
+    np.savez(p.replace(".h5", ""), x=np.ones(2))
+    os.rename(p.replace(".h5", ".npz"), p)
+    assert detect_format(p) == "npz"
+    with open_dump(p) as r:
+        assert r.format == "npz"
+
+
+def test_hdf5_tree_attributes_and_compression_kept(tmp_path):
+    src = str(tmp_path / "keras.h5")
+    with h5py.File(src, "w") as f:
+        f.attrs["step"] = 4
+        g = f.create_group("model/dense")
+        g.attrs["layer"] = "dense"
+        d = g.create_dataset("kernel", data=np.ones((3, 2), np.float32), compression="gzip")
+        d.attrs["units"] = 2
+        f.create_dataset("top", data=np.arange(3.0))
+    with open_dump(src) as r:
+        assert set(r.names) == {"model/dense/kernel", "top"}
+        assert r.step == 4 and r.info("model/dense/kernel").compression == "gzip"
+        assert r.group_attrs["model/dense"]["layer"] == "dense"
+
+
+def test_hdf5_soft_and_external_links_are_not_followed(tmp_path):
+    other = str(tmp_path / "other.h5")
+    with h5py.File(other, "w") as f:
+        f["secret"] = np.ones(3)
+    p = str(tmp_path / "links.h5")
+    with h5py.File(p, "w") as f:
+        f["real"] = np.arange(3.0)
+        f["soft"] = h5py.SoftLink("/real")
+        f["ext"] = h5py.ExternalLink(other, "/secret")
+        f["hard"] = f["real"]  # a second hard link to the same object: visited once
+    with open_dump(p) as r:
+        assert r.names == ["real"] or r.names == ["hard"]
+
+
+def test_stdin_dump(tmp_path, monkeypatch):
+    import io
+    import sys
+
+    p = str(tmp_path / "x.npz")
+    save_dump(p, {"w": np.arange(3.0)})
+    with open(p, "rb") as f:
+        data = f.read()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    r = open_dump("-")
+    spooled = r.path
+    assert r.read("w").tolist() == [0, 1, 2] and r.display_path == "<stdin>"
+    r.close()
+    assert not os.path.exists(spooled)
+
+
+def test_save_refuses_existing_file(tmp_path):
+    from gradtool.errors import OutputError
+
+    p = str(tmp_path / "x.npz")
+    save_dump(p, {"w": np.ones(1)})
+    with pytest.raises(OutputError, match="exists"):
+        save_dump(p, {"w": np.zeros(1)})
+    save_dump(p, {"w": np.zeros(1)}, force=True)
+    with open_dump(p) as r:
+        assert r.read("w")[0] == 0

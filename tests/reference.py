@@ -1,0 +1,41 @@
+"""Independent float64 references (plain Python / math.fsum), written from TF's formulas, not from gradtool."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def ref_l2(a) -> float:
+    v = np.asarray(a, dtype=np.float64).ravel()
+    if v.size == 0:
+        return 0.0
+    m = float(np.max(np.abs(v)))
+    if not math.isfinite(m):
+        return math.nan if np.isnan(v).any() else math.inf
+    if m == 0:
+        return 0.0
+    return m * math.sqrt(math.fsum((x / m) ** 2 for x in v.tolist()))
+
+
+def ref_global(arrays) -> float:
+    return math.sqrt(math.fsum(ref_l2(a) ** 2 for a in arrays))
+
+
+def ref_clip_by_norm(a, c, axes=None) -> np.ndarray:
+    """TF: t * c / max(l2norm, c) in float64, per slice over axes."""
+    v = np.asarray(a, dtype=np.float64)
+    m = np.max(np.abs(v), axis=axes, keepdims=True) if v.size else np.zeros((1,) * v.ndim)
+    m = np.where(m > 0, m, 1.0)  # rescale so squares neither overflow nor underflow
+    n = m * np.sqrt(np.sum((v / m) ** 2, axis=axes, keepdims=True))
+    return np.where(n > c, v * (c / np.maximum(n, c)), v)
+
+
+def ref_clip_by_global_norm(arrays, c):
+    n = ref_global(arrays)
+    scale = c * min(1.0 / n, 1.0 / c) if n > 0 else 1.0
+    return [np.asarray(a, dtype=np.float64) * scale for a in arrays], n
+
+
+RTOL = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1e-12}
