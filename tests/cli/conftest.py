@@ -1,0 +1,66 @@
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from gradtool import save_dump
+from gradtool.cli.main import main
+
+
+class Result:
+    def __init__(self, code, stdout, stderr):
+        self.exit_code, self.stdout, self.stderr = code, stdout, stderr
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def run():
+    """Run the real main() (error mapping included) in-process; stdout and stderr kept apart."""
+
+    def _run(*args, input=None):
+        runner = CliRunner()
+        from gradtool.cli.main import cli  # noqa: F401 - imported for click
+
+        def entry():
+            main(list(args))
+
+        import click
+
+        @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+        def wrapper():
+            entry()
+
+        r = runner.invoke(wrapper, [], input=input, catch_exceptions=False)
+        return Result(r.exit_code, r.stdout, r.stderr)
+
+    return _run
+
+
+@pytest.fixture
+def dump(tmp_path):
+    p = str(tmp_path / "step_00005.npz")
+    save_dump(p, {"a/w": np.array([[-2.0, 3.0, 6.0]], np.float32), "attn[weight]": np.array([-4.0, 6.0, 12.0]),
+                  "count": np.arange(3)}, {"step": 5, "loss": 1.25})
+    return p
+
+
+@pytest.fixture
+def history(tmp_path):
+    d = tmp_path / "hist"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for s in range(6):
+        scale = 100.0 if s == 3 else 1.0
+        save_dump(str(d / f"step_{s:03d}.npz"), {"w": (rng.standard_normal(50) * scale).astype(np.float32),
+                                                 "b": rng.standard_normal(5)})
+    return str(d)
+
+
+@pytest.fixture
+def nan_dump(tmp_path):
+    p = str(tmp_path / "nan_7.npz")
+    save_dump(p, {"ok": np.ones(3), "bad": np.array([1.0, np.nan, np.inf])}, {"step": 7})
+    return p

@@ -1,0 +1,218 @@
+import hashlib
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from gradtool import clip_by_global_norm, clip_by_norm, open_dump, save_dump
+
+
+def sha(p):
+    return hashlib.sha256(open(p, "rb").read()).hexdigest()
+
+
+def read_all(p):
+    with open_dump(p) as r:
+        return {n: r.read(n) for n in r.names}, dict(r.metadata)
+
+
+def test_global_norm_seed_example(run, dump, tmp_path):
+    out = str(tmp_path / "out.npz")
+    before = sha(dump)
+    r = run("clip", dump, "-o", out, "--mode", "global-norm", "--max", "14.5", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    (d,) = r.json()["dumps"]
+    for key in ("input", "output", "mode", "max", "min", "global_norm_before", "global_norm_after", "scale",
+                "clipped_tensors", "tensors"):
+        assert key in d
+    assert d["global_norm_before"] == pytest.approx(math.sqrt(245), rel=1e-15)
+    assert d["scale"] == pytest.approx(14.5 / math.sqrt(245), rel=1e-15)
+    assert d["global_norm_after"] == pytest.approx(14.5, rel=1e-6) and d["clipped_tensors"] == 2
+    got, meta = read_all(out)
+    src, _ = read_all(dump)
+    ref, _ = clip_by_global_norm([src["a/w"], src["attn[weight]"]], 14.5)
+    assert got["a/w"].tobytes() == ref[0].tobytes() and got["attn[weight]"].tobytes() == ref[1].tobytes()
+    np.testing.assert_allclose(got["attn[weight]"], [-3.7055, 5.5582, 11.1165], atol=1e-4)
+    assert got["count"].tobytes() == src["count"].tobytes() and meta["step"] == 5
+    assert sha(dump) == before  # input untouched
+
+
+def test_norm_mode_unclipped_bit_identical(run, dump, tmp_path):
+    out = str(tmp_path / "n.npz")
+    r = run("clip", dump, "-o", out, "--mode", "norm", "--max", "9", "--format", "json")
+    t = {x["name"]: x for x in r.json()["dumps"][0]["tensors"]}
+    assert t["a/w"]["clipped"] is False and t["attn[weight]"]["clipped"] is True
+    assert t["count"]["skipped"] == "not floating point"
+    got, _ = read_all(out)
+    src, _ = read_all(dump)
+    assert got["a/w"].tobytes() == src["a/w"].tobytes()
+    assert got["attn[weight]"].tobytes() == clip_by_norm(src["attn[weight]"], 9.0).tobytes()
+
+
+def test_value_mode_default_min(run, dump, tmp_path):
+    out = str(tmp_path / "v.npz")
+    r = run("clip", dump, "-o", out, "--mode", "value", "--max", "3", "--format", "json")
+    d = r.json()["dumps"][0]
+    assert d["min"] == -3.0 and d["max"] == 3.0
+    got, _ = read_all(out)
+    assert got["a/w"].tolist() == [[-2.0, 3.0, 3.0]] and got["attn[weight]"].tolist() == [-3.0, 3.0, 3.0]
+    r = run("clip", dump, "-o", str(tmp_path / "v2.npz"), "--mode", "value", "--min", "0", "--max", "5")
+    got, _ = read_all(str(tmp_path / "v2.npz"))
+    assert got["a/w"].tolist() == [[0.0, 3.0, 5.0]]
+
+
+def test_average_norm_mode(run, dump, tmp_path):
+    out = str(tmp_path / "a.npz")
+    run("clip", dump, "-o", out, "--mode", "average-norm", "--max", "2")
+    got, _ = read_all(out)
+    assert np.linalg.norm(got["a/w"].astype(np.float64)) / 3 == pytest.approx(2.0, rel=1e-6)
+
+
+def test_axes_and_rank_errors(run, tmp_path):
+    p = str(tmp_path / "m.npz")
+    save_dump(p, {"m": np.array([[3.0, 4.0], [0.0, 1.0]]), "v": np.array([10.0])})
+    out = str(tmp_path / "o.npz")
+    r = run("clip", p, "-o", out, "--mode", "norm", "--max", "1", "--axes", "1")
+    assert r.exit_code == 2 and "'v'" in r.stderr and not os.path.exists(out)
+    r = run("clip", p, "-o", out, "--mode", "norm", "--max", "1", "--axes", "-1", "--select", "m")
+    assert r.exit_code == 0
+    got, _ = read_all(out)
+    np.testing.assert_allclose(got["m"], [[0.6, 0.8], [0.0, 1.0]]) and got["v"].tolist() == [10.0]
+
+
+def test_use_norm_and_norm_type(run, dump, tmp_path):
+    r = run("clip", dump, "--dry-run", "--mode", "global-norm", "--max", "1", "--use-norm", "10", "--format", "json")
+    assert r.json()["dumps"][0]["scale"] == 0.1
+    r = run("clip", dump, "--dry-run", "--mode", "global-norm", "--max", "11", "--norm-type", "1", "--format", "json")
+    assert r.json()["dumps"][0]["global_norm_before"] == 33.0 and r.json()["dumps"][0]["scale"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("args", [
+    ["--mode", "norm", "--max", "0"],
+    ["--mode", "norm", "--max", "-1"],
+    ["--mode", "global-norm", "--max", "nan"],
+    ["--mode", "global-norm", "--max", "inf"],
+    ["--mode", "value", "--min", "2", "--max", "1"],
+    ["--mode", "value", "--max", "-1"],
+    ["--mode", "norm", "--max", "1", "--use-norm", "3"],
+    ["--mode", "value", "--max", "1", "--axes", "0"],
+    ["--mode", "norm", "--max", "1", "--norm-type", "1"],
+    ["--mode", "norm"],
+    ["--mode", "bogus", "--max", "1"],
+])
+def test_usage_errors_write_nothing(run, dump, tmp_path, args):
+    out = str(tmp_path / "never.npz")
+    r = run("clip", dump, "-o", out, *args)
+    assert r.exit_code == 2, (args, r.stderr)
+    assert "Traceback" not in r.stderr and not os.path.exists(out)
+
+
+def test_nonfinite_policies(run, nan_dump, tmp_path):
+    out = str(tmp_path / "x.npz")
+    before = sha(nan_dump)
+    r = run("clip", nan_dump, "-o", out, "--mode", "global-norm", "--max", "1")
+    assert r.exit_code == 1 and "bad" in r.stderr and not os.path.exists(out)
+    r = run("clip", nan_dump, "-o", out, "--mode", "norm", "--max", "1")
+    assert r.exit_code == 1 and "bad" in r.stderr and not os.path.exists(out)
+    r = run("clip", nan_dump, "-o", out, "--mode", "global-norm", "--max", "1", "--nonfinite", "propagate")
+    assert r.exit_code == 0
+    got, _ = read_all(out)
+    assert np.isnan(got["ok"]).all() and np.isnan(got["bad"]).all()  # TensorFlow's behaviour
+    out2 = str(tmp_path / "z.npz")
+    run("clip", nan_dump, "-o", out2, "--mode", "global-norm", "--max", "100", "--nonfinite", "zero")
+    got, _ = read_all(out2)
+    assert got["bad"].tolist() == [1.0, 0.0, 0.0] and got["ok"].tolist() == [1.0, 1.0, 1.0]
+    assert sha(nan_dump) == before
+
+
+def test_never_overwrite_input_and_force(run, dump, tmp_path):
+    before = sha(dump)
+    r = run("clip", dump, "-o", dump, "--mode", "norm", "--max", "1", "--force")
+    assert r.exit_code == 2 and "input" in r.stderr and sha(dump) == before
+    out = str(tmp_path / "o.npz")
+    assert run("clip", dump, "-o", out, "--mode", "norm", "--max", "1").exit_code == 0
+    r = run("clip", dump, "-o", out, "--mode", "norm", "--max", "2")
+    assert r.exit_code == 2 and "--force" in r.stderr
+    assert run("clip", dump, "-o", out, "--mode", "norm", "--max", "2", "--force").exit_code == 0
+
+
+def test_dry_run_writes_nothing(run, dump, tmp_path):
+    r = run("clip", dump, "--dry-run", "--mode", "norm", "--max", "1", "--format", "json")
+    assert r.exit_code == 0 and r.json()["dumps"][0]["output"] is None
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(dump)]
+    assert run("clip", dump, "--mode", "norm", "--max", "1").exit_code == 2  # no -o and no --dry-run
+
+
+def test_stdout_pipe_output_report_on_stderr(run, dump, tmp_path):
+    r = run("clip", dump, "-o", "-", "--mode", "value", "--max", "1", "--format", "json")
+    assert r.exit_code == 0
+    assert json.loads(r.stderr)["dumps"][0]["output"] == "-"
+
+    # a real pipe between two processes: clip writes the dump to stdout, stats reads it from stdin
+    import subprocess
+    import sys
+
+    clip = subprocess.Popen([sys.executable, "-m", "gradtool", "clip", dump, "-o", "-", "--mode", "value",
+                             "--max", "1", "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stats = subprocess.run([sys.executable, "-m", "gradtool", "stats", "-", "--format", "json"], stdin=clip.stdout,
+                           capture_output=True, text=True)
+    clip.stdout.close()
+    assert clip.wait() == 0 and stats.returncode == 0, stats.stderr
+    d = json.loads(stats.stdout)["dumps"][0]
+    assert max(t["max_abs"] for t in d["tensors"] if t["dtype"].startswith("float")) == 1.0
+    assert json.loads(clip.stderr.read())["dumps"][0]["clipped_tensors"] == 2
+
+
+def test_several_inputs_into_a_directory(run, history, tmp_path):
+    outdir = str(tmp_path / "clipped")
+    r = run("clip", history, "-o", outdir, "--mode", "global-norm", "--max", "5", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(os.listdir(outdir)) == sorted(os.listdir(history))
+    for d in r.json()["dumps"]:
+        assert d["global_norm_after"] <= 5 * (1 + 1e-6)
+        assert os.path.dirname(d["output"]) == outdir
+
+
+def test_multistep_h5_roundtrip(run, tmp_path):
+    from gradtool import Recorder
+
+    src = str(tmp_path / "run.h5")
+    rec = Recorder(src)
+    for s in (1, 2, 3):
+        rec.write(s, {"layer/w": np.full(4, float(s)), "i": np.arange(2)}, loss=float(s))
+    out = str(tmp_path / "clipped.h5")
+    r = run("clip", src, "-o", out, "--mode", "global-norm", "--max", "3", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    r2 = run("stats", out, "--format", "json")
+    d = r2.json()["dumps"]
+    assert [x["step"] for x in d] == [1, 2, 3]
+    assert [x["global_norm"] for x in d] == pytest.approx([2.0, 3.0, 3.0])
+    assert d[2]["metadata"]["loss"] == 3.0
+
+
+def test_output_format_from_extension(run, dump, tmp_path):
+    for ext, fmt in ((".h5", "hdf5"), (".safetensors", "safetensors")):
+        out = str(tmp_path / f"o{ext}")
+        assert run("clip", dump, "-o", out, "--mode", "norm", "--max", "1").exit_code == 0
+        with open_dump(out) as r:
+            assert r.format == fmt and r.step == 5 and set(r.names) == {"a/w", "attn[weight]", "count"}
+
+
+def test_thresholds_file(run, dump, tmp_path):
+    th = tmp_path / "th.json"
+    th.write_text(json.dumps({"thresholds": {"norm": {"a/w": 1.0}}}))
+    out = str(tmp_path / "t.npz")
+    r = run("clip", dump, "-o", out, "--mode", "norm", "--thresholds", str(th), "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    t = {x["name"]: x for x in r.json()["dumps"][0]["tensors"]}
+    assert t["a/w"]["clipped"] and t["a/w"]["norm_after"] == pytest.approx(1.0, rel=1e-6)
+    assert not t["attn[weight]"]["clipped"]
+
+
+def test_report_formats(run, dump):
+    r = run("clip", dump, "--dry-run", "--mode", "norm", "--max", "1", "--format", "csv")
+    assert r.stdout.splitlines()[0].startswith("input,group,step,output,name,norm_before")
+    r = run("clip", dump, "--dry-run", "--mode", "norm", "--max", "1")
+    assert "attn[weight]" in r.stdout and "global norm" in r.stdout

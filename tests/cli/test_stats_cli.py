@@ -1,0 +1,140 @@
+import csv
+import io
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gradtool import save_dump, tensor_stats
+
+
+def test_json_contract(run, dump):
+    r = run("stats", dump, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    (d,) = doc["dumps"]
+    for key in ("path", "format", "step", "num_tensors", "num_elements", "global_norm", "norm_type",
+                "nonfinite_tensors", "tensors"):
+        assert key in d
+    assert d["format"] == "npz" and d["step"] == 5 and d["num_tensors"] == 3 and d["num_elements"] == 9
+    assert d["global_norm"] == pytest.approx(math.sqrt(245), rel=1e-15)  # ints are not counted
+    assert d["norm_type"] == 2 and d["nonfinite_tensors"] == []
+    t = {x["name"]: x for x in d["tensors"]}
+    for key in ("name", "shape", "dtype", "size", "norm", "avg_norm", "max_abs", "mean", "std", "nan_count",
+                "inf_count", "zero_count"):
+        assert key in t["a/w"]
+    assert t["a/w"]["shape"] == [1, 3] and t["a/w"]["dtype"] == "float32" and t["a/w"]["norm"] == 7.0
+    assert t["attn[weight]"]["avg_norm"] == pytest.approx(14 / 3)
+    # one code path: the same numbers as the library function
+    s = tensor_stats(np.array([-4.0, 6.0, 12.0]))
+    assert t["attn[weight]"]["std"] == s.std and t["attn[weight]"]["mean"] == s.mean
+
+
+def test_strict_json_for_nonfinite(run, nan_dump):
+    r = run("stats", nan_dump, "--format", "json")
+    assert r.exit_code == 0
+    assert "NaN" in r.stdout
+    doc = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+    d = doc["dumps"][0]
+    assert d["global_norm"] == "NaN" and d["nonfinite_tensors"] == ["bad"]
+    bad = [t for t in d["tensors"] if t["name"] == "bad"][0]
+    assert bad["nan_count"] == 1 and bad["inf_count"] == 1 and bad["max_abs"] == "Infinity"
+
+
+def test_fail_on_nonfinite_exit_3(run, nan_dump, dump):
+    r = run("stats", "--fail-on-nonfinite", nan_dump, dump, "--format", "json")
+    assert r.exit_code == 3
+    assert "bad" in r.stderr and "step 7" in r.stderr
+    assert json.loads(r.stdout)["dumps"]  # data still printed
+    assert run("stats", "--fail-on-nonfinite", dump).exit_code == 0
+
+
+def test_norm_type(run, dump):
+    d1 = run("stats", dump, "--format", "json", "--norm-type", "1").json()["dumps"][0]
+    assert d1["norm_type"] == 1 and d1["global_norm"] == 11 + 22
+    di = run("stats", dump, "--format", "json", "--norm-type", "inf").json()["dumps"][0]
+    assert di["norm_type"] == "inf" and di["global_norm"] == 12
+
+
+def test_select_exclude_sort_top(run, dump):
+    d = run("stats", dump, "--format", "json", "--select", "a/*", "--select", "attn*").json()["dumps"][0]
+    assert [t["name"] for t in d["tensors"]] == ["a/w", "attn[weight]"]
+    d = run("stats", dump, "--format", "json", "--exclude", "attn*").json()["dumps"][0]
+    assert [t["name"] for t in d["tensors"]] == ["a/w", "count"] and d["global_norm"] == 7.0
+    d = run("stats", dump, "--format", "json", "--sort", "norm", "--top", "1").json()["dumps"][0]
+    assert [t["name"] for t in d["tensors"]] == ["attn[weight]"]
+    d = run("stats", dump, "--format", "json", "--sort", "name").json()["dumps"][0]
+    assert [t["name"] for t in d["tensors"]] == ["a/w", "attn[weight]", "count"]
+
+
+@pytest.mark.parametrize("fmt,delim", [("csv", ","), ("tsv", "\t")])
+def test_csv_tsv(run, dump, fmt, delim):
+    r = run("stats", dump, "--format", fmt)
+    rows = list(csv.DictReader(io.StringIO(r.stdout), delimiter=delim))
+    assert len(rows) == 3 and rows[0]["name"] == "a/w" and float(rows[0]["norm"]) == 7.0
+    assert rows[1]["name"] == "attn[weight]" and rows[1]["step"] == "5"
+    assert repr(float(rows[1]["avg_norm"])) == rows[1]["avg_norm"]  # full precision
+
+
+def test_jsonl(run, dump):
+    lines = run("stats", dump, "--format", "jsonl").stdout.splitlines()
+    objs = [json.loads(x) for x in lines]
+    assert len(objs) == 3 and all(o["path"] == dump and o["step"] == 5 for o in objs)
+
+
+def test_table_prints_names_as_themselves(run, dump):
+    r = run("stats", dump)
+    assert r.exit_code == 0
+    assert "attn[weight]" in r.stdout and "global norm" in r.stdout
+    assert r.stderr == ""
+
+
+def test_history_table_and_sparkline(run, history):
+    r = run("stats", history)
+    assert r.exit_code == 0
+    assert "6 steps" in r.stdout and any(ch in r.stdout for ch in "▁▂▃▄▅▆▇█")
+    d = run("stats", history, "--format", "json").json()["dumps"]
+    assert [x["step"] for x in d] == [0, 1, 2, 3, 4, 5]
+    assert max(d, key=lambda x: x["global_norm"])["step"] == 3
+
+
+def test_multistep_h5(run, tmp_path):
+    from gradtool import Recorder
+
+    rec = Recorder(str(tmp_path / "run.h5"))
+    for s in (1, 2, 3):
+        rec.write(s * 10, {"w": np.full(4, float(s))})
+    d = run("stats", str(tmp_path / "run.h5"), "--format", "json").json()["dumps"]
+    assert [x["step"] for x in d] == [10, 20, 30] and [x["global_norm"] for x in d] == [2.0, 4.0, 6.0]
+
+
+def test_errors_bad_input_and_usage(run, tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"PK\x03\x04garbage")
+    r = run("stats", str(bad))
+    assert r.exit_code == 1 and r.stderr.startswith("gradtool: error:") and "bad.npz" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert run("stats", str(tmp_path / "missing.npz")).exit_code == 1
+    assert run("stats", "--norm-type", "3", str(bad)).exit_code == 2
+    assert run("stats").exit_code == 2
+    assert run("stats", "x.npz", "--backend", "cupy").exit_code == 2
+
+
+def test_head_closes_pipe_quietly(tmp_path):
+    p = str(tmp_path / "many.npz")
+    save_dump(p, {f"t{i}": np.ones(3) for i in range(3000)})
+    proc = subprocess.run(f"{sys.executable} -m gradtool stats {p} --format csv | head -1", shell=True,
+                          capture_output=True, text=True)
+    assert proc.stdout.startswith("path,")
+    assert proc.stderr == ""
+
+
+def test_stdin(run, dump):
+    with open(dump, "rb") as f:
+        data = f.read()
+    r = run("stats", "-", "--format", "json", input=data)
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["dumps"][0]["path"] == "<stdin>" and r.json()["dumps"][0]["step"] == 5
