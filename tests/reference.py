@@ -20,7 +20,11 @@ def ref_l2(a) -> float:
 
 
 def ref_global(arrays) -> float:
-    return math.sqrt(math.fsum(ref_l2(a) ** 2 for a in arrays))
+    norms = [ref_l2(a) for a in arrays]
+    m = max(norms, default=0.0)
+    if m == 0 or not math.isfinite(m):
+        return m
+    return m * math.sqrt(math.fsum((n / m) ** 2 for n in norms))
 
 
 def ref_clip_by_norm(a, c, axes=None) -> np.ndarray:
