@@ -76,3 +76,60 @@ def summarize_dump(reader: DumpReader, *, step: int | None = None, select: Seque
         if on_tensor:
             on_tensor(1)
     return summary
+
+
+@dataclass
+class DumpHistory:
+    """Per-step series from a history of dumps: the global norm, and each tensor's L2 norm and max |g|."""
+
+    steps: list[int]
+    global_norms: list[float]
+    loss: list[float | None]
+    lr: list[float | None]
+    tensor_norms: dict[str, list[float]]
+    tensor_max_abs: dict[str, list[float]]
+    tensor_sizes: dict[str, int]
+
+
+def _meta_number(meta: dict[str, Any], keys: Sequence[str]) -> float | None:
+    for k in keys:
+        v = meta.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def dump_history(refs: Sequence[Any], *, select: Sequence[str] = (), exclude: Sequence[str] = (),
+                 xp: ModuleType | None = None, on_dump: Callable[[int], None] | None = None) -> DumpHistory:
+    """Read every dump once (one tensor at a time) and collect the series suggest-threshold needs.
+
+    A tensor missing from some steps gets NaN there (it is then left out of those steps' statistics).
+    """
+    rows = []
+    for ref in refs:
+        with ref.open() as reader:
+            s = summarize_dump(reader, step=ref.step, select=select, exclude=exclude, norm_type=2, xp=xp)
+        rows.append(s)
+        if on_dump:
+            on_dump(1)
+    rows.sort(key=lambda s: s.step if s.step is not None else 0)
+    names: dict[str, int] = {}
+    for s in rows:
+        for n, t in s.tensors:
+            if t.is_float:
+                names.setdefault(n, t.size)
+    norms = {n: [] for n in names}
+    maxabs = {n: [] for n in names}
+    for s in rows:
+        by = {n: t for n, t in s.tensors}
+        for n in names:
+            t = by.get(n)
+            norms[n].append(t.l2_norm if t else float("nan"))
+            maxabs[n].append((t.max_abs if t.max_abs is not None else 0.0) if t else float("nan"))
+    return DumpHistory(
+        steps=[s.step if s.step is not None else i for i, s in enumerate(rows)],
+        global_norms=[s.global_norm for s in rows],
+        loss=[_meta_number(s.metadata, ("loss", "train_loss")) for s in rows],
+        lr=[_meta_number(s.metadata, ("lr", "learning_rate")) for s in rows],
+        tensor_norms=norms, tensor_max_abs=maxabs, tensor_sizes=names,
+    )

@@ -1,0 +1,347 @@
+"""`gradtool suggest-threshold`: recommend a max value per clipping mode from a norm history."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any
+
+import click
+
+from .common import backend_option, message, progress, select_options
+
+MODES = ("global-norm", "norm", "average-norm", "value")
+
+EXAMPLES = """
+\b
+Examples:
+  gradtool suggest-threshold run.h5                          # every mode, from gradient dumps
+  gradtool suggest-threshold output/trainer_state.json       # Hugging Face log: global-norm only
+  gradtool suggest-threshold output/                         # a run dir of checkpoint-*/trainer_state.json
+  gradtool suggest-threshold metrics.csv --key grad_2.0_norm_total --current 1.0
+  gradtool clip run.h5 -o clipped.h5 --mode global-norm \\
+      --max "$(gradtool suggest-threshold run.h5 --mode global-norm --format value)"
+  gradtool suggest-threshold dumps/ --per-tensor -o thresholds.json
+  gradtool clip dumps/ -o clipped/ --mode norm --thresholds thresholds.json
+
+\b
+Inputs: gradient dumps (files, directories, multi-step HDF5: every mode can be derived) and/or training
+logs (trainer_state.json, CSV/TSV, JSON Lines, Megatron text logs, TensorBoard events with
+gradtool[tensorboard]); a log given with dumps adds its loss and learning rate. Logs carry only the
+global norm, so per-tensor modes cannot be derived from them.
+
+\b
+Default method (robust): skip the warm-up, leave out everything after a divergence, take a recent
+window, then tau = exp(median(log x) + 3.5 * 1.4826 * MAD(log x)), kept within [max(median, 0.5*mean),
+10*mean] and below the norm that led into a divergence. Exit code 4 when no threshold can be given.
+"""
+
+
+def _split_inputs(inputs: list[str]) -> tuple[list[str], list[str]]:
+    """(dump inputs, log inputs), by content."""
+    from ..io.detect import detect_format
+    from ..io.history import _dir_files
+
+    dumps, logs = [], []
+    for p in inputs:
+        if p == "-":
+            dumps.append(p)
+        elif os.path.isdir(p):
+            (dumps if _dir_files(p) else logs).append(p)
+        elif not os.path.exists(p):
+            from ..errors import InputError
+
+            raise InputError(f"{p}: no such file or directory")
+        else:
+            (dumps if detect_format(p) else logs).append(p)
+    return dumps, logs
+
+
+def _merge_logs(paths: list[str], key: str | None) -> Any:
+    from ..io.logs import NormHistory, read_norm_log
+
+    hists = [read_norm_log(p, key) for p in paths]
+    if len(hists) == 1:
+        return hists[0]
+    by: dict[int, tuple] = {}
+    for h in hists:
+        for s, v, lo, lr in zip(h.steps, h.norms, h.loss, h.lr):
+            by[s] = (v, lo, lr)
+    steps = sorted(by)
+    return NormHistory(steps, [by[s][0] for s in steps], [by[s][1] for s in steps], [by[s][2] for s in steps],
+                       ", ".join(paths), hists[0].key, hists[0].kind)
+
+
+@click.command("suggest-threshold", epilog=EXAMPLES)
+@click.argument("inputs", nargs=-1, required=True, metavar="HISTORY...")
+@click.option("--mode", "modes", type=click.Choice(list(MODES) + ["all"]), multiple=True,
+              help="Clipping mode(s) to recommend for (repeatable; default: all the input allows).")
+@click.option("--method", type=click.Choice(["robust", "percentile", "zscore", "pascanu"]), default="robust",
+              show_default=True, help="robust log-space tail (default), AutoClip percentile, ZClip-like z-score, "
+              "or Pascanu's multiple of the mean.")
+@click.option("--percentile", type=float, default=99.0, show_default=True, help="percentile method: P.")
+@click.option("--k", type=float, default=3.5, show_default=True, help="robust method: MADs above the median (log space).")
+@click.option("--z", type=float, default=2.5, show_default=True, help="zscore method: z threshold.")
+@click.option("--factor", type=float, default=5.0, show_default=True, help="pascanu method: multiple of the mean.")
+@click.option("--burn-in", type=click.IntRange(min=0), default=None, help="Observations to skip at the start (default automatic).")
+@click.option("--window", type=click.IntRange(min=8), default=None, help="Observations in the recent window (default automatic).")
+@click.option("--current", type=float, default=None, metavar="X", help="Your present threshold: report how often it clips.")
+@click.option("--key", default=None, help="Log column/key that holds the gradient norm (default: found automatically).")
+@select_options
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "value"]), default="table", show_default=True,
+              help="table for people, json for pipelines, value = just the number (needs one mode).")
+@click.option("--per-tensor", is_flag=True, help="With -o: write per-tensor thresholds for the per-tensor modes (JSON).")
+@click.option("-o", "--output", default=None, metavar="FILE", help="Where --per-tensor writes its thresholds.")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Save a chart (needs gradtool[plot]).")
+@click.option("--force", is_flag=True, help="Replace an existing -o / --plot file.")
+@backend_option
+def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str, percentile: float, k: float,
+                    z: float, factor: float, burn_in: int | None, window: int | None, current: float | None,
+                    key: str | None, select: tuple[str, ...], exclude: tuple[str, ...], fmt: str, per_tensor: bool,
+                    output: str | None, plot_path: str | None, force: bool, backend: str | None) -> None:
+    """Recommend a clipping threshold per mode from a gradient-norm HISTORY, and show why: clip rates,
+    percentile, z-score, ratio to the mean, spikes, non-finite steps, warm-up and divergence."""
+    from ..errors import ExitCode, GradtoolError, UsageError
+    from ..suggest import SuggestConfig
+
+    cfg = SuggestConfig(method=method, k=k, percentile=percentile, z=z, factor=factor, burn_in=burn_in,
+                        window=window, current=current).validate()
+    wanted = list(MODES) if not modes or "all" in modes else list(dict.fromkeys(modes))
+    explicit_modes = bool(modes) and "all" not in modes
+    if per_tensor and not output:
+        raise UsageError("--per-tensor writes a file: give it with -o FILE")
+    if output and not per_tensor:
+        raise UsageError("-o is for --per-tensor thresholds")
+    dump_inputs, log_inputs = _split_inputs(list(inputs))
+    doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend)
+    if explicit_modes:
+        missing = [m for m in wanted if m in doc["cannot_derive"]]
+        if missing and not any(m["mode"] in wanted for m in doc["modes"]):
+            raise UsageError(f"cannot derive {', '.join(missing)} from this input: {doc['cannot_derive'][missing[0]]}")
+    if per_tensor:
+        _write_thresholds(doc, output, force, list(inputs))
+    if plot_path:
+        from .plot import plot_history
+
+        plot_path_written = plot_history(doc, plot_path, force=force, inputs=list(inputs))
+        message(f"wrote {plot_path_written}")
+    _render(doc, fmt)
+    if not any(m["threshold"] is not None for m in doc["modes"]):
+        reasons = "; ".join(f"{m['mode']}: {m['reason']}" for m in doc["modes"]) or "no mode could be derived"
+        raise GradtoolError(f"no threshold recommended ({reasons})", exit_code=ExitCode.NO_THRESHOLD)
+
+
+def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], cfg: Any, key: str | None,
+             select: tuple[str, ...], exclude: tuple[str, ...], backend: str | None) -> dict[str, Any]:
+    from ..suggest import analyze_history, suggest_per_tensor, suggest_threshold
+
+    cannot: dict[str, str] = {}
+    per_tensor_tables: dict[str, dict[str, float | None]] = {}
+    results: list[dict[str, Any]] = []
+    if dump_inputs:
+        from ..io.history import expand_inputs
+        from ..summarize import dump_history
+        from .common import xp_for
+
+        refs = expand_inputs(dump_inputs)
+        with progress(len(refs), "reading dumps") as advance:
+            h = dump_history(refs, select=select, exclude=exclude, xp=xp_for(backend), on_dump=advance)
+        steps, norms, loss, lr = h.steps, h.global_norms, h.loss, h.lr
+        if log_inputs:  # a log given with dumps adds its loss and learning rate, matched by step
+            log = _merge_logs(log_inputs, key)
+            lmap = dict(zip(log.steps, zip(log.loss, log.lr)))
+            loss = [lmap.get(s, (lo, None))[0] if lo is None else lo for s, lo in zip(steps, loss)]
+            lr = [lmap.get(s, (None, r))[1] if r is None else r for s, r in zip(steps, lr)]
+        source = {"kind": "dumps", "inputs": dump_inputs + log_inputs, "key": "global L2 norm"}
+    else:
+        log = _merge_logs(log_inputs, key)
+        steps, norms, loss, lr = log.steps, log.norms, log.loss, log.lr
+        source = {"kind": log.kind, "inputs": log_inputs, "key": log.key}
+        for m in ("norm", "average-norm", "value"):
+            cannot[m] = "a training log carries only the global norm; per-tensor modes need gradient dumps"
+        h = None
+    if len(steps) == 0:
+        from ..errors import InputError
+
+        raise InputError(f"{', '.join(source['inputs'])}: no gradient-norm values found")
+    facts = analyze_history(steps, norms, loss, lr, burn_in=cfg.burn_in, window=cfg.window)
+    g = suggest_threshold(steps, norms, loss, lr, config=cfg, facts=facts)
+    if "global-norm" in wanted:
+        results.append(_mode_record("global-norm", g))
+    if h is not None:
+        cap = g.threshold
+        for mode in ("norm", "average-norm", "value"):
+            if mode not in wanted:
+                continue
+            series = h.tensor_max_abs if mode == "value" else h.tensor_norms
+            divisors = h.tensor_sizes if mode == "average-norm" else None
+            cap_m = cap if mode in ("norm", "value") else None
+            s, per = suggest_per_tensor(steps, series, facts, cfg, divisors=divisors, cap=cap_m)
+            rec = _mode_record(mode, s)
+            rec["per_tensor"] = per
+            per_tensor_tables[mode] = per
+            results.append(rec)
+    hist = facts.as_dict()
+    hist.update({"first_step": steps[0], "last_step": steps[-1], "has_loss": any(v is not None for v in loss),
+                 "has_lr": any(v is not None for v in lr)})
+    return {"source": source, "method": cfg.method, "history": hist, "modes": results,
+            "cannot_derive": {m: r for m, r in cannot.items() if m in wanted},
+            "series": {"steps": list(steps), "global_norm": list(norms),
+                       "loss": list(loss) if any(v is not None for v in loss) else None}}
+
+
+def _mode_record(mode: str, s: Any) -> dict[str, Any]:
+    ev = dict(s.evidence)
+    return {"mode": mode, "threshold": s.threshold, "method": s.method, "reason": s.reason, **ev}
+
+
+def _write_thresholds(doc: dict[str, Any], output: str, force: bool, inputs: list[str]) -> None:
+    from ..errors import UsageError
+    from ..io.atomic import atomic_output
+
+    table = {m["mode"]: {k: v for k, v in m["per_tensor"].items() if v is not None}
+             for m in doc["modes"] if "per_tensor" in m}
+    if not table:
+        raise UsageError("--per-tensor needs gradient dumps (a log carries only the global norm)")
+    from .render import dumps_json
+
+    with atomic_output(output, force=force, inputs=inputs) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(dumps_json({"method": doc["method"], "source": doc["source"], "thresholds": table}) + "\n")
+    message(f"wrote per-tensor thresholds for {', '.join(table)} to {output}")
+
+
+# ------------------------------------------------------------------------------------------ rendering
+def _render(doc: dict[str, Any], fmt: str) -> None:
+    from . import render
+
+    if fmt == "value":
+        from ..errors import ExitCode, GradtoolError, UsageError
+
+        modes = doc["modes"]
+        if len(modes) != 1:
+            raise UsageError("--format value prints one number: choose one --mode")
+        if modes[0]["threshold"] is None:
+            raise GradtoolError(f"no threshold for {modes[0]['mode']}: {modes[0]['reason']}",
+                                exit_code=ExitCode.NO_THRESHOLD)
+        click.echo(repr(float(modes[0]["threshold"])))
+        return
+    if fmt == "json":
+        out = {k: v for k, v in doc.items() if k != "series"}
+        render.write_json(out)
+        return
+    out = render.console()
+    src, hist = doc["source"], doc["history"]
+    render.print_line(f"history: {hist['n']} observations, steps {hist['first_step']}..{hist['last_step']} "
+                      f"from {', '.join(src['inputs'])} ({src['kind']}, key {src['key']}); method {doc['method']}", out)
+    g = next((m for m in doc["modes"] if m["mode"] == "global-norm"), None)
+    series = doc["series"]["global_norm"]
+    for line in ascii_chart(series, g["threshold"] if g else None):
+        render.print_line(line, out)
+    out.print()
+    render.print_table("recommended thresholds",
+                       ["mode", "threshold", "clip rate (window)", "clip rate (all)", "percentile", "z-score",
+                        "x mean", "spikes above"],
+                       ([m["mode"], m["threshold"], _pct(m.get("clip_rate_window")), _pct(m.get("clip_rate_all")),
+                         m.get("percentile"), m.get("zscore"), m.get("ratio_to_mean"), len(m.get("spikes", []))]
+                        for m in doc["modes"]),
+                       right=["threshold", "clip rate (window)", "clip rate (all)", "percentile", "z-score", "x mean",
+                              "spikes above"], out=out)
+    for line in explain(doc):
+        render.print_line(line, out)
+
+
+def _pct(v: Any) -> str | None:
+    return None if v is None else f"{100 * v:.1f}%"
+
+
+def explain(doc: dict[str, Any]) -> list[str]:
+    """The evidence in sentences."""
+    from .render import human
+
+    h = doc["history"]
+    lines = []
+    b = h["burn_in"]
+    lines.append(f"- warm-up skipped: {b['observations']} observations (to step {b['until_step']}): {b['reason']}")
+    w = h["window"]
+    lines.append(f"- window: {w['observations']} observations, steps {w['first_step']}..{w['last_step']}")
+    if h["divergence"]:
+        d = h["divergence"]
+        extra = f", loss {human(d.get('loss_before'))} -> {human(d.get('loss_after'))}" if "loss_before" in d else ""
+        lines.append(f"- DIVERGED at step {d['step']} ({d['trigger']}, norm {human(d['norm'])}{extra}); "
+                     "the steps after it were left out")
+    if h["nonfinite_steps"]:
+        lines.append(f"- non-finite norms at {len(h['nonfinite_steps'])} steps: {_list(h['nonfinite_steps'])}")
+    if h["nonfinite_loss_steps"]:
+        lines.append(f"- non-finite loss at {len(h['nonfinite_loss_steps'])} steps: {_list(h['nonfinite_loss_steps'])}")
+    if h["zero_steps"]:
+        lines.append(f"- zero norms (frozen or dead) at {len(h['zero_steps'])} steps: {_list(h['zero_steps'])}")
+    for warning in h["warnings"]:
+        lines.append(f"- note: {warning}")
+    for m in doc["modes"]:
+        if m["threshold"] is None:
+            lines.append(f"- {m['mode']}: NO THRESHOLD: {m['reason']}")
+            continue
+        spikes = m.get("spikes", [])
+        healthy = [s for s in spikes if not s["in_burn_in"] and not s["after_divergence"]]
+        if healthy:
+            top = sorted(healthy, key=lambda s: -s["norm"])[:5]
+            parts = [f"{s['step']} ({human(s['norm'])}" + (f", loss {s['loss_change']:+.3g}" if s["loss_change"] is not None else "")
+                     + ")" for s in top]
+            lines.append(f"- {m['mode']}: {len(healthy)} healthy-regime steps above it, largest: {', '.join(parts)}")
+        if m.get("guard", {}).get("applied"):
+            lines.append(f"- {m['mode']}: the {m['guard']['applied']} guard rail set the value "
+                         f"(candidate {human(m['candidate'])})")
+        if m.get("capped_at_global"):
+            lines.append(f"- {m['mode']}: capped at the global-norm threshold")
+        if m.get("largest_tensor"):
+            lines.append(f"- {m['mode']}: largest per-tensor threshold from {m['largest_tensor']!s}")
+        if "current" in m:
+            c = m["current"]
+            lines.append(f"- {m['mode']}: your current threshold {human(c['threshold'])} clips "
+                         f"{_pct(c['clip_rate_window'])} of the window and {_pct(c['clip_rate_all'])} of all steps")
+    for mode, why in doc["cannot_derive"].items():
+        lines.append(f"- {mode}: cannot be derived: {why}")
+    return lines
+
+
+def _list(steps: list[int], limit: int = 10) -> str:
+    shown = ", ".join(str(s) for s in steps[:limit])
+    return shown + (f", ... ({len(steps) - limit} more)" if len(steps) > limit else "")
+
+
+def ascii_chart(values: list[float], threshold: float | None, *, height: int = 8, width: int = 72) -> list[str]:
+    """A small log-scale chart of a series: '•' points, '─' the threshold, '!' non-finite columns."""
+    if not values:
+        return []
+    n = len(values)
+    cols = min(width, n)
+    buckets = [values[int(i * n / cols): max(int((i + 1) * n / cols), int(i * n / cols) + 1)] for i in range(cols)]
+    peaks = [math.nan if any(not math.isfinite(v) for v in b) else max(b) for b in buckets]
+    finite = [v for v in values if math.isfinite(v) and v > 0]
+    if not finite:
+        return ["(no finite positive values to chart)"]
+    lo, hi = math.log10(min(finite)), math.log10(max(finite + ([threshold] if threshold else [])))
+    if hi - lo < 1e-9:
+        hi = lo + 1
+
+    def row_of(v: float) -> int:
+        return min(height - 1, max(0, int((math.log10(v) - lo) / (hi - lo) * (height - 1) + 0.5)))
+
+    grid = [[" "] * cols for _ in range(height)]
+    t_row = row_of(threshold) if threshold else None
+    if t_row is not None:
+        for c in range(cols):
+            grid[t_row][c] = "─"
+    for c, v in enumerate(peaks):
+        if not math.isfinite(v):
+            grid[height - 1][c] = "!"
+        elif v > 0:
+            grid[row_of(v)][c] = "•"
+    labels = {height - 1: f"{10 ** hi:.3g}", 0: f"{10 ** lo:.3g}"}
+    if t_row is not None:
+        labels[t_row] = f"τ {threshold:.3g}"
+    lines = [f"{labels.get(r, ''):>10} ┤" + "".join(grid[r]) for r in range(height - 1, -1, -1)]
+    return lines

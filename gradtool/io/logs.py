@@ -1,0 +1,299 @@
+"""Training logs that carry a gradient-norm history (and often loss and learning rate).
+
+Read: Hugging Face ``trainer_state.json`` (its ``log_history``; a run directory of
+``checkpoint-*/trainer_state.json`` is merged by step), CSV/TSV with a header (Lightning ``metrics.csv``,
+W&B exports), JSON Lines, Megatron/fairseq-style text logs (``grad norm: 1.234``), and TensorBoard event
+files (extra ``gradtool[tensorboard]``). The non-standard tokens ``NaN``/``Infinity`` are accepted.
+The norm key is found automatically (see ``NORM_KEYS``) or named with ``key``.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InputError, UsageError
+
+NORM_KEYS = ("grad_norm", "gnorm", "grad_2.0_norm_total", "grad-norm", "total_norm", "grad_norm_total",
+             "train/grad_norm", "gradient_norm", "global_grad_norm", "grad norm", "grad_norm/total", "grads/norm")
+STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step", "trainer/global_step", "num_updates", "steps")
+LOSS_KEYS = ("loss", "train_loss", "train/loss", "lm loss", "lm_loss", "training_loss", "train_loss_step")
+LR_KEYS = ("learning_rate", "lr", "train/learning_rate", "learning rate", "lr-adam", "lr-adamw", "lr-sgd")
+MAX_LOG_BYTES = 2 << 30
+
+
+@dataclass
+class NormHistory:
+    """A gradient-norm history: one entry per logged step, sorted by step, without duplicates."""
+
+    steps: list[int]
+    norms: list[float]
+    loss: list[float | None] = field(default_factory=list)
+    lr: list[float | None] = field(default_factory=list)
+    source: str = ""
+    key: str = ""
+    kind: str = ""  # trainer_state, csv, jsonl, text, tensorboard, dumps
+
+    def __post_init__(self) -> None:
+        n = len(self.steps)
+        if not self.loss:
+            self.loss = [None] * n
+        if not self.lr:
+            self.lr = [None] * n
+
+    @property
+    def has_loss(self) -> bool:
+        return any(v is not None for v in self.loss)
+
+    @property
+    def has_lr(self) -> bool:
+        return any(v is not None for v in self.lr)
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        s = v.strip()
+        if not s:
+            return None
+        low = s.lower()
+        if low in ("nan", "+nan", "-nan"):
+            return math.nan
+        if low in ("inf", "+inf", "infinity", "+infinity"):
+            return math.inf
+        if low in ("-inf", "-infinity"):
+            return -math.inf
+        try:
+            return float(s)
+        except ValueError:
+            return None
+    return None
+
+
+def _find_key(keys: Iterable[str], wanted: Sequence[str], explicit: str | None = None) -> str | None:
+    keys = list(keys)
+    if explicit:
+        return explicit if explicit in keys else None
+    lower = {k.lower(): k for k in keys}
+    for w in wanted:
+        if w in lower:
+            return lower[w]
+    return None
+
+
+def _find_norm_key(keys: Iterable[str], explicit: str | None) -> str | None:
+    keys = list(keys)
+    k = _find_key(keys, NORM_KEYS, explicit)
+    if k or explicit:
+        return k
+    for c in keys:  # e.g. "train/grad_norm_global", "grad_norm_clipped" is avoided below
+        low = c.lower()
+        if ("grad_norm" in low or "gnorm" in low or "grad-norm" in low) and "clip" not in low and "/" not in low[:-1].split("grad")[-1]:
+            return c
+    return None
+
+
+def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key: str | None = None) -> NormHistory:
+    """Build a history from dict records (HF log_history entries, JSONL lines, CSV rows)."""
+    rows = [r for r in records if isinstance(r, dict)]
+    all_keys: dict[str, None] = {}
+    for r in rows:
+        all_keys.update(dict.fromkeys(r))
+    nkey = _find_norm_key(all_keys, key)
+    if nkey is None:
+        if key:
+            raise UsageError(f"{source}: no column/key named {key!r}; keys found: {', '.join(list(all_keys)[:20])}")
+        raise InputError(f"{source}: found no gradient-norm key (tried {', '.join(NORM_KEYS)}); name it with --key")
+    skey = _find_key(all_keys, STEP_KEYS)
+    lkey = _find_key(all_keys, LOSS_KEYS)
+    rkey = _find_key(all_keys, LR_KEYS)
+    by_step: dict[int, tuple[float, float | None, float | None]] = {}
+    order = 0
+    last_loss: dict[int, float] = {}
+    for r in rows:
+        if skey is not None and lkey is not None and _num(r.get(lkey)) is not None and _num(r.get(skey)) is not None:
+            last_loss[int(_num(r.get(skey)))] = _num(r.get(lkey))  # type: ignore[arg-type]
+        v = _num(r.get(nkey))
+        if v is None:
+            continue
+        s = _num(r.get(skey)) if skey else None
+        step = int(s) if s is not None and math.isfinite(s) else order
+        order += 1
+        by_step[step] = (v, _num(r.get(lkey)) if lkey else None, _num(r.get(rkey)) if rkey else None)
+    steps = sorted(by_step)
+    hist = NormHistory(steps, [by_step[s][0] for s in steps],
+                       [by_step[s][1] if by_step[s][1] is not None else last_loss.get(s) for s in steps],
+                       [by_step[s][2] for s in steps], source, nkey, kind)
+    return hist
+
+
+def _loads(text: str, source: str) -> Any:
+    try:
+        return json.loads(text)  # accepts NaN / Infinity / -Infinity
+    except ValueError as exc:
+        raise InputError(f"{source}: malformed JSON ({exc})") from None
+
+
+def _read_text(path: str) -> str:
+    try:
+        if os.path.getsize(path) > MAX_LOG_BYTES:
+            raise InputError(f"{path}: log larger than {MAX_LOG_BYTES >> 30} GiB")
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if b"\0" in raw[:4096]:
+        raise InputError(f"{path}: binary file, not a training log")
+    return raw.decode("utf-8", "replace")
+
+
+def read_trainer_state(path: str, key: str | None = None) -> NormHistory:
+    doc = _loads(_read_text(path), path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("log_history"), list):
+        raise InputError(f"{path}: not a Hugging Face trainer_state.json (no log_history list)")
+    return from_records(doc["log_history"], path, "trainer_state", key)
+
+
+def read_run_directory(path: str, key: str | None = None) -> NormHistory:
+    """A run directory: trainer_state.json files of its checkpoints (and itself), merged by step."""
+    files = sorted(glob.glob(os.path.join(path, "checkpoint-*", "trainer_state.json")),
+                   key=lambda p: int(re.findall(r"checkpoint-(\d+)", p)[-1]) if re.findall(r"checkpoint-(\d+)", p) else 0)
+    top = os.path.join(path, "trainer_state.json")
+    if os.path.exists(top):
+        files.append(top)
+    if not files:
+        raise InputError(f"{path}: directory holds neither gradient dumps nor trainer_state.json files")
+    records: list[dict[str, Any]] = []
+    for f in files:
+        doc = _loads(_read_text(f), f)
+        if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
+            records.extend(doc["log_history"])  # later files repeat earlier steps: from_records keeps the last
+    return from_records(records, path, "trainer_state", key)
+
+
+def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
+    text = _read_text(path) if text is None else text
+    records = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue  # garbage lines are skipped (a crashed run's last line is often cut)
+        if isinstance(r, dict):
+            records.append(r)
+    if not records:
+        raise InputError(f"{path}: no JSON objects found")
+    return from_records(records, path, "jsonl", key)
+
+
+def read_csv(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
+    text = _read_text(path) if text is None else text
+    first = text.split("\n", 1)[0]
+    delim = "\t" if first.count("\t") > first.count(",") else ","
+    reader = csv.DictReader(io.StringIO(text), delimiter=delim)
+    if not reader.fieldnames:
+        raise InputError(f"{path}: empty CSV (no header)")
+    return from_records(list(reader), path, "csv", key)
+
+
+_TEXT_NORM = re.compile(r"(?:grad[ _-]?norm|gnorm|total_norm)\s*[:=]?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf(?:inity)?))",
+                        re.IGNORECASE)
+_TEXT_STEP = re.compile(r"(?:iteration|step|global_step|num_updates)\s*[:=]?\s*(\d+)", re.IGNORECASE)
+_TEXT_LOSS = re.compile(r"(?:lm loss|loss)\s*[:=]?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))", re.IGNORECASE)
+_TEXT_LR = re.compile(r"(?:learning rate|lr)\s*[:=]?\s*([-+]?\d+\.?\d*(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+
+
+def read_text_log(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
+    """Megatron-style lines: ``iteration 100/ 1000 | ... | lm loss: 2.3 | grad norm: 1.234 | ...``."""
+    text = _read_text(path) if text is None else text
+    records = []
+    for line in text.splitlines():
+        m = _TEXT_NORM.search(line)
+        if not m:
+            continue
+        r: dict[str, Any] = {"grad_norm": m.group(1)}
+        if (s := _TEXT_STEP.search(line)):
+            r["step"] = s.group(1)
+        if (lo := _TEXT_LOSS.search(line.replace(m.group(0), ""))):
+            r["loss"] = lo.group(1)
+        if (lr := _TEXT_LR.search(line)):
+            r["learning_rate"] = lr.group(1)
+        records.append(r)
+    if not records:
+        raise InputError(f"{path}: no 'grad norm: X' values found in this text log")
+    return from_records(records, path, "text", "grad_norm")
+
+
+def read_tensorboard(path: str, key: str | None = None) -> NormHistory:
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        raise UsageError("reading TensorBoard event files needs the extra: pip install 'gradtool[tensorboard]'") from None
+    acc = EventAccumulator(path, size_guidance={"scalars": 0})
+    try:
+        acc.Reload()
+    except Exception as exc:
+        raise InputError(f"{path}: cannot read TensorBoard events ({exc})") from None
+    tags = acc.Tags().get("scalars", [])
+    nkey = _find_norm_key(tags, key)
+    if nkey is None:
+        raise InputError(f"{path}: no gradient-norm scalar among {', '.join(tags[:20])}; name it with --key")
+    records: dict[int, dict[str, Any]] = {}
+    for tag, name in ((nkey, "grad_norm"), (_find_key(tags, LOSS_KEYS), "loss"), (_find_key(tags, LR_KEYS), "learning_rate")):
+        if tag:
+            for ev in acc.Scalars(tag):
+                records.setdefault(ev.step, {"step": ev.step})[name] = ev.value
+    return from_records([records[s] for s in sorted(records)], path, "tensorboard", "grad_norm")
+
+
+def is_log_file(path: str) -> bool:
+    """True when ``path`` looks like a training log rather than a gradient dump."""
+    from .detect import detect_format
+
+    return os.path.isfile(path) and detect_format(path) is None
+
+
+def read_norm_log(path: str, key: str | None = None) -> NormHistory:
+    """Read any supported training log (format detected from name and content)."""
+    if os.path.isdir(path):
+        return read_run_directory(path, key)
+    base = os.path.basename(path).lower()
+    if "tfevents" in base:
+        return read_tensorboard(path, key)
+    text = _read_text(path)
+    stripped = text.lstrip()
+    if not stripped:
+        raise InputError(f"{path}: empty log")
+    if stripped.startswith("{") or stripped.startswith("["):
+        if stripped.startswith("{"):
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
+                return from_records(doc["log_history"], path, "trainer_state", key)
+            if isinstance(doc, dict):
+                return from_records([doc], path, "jsonl", key)
+            return read_jsonl(path, key, text)
+        doc = _loads(text, path)
+        if isinstance(doc, list):
+            return from_records(doc, path, "json", key)
+    first = stripped.split("\n", 1)[0]
+    if base.endswith((".csv", ".tsv")) or (("," in first or "\t" in first) and _find_norm_key(
+            re.split(r"[,\t]", first), key) is not None):
+        return read_csv(path, key, text)
+    return read_text_log(path, key, text)

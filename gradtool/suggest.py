@@ -1,0 +1,411 @@
+"""Recommend a clipping threshold from a norm history, with the evidence (pure, host-side NumPy).
+
+Follows the documented guidance (README "How suggest-threshold decides"; sources: Pascanu et al. 2013,
+AutoClip 2020, ZClip 2025, RNMT+ 2018):
+
+1. **Clean**: NaN/Inf steps and exact zeros are set aside and reported.
+2. **Explosions**: the first *divergence* is found, a norm surge (or non-finite value) after which the
+   loss jumps and stays up (or, without a loss, the norm stays ≥ 4× up or turns non-finite). Everything
+   from there on is a broken regime and is excluded; the threshold must sit below the norm that led in.
+3. **Burn-in**: the warm-up transient is skipped: the first max(25, 10 %) healthy observations, or
+   until a logged learning-rate warm-up ends, whichever is later (at most half the healthy part).
+4. **Window**: the last max(200, 50 %) observations of the healthy part after burn-in.
+5. **Robust tail** (method ``robust``): m = median(log x), s = 1.4826·MAD(log x), τ = exp(m + k·s), k = 3.5.
+6. **Guard rails**: τ is kept within [max(median, 0.5·mean), 10·mean] of the window (Pascanu's band) and
+   below 0.9× the norm that led into a divergence. When those bounds cross, explosions happen at
+   ordinary norms: clipping cannot fix that, and no number is recommended.
+
+Other methods: ``percentile`` (AutoClip: the P-th percentile of the window), ``zscore`` (ZClip-like: EMA
+mean/variance with α = 0.97 after a 25-step warm-up, spikes fed back clipped; τ = μ + z·σ) and
+``pascanu`` (a multiple of the windowed mean).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+METHODS = ("robust", "percentile", "zscore", "pascanu")
+MAD_TO_SIGMA = 1.4826
+MIN_POINTS = 8
+BLOCK = 32  # points per block for the running baseline of the divergence detector
+
+
+@dataclass
+class SuggestConfig:
+    method: str = "robust"
+    k: float = 3.5  # robust: MADs (in log space) above the median
+    percentile: float = 99.0  # percentile method (AutoClip's paper uses 10: a normaliser, not a spike guard)
+    z: float = 2.5  # zscore method
+    alpha: float = 0.97  # zscore method EMA factor
+    factor: float = 5.0  # pascanu: multiple of the windowed mean (their study: 0.5x-10x converged)
+    burn_in: int | None = None  # observations to skip (None = automatic)
+    window: int | None = None  # observations in the window (None = automatic)
+    current: float | None = None  # the user's present threshold, to report its clip rate
+
+    def validate(self) -> SuggestConfig:
+        from .errors import UsageError
+
+        if self.method not in METHODS:
+            raise UsageError(f"--method must be one of {', '.join(METHODS)}")
+        if not 0 < self.percentile <= 100:
+            raise UsageError("--percentile must be in (0, 100]")
+        for name in ("k", "z", "factor"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise UsageError(f"--{name} must be a positive number")
+        if not 0 < self.alpha < 1:
+            raise UsageError("alpha must be in (0, 1)")
+        if self.current is not None and not (math.isfinite(self.current) and self.current > 0):
+            raise UsageError("--current must be a positive number")
+        if self.burn_in is not None and self.burn_in < 0 or self.window is not None and self.window < MIN_POINTS:
+            raise UsageError(f"--burn-in must be >= 0 and --window >= {MIN_POINTS}")
+        return self
+
+
+@dataclass
+class HistoryFacts:
+    """What the history says before any threshold is chosen (shared by every mode of one input)."""
+
+    steps: list[int]
+    n: int
+    logging_interval: int | None
+    nonfinite_steps: list[int]
+    nonfinite_loss_steps: list[int]
+    zero_steps: list[int]
+    divergence: dict[str, Any] | None
+    healthy_end: int  # index (exclusive) where the healthy part ends
+    burn_in: int  # observations skipped at the start
+    burn_in_reason: str
+    window_start: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def window(self) -> slice:
+        return slice(self.window_start, self.healthy_end)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("steps")
+        s = self.steps
+        d["burn_in"] = {"observations": self.burn_in, "reason": self.burn_in_reason,
+                        "until_step": s[self.burn_in - 1] if self.burn_in else None}
+        d.pop("burn_in_reason")
+        d["window"] = {"observations": self.healthy_end - self.window_start,
+                       "first_step": s[self.window_start] if self.healthy_end > self.window_start else None,
+                       "last_step": s[self.healthy_end - 1] if self.healthy_end > self.window_start else None}
+        d.pop("window_start")
+        d.pop("healthy_end")
+        return d
+
+
+@dataclass
+class Suggestion:
+    threshold: float | None
+    method: str
+    reason: str | None = None  # why there is no threshold
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+def _median(a: np.ndarray) -> float:
+    return float(np.median(a)) if a.size else math.nan
+
+
+def _finite_loss(loss: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    seg = loss[max(lo, 0):max(hi, 0)]
+    return seg[np.isfinite(seg)]
+
+
+def logging_interval(steps: Sequence[int]) -> int | None:
+    if len(steps) < 2:
+        return None
+    d = np.diff(np.asarray(steps, dtype=np.int64))
+    d = d[d > 0]
+    return int(np.median(d)) if d.size else None
+
+
+def _lr_warmup_end(lr: np.ndarray, end: int) -> int:
+    """Index where a logged learning-rate warm-up ends (lr first reaches 99 % of its peak), else 0."""
+    seg = lr[:end]
+    ok = np.isfinite(seg)
+    if ok.sum() < 3:
+        return 0
+    peak = np.nanmax(np.where(ok, seg, -np.inf))
+    if peak <= 0:
+        return 0
+    first = int(np.argmax(ok & (seg >= 0.99 * peak)))
+    start = seg[ok][0]
+    return first if start < 0.5 * peak else 0
+
+
+def _loss_diverged(loss: np.ndarray, j: int, w: int) -> tuple[bool, dict[str, Any]]:
+    """The loss jumps after j and stays up (or turns non-finite)."""
+    after_raw = loss[j + 1: j + 1 + w]
+    if np.any(np.isnan(after_raw) | np.isinf(after_raw)) and np.isfinite(after_raw).sum() < after_raw.size:
+        return True, {"loss_after": "non-finite"}
+    pre = _finite_loss(loss, j - w, j)
+    post = _finite_loss(loss, j + 1, j + 1 + w)
+    tail = _finite_loss(loss, loss.size - w, loss.size)
+    if pre.size < 3 or post.size < 1:
+        return False, {}
+    p, q, t = _median(pre), _median(post), _median(tail)
+    jump = q > p + 0.25 * abs(p) + 1e-12 and t > p + 0.1 * abs(p)
+    return bool(jump), {"loss_before": p, "loss_after": q, "loss_at_end": t}
+
+
+def analyze_history(steps: Sequence[int], norms: Sequence[float], loss: Sequence[float | None] | None = None,
+                    lr: Sequence[float | None] | None = None, *, burn_in: int | None = None,
+                    window: int | None = None) -> HistoryFacts:
+    """Clean, find the divergence, the burn-in and the window of a (step-sorted) norm history."""
+    x = np.asarray(norms, dtype=np.float64)
+    n = x.size
+    L = np.asarray([math.nan if v is None else v for v in (loss or [None] * n)], dtype=np.float64)
+    R = np.asarray([math.nan if v is None else v for v in (lr or [None] * n)], dtype=np.float64)
+    finite = np.isfinite(x)
+    st = list(steps)
+    nonfinite = [st[i] for i in np.flatnonzero(~finite)]
+    given = np.asarray([v is not None for v in (loss or [None] * n)], dtype=bool)
+    nonfinite_loss = [st[i] for i in np.flatnonzero(given & ~np.isfinite(L))]
+    zeros = [st[i] for i in np.flatnonzero(finite & (x == 0))]
+    has_loss = np.isfinite(L).sum() >= 6
+    w = max(5, min(BLOCK, n // 10 or 5))
+    divergence = _find_divergence(x, L, st, has_loss, w)
+    healthy_end = divergence["index"] if divergence else n
+    warnings: list[str] = []
+
+    auto = max(25, math.ceil(0.1 * healthy_end))
+    lr_end = _lr_warmup_end(R, healthy_end)
+    if burn_in is None:
+        b, reason = auto, "first max(25, 10%) observations"
+        if lr_end > b:
+            b, reason = lr_end, "until the learning-rate warm-up ends"
+        cap = healthy_end // 2
+        if b > cap:
+            b, reason = cap, reason + f" (capped at half of the {healthy_end} healthy observations)"
+    else:
+        b, reason = min(burn_in, max(healthy_end - MIN_POINTS, 0)), "given with --burn-in"
+    post = healthy_end - b
+    size = window if window is not None else max(200, math.ceil(0.5 * post))
+    wstart = max(b, healthy_end - size)
+    interval = logging_interval(st)
+    if interval and interval > 1:
+        warnings.append(f"the norm is logged every {interval} steps: spikes between samples are unseen, so clip "
+                        "rates are lower bounds")
+    if divergence:
+        warnings.append(f"training diverged at step {divergence['step']}: the {n - healthy_end} observations from "
+                        "there on are a broken regime and were left out")
+    return HistoryFacts(st, n, interval, nonfinite, nonfinite_loss, zeros, divergence, healthy_end, b,
+                        reason, wstart, warnings)
+
+
+def _find_divergence(x: np.ndarray, L: np.ndarray, steps: list[int], has_loss: bool, w: int) -> dict[str, Any] | None:
+    """First index where training breaks: a surge or non-finite value followed by lasting damage."""
+    n = x.size
+    good = np.isfinite(x) & (x > 0)
+    logs = np.where(good, np.log(np.where(good, x, 1.0)), np.nan)
+    for j in range(1, n):
+        if not np.isfinite(x[j]):
+            rest = x[j: j + w]
+            lasting = np.mean(~np.isfinite(rest)) >= 0.5 and rest.size >= 2
+            loss_bad, info = _loss_diverged(L, j, w) if has_loss else (False, {})
+            if lasting or loss_bad or j == n - 1:
+                return {"index": j, "step": steps[j], "norm": float(x[j]), "trigger": "non-finite norm",
+                        "norm_before": _last_finite(x, j), **info}
+            continue
+        if not good[j] or j < 8:
+            continue
+        base = logs[max(0, j - BLOCK): j]
+        base = base[np.isfinite(base)]
+        if base.size < 8:
+            continue
+        m = float(np.median(base))
+        s = MAD_TO_SIGMA * float(np.median(np.abs(base - m)))
+        if logs[j] <= m + max(6 * s, math.log(4)):
+            continue
+        if has_loss:
+            bad, info = _loss_diverged(L, j, w)
+        else:
+            after = logs[j + 1: j + 1 + w]
+            after_bad = ~np.isfinite(x[j + 1: j + 1 + w])
+            bad = bool(after.size >= 3 and (np.mean(after_bad) >= 0.5 or
+                                            _median(after[np.isfinite(after)]) > m + math.log(4)))
+            info = {}
+        if bad:
+            return {"index": j, "step": steps[j], "norm": float(x[j]), "trigger": "norm surge",
+                    "norm_before": float(math.exp(m)), **info}
+    for j in range(n):  # a loss that turns non-finite while the norm stays finite
+        if np.isinf(L[j]) or (np.isnan(L[j]) and np.isfinite(L[:j]).any() and np.isnan(L[j:]).all() and has_loss):
+            return {"index": j, "step": steps[j], "norm": float(x[j]), "trigger": "non-finite loss",
+                    "norm_before": _last_finite(x, j)}
+    return None
+
+
+def _last_finite(x: np.ndarray, j: int) -> float | None:
+    prev = x[:j][np.isfinite(x[:j])]
+    return float(prev[-1]) if prev.size else None
+
+
+# ------------------------------------------------------------------------------------------ methods
+def _robust(v: np.ndarray, k: float) -> tuple[float, dict[str, Any]]:
+    lv = np.log(v)
+    m = float(np.median(lv))
+    s = MAD_TO_SIGMA * float(np.median(np.abs(lv - m)))
+    return math.exp(m + k * s), {"median_log": m, "sigma_log": s, "k": k}
+
+
+def _zscore(v: np.ndarray, z: float, alpha: float, warmup: int = 25) -> tuple[float, dict[str, Any]]:
+    w0 = v[: min(warmup, v.size)]
+    mu, var = float(np.mean(w0)), float(np.var(w0))
+    spikes = 0
+    for g in v[w0.size:]:
+        sd = math.sqrt(var)
+        if sd > 0 and (g - mu) / sd > z:
+            g = mu + z * sd  # ZClip feeds the clipped value back, so spikes do not inflate the EMA
+            spikes += 1
+        mu = alpha * mu + (1 - alpha) * g
+        var = alpha * var + (1 - alpha) * (g - mu) ** 2
+    return mu + z * math.sqrt(var), {"ema_mean": mu, "ema_std": math.sqrt(var), "z": z, "alpha": alpha,
+                                     "ema_spikes": spikes}
+
+
+def suggest_threshold(steps: Sequence[int], norms: Sequence[float], loss: Sequence[float | None] | None = None,
+                      lr: Sequence[float | None] | None = None, *, config: SuggestConfig | None = None,
+                      facts: HistoryFacts | None = None) -> Suggestion:
+    """Recommend τ for one norm series (see module doc). ``facts`` lets per-tensor series share the
+    global series' divergence, burn-in and window."""
+    cfg = (config or SuggestConfig()).validate()
+    x = np.asarray(norms, dtype=np.float64)
+    if facts is None:
+        facts = analyze_history(steps, norms, loss, lr, burn_in=cfg.burn_in, window=cfg.window)
+    wv = x[facts.window]
+    wv = wv[np.isfinite(wv) & (wv > 0)]
+    ev: dict[str, Any] = {}
+    if wv.size < MIN_POINTS:
+        return Suggestion(None, cfg.method, f"too little healthy data: {wv.size} usable observations in the window "
+                          f"(need {MIN_POINTS}); record more steps or lower --burn-in", ev)
+    mean, median = float(np.mean(wv)), float(np.median(wv))
+    std = float(np.std(wv))
+    if cfg.method == "robust":
+        raw, detail = _robust(wv, cfg.k)
+    elif cfg.method == "percentile":
+        raw, detail = float(np.percentile(wv, cfg.percentile)), {"percentile": cfg.percentile}
+    elif cfg.method == "zscore":
+        raw, detail = _zscore(wv, cfg.z, cfg.alpha)
+    else:
+        raw, detail = cfg.factor * mean, {"factor": cfg.factor}
+    lower, upper = max(median, 0.5 * mean), 10.0 * mean
+    div = facts.divergence
+    explosion_norm = None
+    if div:
+        explosion_norm = div["norm"] if math.isfinite(div["norm"]) else div.get("norm_before")
+    ceiling = upper if explosion_norm is None else min(upper, 0.9 * explosion_norm)
+    ev.update({"candidate": raw, "method_detail": detail, "window_mean": mean, "window_median": median,
+               "window_std": std, "guard": {"lower": lower, "upper": upper, "explosion_norm": explosion_norm}})
+    if explosion_norm is not None and 0.9 * explosion_norm <= lower:
+        ratio = explosion_norm / median if median else math.inf
+        return Suggestion(None, cfg.method, (
+            f"training diverged at step {div['step']} from an ordinary norm ({explosion_norm:.4g}, {ratio:.2g}x the "
+            "median): clipping cannot prevent this explosion; look at the learning rate, loss scaling or the data"), ev)
+    tau = raw
+    if cfg.method == "robust":
+        tau = min(max(raw, lower), ceiling)
+        ev["guard"]["applied"] = "lower" if raw < lower else "upper" if raw > ceiling else None
+    elif explosion_norm is not None and raw >= explosion_norm:
+        ev.setdefault("warnings", []).append(
+            f"this threshold ({raw:.4g}) is above the norm that led into the divergence ({explosion_norm:.4g})")
+    ev.update(evidence(x, steps, loss, facts, tau, wv))
+    if cfg.current is not None:
+        ev["current"] = {"threshold": cfg.current, **clip_rates(x, facts, cfg.current)}
+    return Suggestion(tau, cfg.method, None, ev)
+
+
+def clip_rates(x: np.ndarray, facts: HistoryFacts, tau: float) -> dict[str, float]:
+    """Fraction of finite observations above τ: in the window, in the healthy part after burn-in, and in
+    the whole history (warm-up and any broken regime included)."""
+    allv = x[np.isfinite(x)]
+    wv = x[facts.window]
+    wv = wv[np.isfinite(wv)]
+    hv = x[facts.burn_in:facts.healthy_end]
+    hv = hv[np.isfinite(hv)]
+    return {"clip_rate_window": float(np.mean(wv > tau)) if wv.size else math.nan,
+            "clip_rate_healthy": float(np.mean(hv > tau)) if hv.size else math.nan,
+            "clip_rate_all": float(np.mean(allv > tau)) if allv.size else math.nan}
+
+
+def evidence(x: np.ndarray, steps: Sequence[int], loss: Sequence[float | None] | None, facts: HistoryFacts,
+             tau: float, wv: np.ndarray) -> dict[str, Any]:
+    """The figures that justify τ in the languages of the sources (AutoClip, ZClip, Pascanu)."""
+    lv = np.log(wv)
+    m = float(np.median(lv))
+    s = MAD_TO_SIGMA * float(np.median(np.abs(lv - m)))
+    mean, std = float(np.mean(wv)), float(np.std(wv))
+    L = None if loss is None else [math.nan if v is None else float(v) for v in loss]
+    spikes = []
+    for i in np.flatnonzero(np.isfinite(x) & (x > tau)):
+        change = None
+        if L is not None and 0 < i < len(L) - 1 and math.isfinite(L[i - 1]) and math.isfinite(L[i + 1]):
+            change = L[i + 1] - L[i - 1]
+        spikes.append({"step": int(steps[i]), "norm": float(x[i]), "loss_change": change,
+                       "in_burn_in": bool(i < facts.burn_in), "after_divergence": bool(i >= facts.healthy_end)})
+    return {
+        **clip_rates(x, facts, tau),
+        "percentile": 100.0 * float(np.mean(wv <= tau)),
+        "zscore": (tau - mean) / std if std > 0 else math.inf,
+        "robust_zscore_log": (math.log(tau) - m) / s if s > 0 else math.inf,
+        "ratio_to_mean": tau / mean,
+        "spikes": spikes,
+    }
+
+
+def suggest_per_tensor(steps: Sequence[int], series: dict[str, Sequence[float]], facts: HistoryFacts,
+                       config: SuggestConfig, *, divisors: dict[str, int] | None = None,
+                       cap: float | None = None) -> tuple[Suggestion, dict[str, float | None]]:
+    """τ per tensor (each series over the global history's window), and the recommendation: the largest
+    (the "biggest value that still cuts off explosions" doctrine), capped at ``cap`` (the global τ)."""
+    per: dict[str, float | None] = {}
+    for name, values in series.items():
+        s = suggest_threshold(steps, values, config=config, facts=facts)
+        t = s.threshold
+        if t is not None and divisors:
+            t = t / max(divisors.get(name, 1), 1)
+        per[name] = t
+    found = {k: v for k, v in per.items() if v is not None}
+    if not found:
+        return Suggestion(None, config.method, "no tensor has enough usable (finite, non-zero) history"), per
+    best_name = max(found, key=found.__getitem__)
+    best = found[best_name]
+    capped = cap is not None and best > cap
+    tau = min(best, cap) if cap is not None else best
+    if capped:
+        per = {k: (min(v, cap) if v is not None else None) for k, v in per.items()}
+    values = np.asarray(series[best_name], dtype=np.float64)
+    if divisors:
+        values = values / max(divisors.get(best_name, 1), 1)
+    wv = values[facts.window]
+    wv = wv[np.isfinite(wv) & (wv > 0)]
+    ev = {"largest_tensor": best_name, "capped_at_global": bool(capped), "tensors": len(series),
+          "tensors_without_threshold": sorted(k for k, v in per.items() if v is None)}
+    if wv.size:
+        ev.update(evidence(values, steps, None, facts, tau, wv))
+        ev.update(clip_rates(values, facts, tau))
+        # per-tensor clip rate: the fraction of (tensor, step) pairs each tensor's own τ would clip
+        hits = tot = 0
+        for name, vals in series.items():
+            t = per.get(name)
+            if t is None:
+                continue
+            v = np.asarray(vals, dtype=np.float64)[facts.window]
+            if divisors:
+                v = v / max(divisors.get(name, 1), 1)
+            v = v[np.isfinite(v)]
+            hits += int(np.sum(v > t))
+            tot += v.size
+        ev["clip_rate_window_per_tensor"] = hits / tot if tot else math.nan
+    if config.current is not None:
+        ev["current"] = {"threshold": config.current, **clip_rates(values, facts, config.current)}
+    return Suggestion(tau, config.method, None, ev), per
