@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
+
+from gradtool.cli.main import main
 
 BACKENDS = ["numpy", "array_api_strict"]
 if importlib.util.find_spec("cupy") is not None:  # pragma: no cover - only on GPU machines
@@ -37,3 +41,30 @@ def to_np(a) -> np.ndarray:
 @pytest.fixture
 def tmp(tmp_path):
     return tmp_path
+
+
+class Result:
+    def __init__(self, code, stdout, stderr):
+        self.exit_code, self.stdout, self.stderr = code, stdout, stderr
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def run():
+    """Run the real main() (error mapping included) in-process; stdout and stderr kept apart."""
+
+    def _run(*args, input=None):
+        import click
+
+        @click.command()
+        def entry():  # main() itself, so its error-to-exit-code mapping is under test too
+            main(list(args))
+
+        r = CliRunner().invoke(entry, [], input=input, catch_exceptions=False)
+        return Result(r.exit_code, r.stdout, r.stderr)
+
+    return _run
+
+

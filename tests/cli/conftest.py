@@ -1,42 +1,8 @@
-import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from gradtool import save_dump
-from gradtool.cli.main import main
-
-
-class Result:
-    def __init__(self, code, stdout, stderr):
-        self.exit_code, self.stdout, self.stderr = code, stdout, stderr
-
-    def json(self):
-        return json.loads(self.stdout)
-
-
-@pytest.fixture
-def run():
-    """Run the real main() (error mapping included) in-process; stdout and stderr kept apart."""
-
-    def _run(*args, input=None):
-        runner = CliRunner()
-        from gradtool.cli.main import cli  # noqa: F401 - imported for click
-
-        def entry():
-            main(list(args))
-
-        import click
-
-        @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-        def wrapper():
-            entry()
-
-        r = runner.invoke(wrapper, [], input=input, catch_exceptions=False)
-        return Result(r.exit_code, r.stdout, r.stderr)
-
-    return _run
 
 
 @pytest.fixture

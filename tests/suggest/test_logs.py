@@ -1,0 +1,95 @@
+import json
+import math
+import os
+
+import pytest
+
+from gradtool.errors import InputError, UsageError
+from gradtool.io.logs import read_norm_log
+
+REAL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "real-logs")
+REAL_FILES = sorted(f for f in os.listdir(REAL) if f.endswith(".json")) if os.path.isdir(REAL) else []
+
+
+@pytest.mark.skipif(not REAL_FILES, reason="../shared/real-logs not present")
+@pytest.mark.parametrize("name", REAL_FILES)
+def test_real_hf_logs_parse(name):
+    h = read_norm_log(os.path.join(REAL, name))
+    doc = json.load(open(os.path.join(REAL, name)))
+    expected = [e for e in doc["log_history"] if "grad_norm" in e]
+    assert len(h.steps) == len({e["step"] for e in expected}) and h.key == "grad_norm"
+    assert h.steps == sorted(h.steps) and h.has_loss and h.has_lr
+    assert min(h.norms) == min(e["grad_norm"] for e in expected)
+
+
+def test_nan_infinity_tokens(tmp_path):
+    p = tmp_path / "trainer_state.json"
+    p.write_text('{"log_history": [{"step": 1, "grad_norm": 1.5, "loss": 2.0}, {"step": 2, "grad_norm": NaN, "loss": Infinity},'
+                 ' {"step": 3, "grad_norm": Infinity}, {"step": 4, "eval_loss": 1.0}]}')
+    h = read_norm_log(str(p))
+    assert h.steps == [1, 2, 3] and math.isnan(h.norms[1]) and h.norms[2] == math.inf and h.loss[1] == math.inf
+
+
+def test_run_directory_merges_checkpoints_without_duplicates(tmp_path):
+    for ck, upto in (("checkpoint-10", 10), ("checkpoint-20", 20)):
+        d = tmp_path / ck
+        d.mkdir()
+        (d / "trainer_state.json").write_text(json.dumps(
+            {"log_history": [{"step": s, "grad_norm": float(s), "loss": 1.0} for s in range(1, upto + 1)]}))
+    h = read_norm_log(str(tmp_path))
+    assert h.steps == list(range(1, 21)) and h.norms[-1] == 20.0
+
+
+def test_lightning_csv_with_sparse_rows(tmp_path):
+    p = tmp_path / "metrics.csv"
+    p.write_text("epoch,step,train_loss,grad_2.0_norm_total,val_loss\n0,0,2.5,1.25,\n0,0,,,2.4\n0,1,2.4,nan,\n0,2,2.3,1.5,\n")
+    h = read_norm_log(str(p))
+    assert h.key == "grad_2.0_norm_total" and h.steps == [0, 1, 2] and math.isnan(h.norms[1]) and h.loss[2] == 2.3
+
+
+def test_tsv_and_explicit_key(tmp_path):
+    p = tmp_path / "wandb.tsv"
+    p.write_text("_step\tmy_norm\ttrain/loss\n1\t0.5\t3\n2\t0.7\t2\n")
+    with pytest.raises(InputError, match="--key"):
+        read_norm_log(str(p))
+    h = read_norm_log(str(p), key="my_norm")
+    assert h.norms == [0.5, 0.7] and h.loss == [3.0, 2.0]
+    with pytest.raises(UsageError, match="no column"):
+        read_norm_log(str(p), key="nope")
+
+
+def test_jsonl_with_garbage_lines(tmp_path):
+    p = tmp_path / "log.jsonl"
+    p.write_text('{"step": 1, "gnorm": 2.0}\nnot json at all\n{"step": 2, "gnorm": NaN}\n{"step": 3, "gn')
+    h = read_norm_log(str(p))
+    assert h.key == "gnorm" and h.steps == [1, 2]
+
+
+def test_megatron_text_log(tmp_path):
+    p = tmp_path / "train.log"
+    p.write_text(
+        " iteration      100/    1000 | consumed samples: 800 | learning rate: 1.0E-04 | lm loss: 5.123E+00 | loss scale: 1.0 | grad norm: 1.234 |\n"
+        "random noise line\n"
+        " iteration      200/    1000 | learning rate: 2.0E-04 | lm loss: 4.5E+00 | grad norm: nan |\n")
+    h = read_norm_log(str(p))
+    assert h.steps == [100, 200] and h.norms[0] == 1.234 and math.isnan(h.norms[1])
+    assert h.loss == [5.123, 4.5] and h.lr == [1e-4, 2e-4]
+
+
+@pytest.mark.parametrize("content", ["", "hello\nworld\n", "step,loss\n1,2\n"])
+def test_logs_without_norms_are_input_errors(tmp_path, content):
+    p = tmp_path / "x.log"
+    p.write_text(content)
+    with pytest.raises(InputError):
+        read_norm_log(str(p))
+
+
+def test_tensorboard_needs_extra(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard installed")
+    p = tmp_path / "events.out.tfevents.123.host"
+    p.write_bytes(b"\0" * 10)
+    with pytest.raises(UsageError, match=r"gradtool\[tensorboard\]"):
+        read_norm_log(str(p))

@@ -1,0 +1,177 @@
+"""Synthetic histories with known structure, and the real Hugging Face logs."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from gradtool.io.logs import read_norm_log
+from gradtool.suggest import SuggestConfig, analyze_history, suggest_per_tensor, suggest_threshold
+
+REAL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "real-logs")
+
+
+def synthetic(seed=0, n=1000, warmup=50, spikes=10, drift=1.5):
+    rng = np.random.default_rng(seed)
+    x = np.exp(rng.normal(0.0, 0.3, n)) * np.linspace(1, drift, n)
+    x[:warmup] *= np.geomspace(300, 1, warmup)
+    spike_idx = rng.choice(np.arange(warmup + 50, n), spikes, replace=False)
+    x[spike_idx] *= rng.uniform(10, 50, spikes)
+    zero_idx = np.array([200, 400])
+    nan_idx = np.array([300, 600])
+    x[zero_idx] = 0.0
+    x[nan_idx] = np.nan
+    steady = np.setdiff1d(np.arange(warmup, n), np.r_[spike_idx, zero_idx, nan_idx])
+    return list(range(n)), x, spike_idx, steady, nan_idx, zero_idx
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_threshold_above_steady_state_and_below_every_spike(seed):
+    steps, x, spikes, steady, nan_idx, zero_idx = synthetic(seed)
+    s = suggest_threshold(steps, x)
+    assert s.threshold is not None
+    assert np.mean(x[steady] <= s.threshold) >= 0.95
+    assert s.threshold < x[spikes].min()
+    facts = analyze_history(steps, x)
+    assert facts.nonfinite_steps == [int(i) for i in nan_idx] and facts.zero_steps == [int(i) for i in zero_idx]
+    spike_steps = {sp["step"] for sp in s.evidence["spikes"]}
+    assert {int(i) for i in spikes} <= spike_steps
+
+
+def test_warmup_does_not_move_it():
+    steps, x, *_ = synthetic(1)
+    calm = x.copy()
+    calm[:50] = x[50:100]
+    assert suggest_threshold(steps, x).threshold == suggest_threshold(steps, calm).threshold
+
+
+def test_lr_warmup_sets_burn_in():
+    steps, x, *_ = synthetic(2, n=2000)
+    lr = list(np.minimum(np.arange(2000) / 600, 1.0) * 1e-3)
+    f = analyze_history(steps, x, lr=lr)
+    assert f.burn_in >= 590 and "warm-up" in f.burn_in_reason
+
+
+def test_early_divergence_with_loss_is_excluded():
+    # healthy for 150 steps, then a surge after which the loss jumps to 7 and stays: a broken regime
+    rng = np.random.default_rng(3)
+    n = 1000
+    x = np.exp(rng.normal(0, 0.3, n))
+    loss = np.r_[np.linspace(3, 2, 150), np.full(n - 150, 7.0)] + rng.normal(0, 0.05, n)
+    x[150] = 30.0
+    x[151:] *= rng.uniform(10, 60, n - 151)
+    s = suggest_threshold(list(range(n)), x, list(loss))
+    facts = analyze_history(list(range(n)), x, list(loss))
+    assert facts.divergence["step"] == 150 and facts.divergence["trigger"] == "norm surge"
+    assert s.threshold < 0.9 * 30.0  # below the norm that led into the explosion
+    healthy = x[25:150]
+    assert np.mean(healthy <= s.threshold) >= 0.95
+    naive = float(np.percentile(x, 95))
+    assert naive > 10 * s.threshold  # what a percentile of the whole history would have said
+
+
+def test_divergence_without_loss_from_lasting_norm_level():
+    rng = np.random.default_rng(4)
+    x = np.exp(rng.normal(0, 0.2, 600))
+    x[300:] *= 50
+    f = analyze_history(list(range(600)), x)
+    assert f.divergence and f.divergence["step"] == 300
+
+
+def test_isolated_spike_with_recovering_loss_is_not_divergence():
+    rng = np.random.default_rng(5)
+    n = 500
+    x = np.exp(rng.normal(0, 0.2, n))
+    x[250] = 40
+    loss = list(np.linspace(3, 1, n))
+    f = analyze_history(list(range(n)), x, loss)
+    assert f.divergence is None
+    s = suggest_threshold(list(range(n)), x, loss)
+    assert s.threshold < 40 and any(sp["step"] == 250 for sp in s.evidence["spikes"])
+
+
+def test_explosion_at_ordinary_norms_gives_no_number():
+    rng = np.random.default_rng(6)
+    n = 600
+    x = np.exp(rng.normal(0, 0.3, n))
+    x[301:] = np.nan
+    loss = list(np.r_[np.linspace(3, 2, 301), np.full(n - 301, np.nan)])
+    s = suggest_threshold(list(range(n)), x, loss)
+    assert s.threshold is None and "clipping cannot" in s.reason
+
+
+def test_too_little_data():
+    s = suggest_threshold([1, 2, 3], [1.0, 2.0, 3.0])
+    assert s.threshold is None and "too little" in s.reason
+
+
+@pytest.mark.parametrize("method", ["percentile", "zscore", "pascanu"])
+def test_other_methods(method):
+    steps, x, spikes, steady, *_ = synthetic(7)
+    s = suggest_threshold(steps, x, config=SuggestConfig(method=method))
+    assert s.threshold is not None and s.method == method
+    wv = x[analyze_history(steps, x).window]
+    wv = wv[np.isfinite(wv) & (wv > 0)]
+    if method == "percentile":
+        assert s.threshold == pytest.approx(np.percentile(wv, 99))
+    if method == "pascanu":
+        assert s.threshold == pytest.approx(5 * wv.mean())
+    if method == "zscore":
+        assert np.median(wv) < s.threshold < x[spikes].max()
+
+
+def test_current_threshold_clip_rate():
+    steps, x, *_ = synthetic(8)
+    s = suggest_threshold(steps, x, config=SuggestConfig(current=1e-3))
+    assert s.evidence["current"]["clip_rate_all"] == pytest.approx(np.mean(x[np.isfinite(x)] > 1e-3))
+
+
+def test_evidence_figures_are_consistent():
+    steps, x, *_ = synthetic(9)
+    s = suggest_threshold(steps, x)
+    e = s.evidence
+    facts = analyze_history(steps, x)
+    wv = x[facts.window]
+    wv = wv[np.isfinite(wv) & (wv > 0)]
+    assert e["percentile"] == pytest.approx(100 * np.mean(wv <= s.threshold))
+    assert e["ratio_to_mean"] == pytest.approx(s.threshold / wv.mean())
+    assert e["clip_rate_window"] == pytest.approx(np.mean(x[facts.window][np.isfinite(x[facts.window])] > s.threshold))
+    lv = np.log(wv)
+    m = np.median(lv)
+    sig = 1.4826 * np.median(np.abs(lv - m))
+    assert e["robust_zscore_log"] == pytest.approx((math.log(s.threshold) - m) / sig)
+
+
+def test_per_tensor_max_and_global_consistency():
+    rng = np.random.default_rng(10)
+    n = 400
+    tensors = {f"t{i}": np.exp(rng.normal(math.log(1 + i), 0.3, n)) for i in range(5)}
+    glob = np.sqrt(sum(v ** 2 for v in tensors.values()))
+    steps = list(range(n))
+    facts = analyze_history(steps, glob)
+    g = suggest_threshold(steps, glob, facts=facts)
+    s, per = suggest_per_tensor(steps, tensors, facts, SuggestConfig(), cap=g.threshold)
+    assert s.threshold == max(per.values()) and s.threshold <= g.threshold
+    assert s.evidence["largest_tensor"] == "t4"
+    avg, per_avg = suggest_per_tensor(steps, tensors, facts, SuggestConfig(), divisors={k: 100 for k in tensors})
+    assert avg.threshold == pytest.approx(max(v for v in per.values()) / 100)
+
+
+@pytest.mark.skipif(not os.path.isdir(REAL), reason="../shared/real-logs not present")
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(REAL) if f.endswith(".json")) if os.path.isdir(REAL) else [])
+def test_real_logs_give_finite_threshold_with_low_clip_rate(name):
+    h = read_norm_log(os.path.join(REAL, name))
+    s = suggest_threshold(h.steps, h.norms, h.loss, h.lr)
+    assert s.threshold is not None and math.isfinite(s.threshold) and s.threshold > 0
+    assert s.evidence["clip_rate_window"] <= 0.10
+    # and it is scale-aware: not a copied 1.0
+    finite = [v for v in h.norms if math.isfinite(v)]
+    assert min(finite) < s.threshold < max(finite)
+
+
+def test_million_point_history_is_fast_enough_to_not_be_quadratic():
+    rng = np.random.default_rng(0)
+    x = np.exp(rng.normal(0, 0.3, 200_000))
+    s = suggest_threshold(range(200_000), x)
+    assert s.threshold is not None

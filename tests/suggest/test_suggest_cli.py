@@ -1,0 +1,120 @@
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from gradtool import Recorder
+
+REAL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "real-logs")
+
+
+@pytest.fixture
+def run_h5(tmp_path):
+    """A 200-step history of a 3-tensor model with two injected spikes and a NaN step."""
+    rng = np.random.default_rng(0)
+    rec = Recorder(str(tmp_path / "run.h5"))
+    for s in range(200):
+        k = 30.0 if s in (120, 170) else 1.0
+        g = {"emb": rng.standard_normal((20, 8)).astype(np.float32) * 0.1 * k,
+             "rnn/w": rng.standard_normal((8, 8)).astype(np.float32) * 0.5 * k,
+             "out/b": rng.standard_normal(4).astype(np.float32) * 0.05 * k}
+        if s == 150:
+            g["out/b"][0] = np.nan
+        rec.write(s, g, loss=2.0 - s / 400)
+    return str(tmp_path / "run.h5")
+
+
+def test_dumps_give_every_mode_consistently(run, run_h5):
+    r = run("suggest-threshold", run_h5, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    modes = {m["mode"]: m for m in doc["modes"]}
+    assert set(modes) == {"global-norm", "norm", "average-norm", "value"}
+    g = modes["global-norm"]["threshold"]
+    assert g >= modes["norm"]["threshold"] >= modes["average-norm"]["threshold"]
+    assert g >= modes["value"]["threshold"]
+    assert doc["history"]["nonfinite_steps"] == [150]
+    spikes = {s["step"] for s in modes["global-norm"]["spikes"]}
+    assert {120, 170} <= spikes
+    assert set(modes["norm"]["per_tensor"]) == {"emb", "rnn/w", "out/b"}
+    for key in ("clip_rate_window", "clip_rate_all", "percentile", "zscore", "ratio_to_mean", "spikes"):
+        assert key in modes["global-norm"]
+    json.loads(r.stdout, parse_constant=lambda c: pytest.fail("bare NaN/Infinity"))
+
+
+def test_format_value_prints_exactly_one_number(run, run_h5):
+    r = run("suggest-threshold", run_h5, "--mode", "global-norm", "--format", "value")
+    assert r.exit_code == 0
+    assert len(r.stdout.split()) == 1 and math.isfinite(float(r.stdout))
+    assert run("suggest-threshold", run_h5, "--format", "value").exit_code == 2  # several modes
+
+
+def test_value_feeds_clip_and_stats_confirms(run, run_h5, tmp_path):
+    tau = float(run("suggest-threshold", run_h5, "--mode", "global-norm", "--format", "value").stdout)
+    out = str(tmp_path / "clipped.h5")
+    r = run("clip", run_h5, "-o", out, "--mode", "global-norm", "--max", repr(tau), "--nonfinite", "zero")
+    assert r.exit_code == 0, r.stderr
+    d = run("stats", out, "--format", "json").json()["dumps"]
+    assert all(x["global_norm"] <= tau * (1 + 1e-6) for x in d)
+
+
+def test_per_tensor_thresholds_roundtrip_into_clip(run, run_h5, tmp_path):
+    th = str(tmp_path / "th.json")
+    r = run("suggest-threshold", run_h5, "--per-tensor", "-o", th, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    table = json.load(open(th))["thresholds"]
+    assert set(table) == {"norm", "average-norm", "value"} and "rnn/w" in table["norm"]
+    out = str(tmp_path / "c.h5")
+    r = run("clip", run_h5, "-o", out, "--mode", "norm", "--thresholds", th, "--nonfinite", "zero", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    for d in r.json()["dumps"]:
+        for t in d["tensors"]:
+            assert t["norm_after"] <= table["norm"][t["name"]] * (1 + 1e-6)
+    assert run("suggest-threshold", run_h5, "--per-tensor", "-o", th).exit_code == 2  # exists, no --force
+
+
+@pytest.mark.skipif(not os.path.isdir(REAL), reason="../shared/real-logs not present")
+def test_log_input_says_what_cannot_be_derived(run):
+    p = os.path.join(REAL, "medbot_trainer_state.json")
+    r = run("suggest-threshold", p, "--format", "json", "--current", "1.0")
+    doc = r.json()
+    assert [m["mode"] for m in doc["modes"]] == ["global-norm"]
+    assert set(doc["cannot_derive"]) == {"norm", "average-norm", "value"}
+    assert doc["modes"][0]["current"]["clip_rate_all"] > 0.5  # the copied 1.0 clips most steps of this run
+    assert run("suggest-threshold", p, "--mode", "norm").exit_code == 2
+    r = run("suggest-threshold", p, "--format", "value")  # only one mode possible: fine
+    assert r.exit_code == 0 and float(r.stdout) > 0
+    r = run("suggest-threshold", p)
+    assert r.exit_code == 0 and "τ" in r.stdout and "cannot be derived" in r.stdout
+
+
+def test_no_threshold_exit_4(run, tmp_path):
+    p = tmp_path / "short.csv"
+    p.write_text("step,grad_norm\n1,1.0\n2,2.0\n")
+    r = run("suggest-threshold", str(p))
+    assert r.exit_code == 4 and "too little" in r.stderr
+    r = run("suggest-threshold", str(p), "--format", "value")
+    assert r.exit_code == 4 and r.stdout == ""
+
+
+def test_log_with_dumps_adds_loss(run, run_h5, tmp_path):
+    p = tmp_path / "log.jsonl"
+    p.write_text("\n".join(json.dumps({"step": s, "grad_norm": 1.0, "loss": 3.0, "lr": 1e-3}) for s in range(200)))
+    doc = run("suggest-threshold", run_h5, str(p), "--format", "json").json()
+    assert doc["history"]["has_lr"] and doc["source"]["kind"] == "dumps"
+
+
+def test_plot(run, run_h5, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = str(tmp_path / "h.png")
+    r = run("suggest-threshold", run_h5, "--mode", "global-norm", "--plot", png)
+    assert r.exit_code == 0, r.stderr
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_methods_on_cli(run, run_h5):
+    for method in ("percentile", "zscore", "pascanu"):
+        r = run("suggest-threshold", run_h5, "--mode", "global-norm", "--method", method, "--format", "value")
+        assert r.exit_code == 0 and float(r.stdout) > 0
