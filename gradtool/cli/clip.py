@@ -108,12 +108,14 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
               help="NaN/Inf: stop and write nothing; propagate as TensorFlow does; or zero them first.")
 @click.option("--force", is_flag=True, help="Replace an existing output file (never an input).")
 @click.option("--dry-run", is_flag=True, help="Report what would change; write nothing.")
+@click.option("--per-tensor/--no-per-tensor", default=None,
+              help="Tables: every dump's tensor table even for a history (default: only for one dump).")
 @format_option()
 @backend_option
 def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: float | None, min_: float | None,
                  axes: str | None, use_norm: float | None, norm_type: str, thresholds_file: str | None,
                  select: tuple[str, ...], exclude: tuple[str, ...], nonfinite: str, force: bool, dry_run: bool,
-                 fmt: str, backend: str | None) -> None:
+                 per_tensor: bool | None, fmt: str, backend: str | None) -> None:
     """Clip the gradients of DUMP with --mode and --max, write the clipped dump to -o, and report, per
     tensor, the norm before and after and whether it was clipped. Inputs are never modified."""
     from ..clip_dump import ClipSpec, clip_dump
@@ -165,7 +167,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
                                 _set_root_meta(writer, reader.metadata)
                             reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp), final))
                         advance(1)
-    _render(reports, fmt, report_stream)
+    _render(reports, fmt, report_stream, per_tensor)
 
 
 def _set_root_meta(writer: Any, meta: dict[str, Any]) -> None:
@@ -233,7 +235,7 @@ def _record(res: Any, output: str | None) -> dict[str, Any]:
     }
 
 
-def _render(reports: list[dict[str, Any]], fmt: str, stream: Any) -> None:
+def _render(reports: list[dict[str, Any]], fmt: str, stream: Any, per_tensor: bool | None = None) -> None:
     from . import render
 
     if fmt == "json":
@@ -245,6 +247,9 @@ def _render(reports: list[dict[str, Any]], fmt: str, stream: Any) -> None:
         render.write_records(rows, ["input", "group", "step", "output"] + REPORT_TENSOR_FIELDS, fmt, stream)
         return
     out = render.console(stderr=stream is sys.stderr)
+    if len(reports) > 1 and not per_tensor:
+        _render_history(reports, out)
+        return
     for r in reports:
         where = r["input"] + (f"::{r['group']}" if r["group"] else "")
         dest = r["output"] or "(dry run, nothing written)"
@@ -258,3 +263,18 @@ def _render(reports: list[dict[str, Any]], fmt: str, stream: Any) -> None:
         render.print_line(f"global norm {render.human(r['global_norm_before'])} -> {render.human(r['global_norm_after'])}"
                           f"{scale}; {r['clipped_tensors']} tensors, {r['clipped_elements']} elements changed", out)
         out.print()
+
+
+def _render_history(reports: list[dict[str, Any]], out: Any) -> None:
+    """Several dumps: one line per step that changed, and a summary (--per-tensor for every table)."""
+    from . import render
+
+    changed = [r for r in reports if r["clipped_tensors"]]
+    r0 = reports[0]
+    render.print_table(f"{len(changed)} of {len(reports)} steps clipped ({r0['mode']}, max {render.human(r0['max'])})"
+                       + (f" -> {r0['output']}" if r0["output"] else " (dry run, nothing written)"),
+                       ["step", "global norm before", "after", "scale", "tensors clipped", "elements changed"],
+                       ([r["step"], r["global_norm_before"], r["global_norm_after"], r["scale"], r["clipped_tensors"],
+                         r["clipped_elements"]] for r in changed),
+                       right=["step", "global norm before", "after", "scale", "tensors clipped", "elements changed"],
+                       out=out)

@@ -102,12 +102,15 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False)
+    out = out or console()
+    if title:
+        out.print(Text(title, style="bold"))
+    table = Table(box=None, header_style="bold", pad_edge=False)
     for c in columns:
         table.add_column(c, justify="right" if c in right else "left", overflow="fold")
     for r in rows:
         table.add_row(*[Text(human(v)) for v in r])
-    (out or console()).print(table)
+    out.print(table)
 
 
 def print_line(text: str, out: Any = None) -> None:

@@ -16,7 +16,7 @@ EXAMPLES = """
 \b
 Examples:
   gradtool stats step_00100.npz                 # table of every tensor, global norm
-  gradtool stats run.h5 --top 5 --sort norm     # history: per-step table and sparkline
+  gradtool stats run.h5 --sort norm --top 5     # history: the 5 largest steps, and a sparkline
   gradtool stats dumps/ --format json | jq '.dumps[].global_norm'
   gradtool stats dumps/ --format csv > norms.csv
   gradtool stats --fail-on-nonfinite dumps/ && echo "all finite"
@@ -73,8 +73,10 @@ def dump_record(summary: Any, sort: str | None, top: int | None) -> dict[str, An
 @select_options
 @norm_type_option
 @click.option("--sort", type=click.Choice(["name", "norm", "size"]), default=None,
-              help="Order tensors by name, norm (largest first) or size (largest first); default: file order.")
-@click.option("--top", type=click.IntRange(min=1), default=None, metavar="N", help="Show only the first N tensors.")
+              help="Order tensors by name, norm (largest first) or size (largest first); default: file order. "
+                   "For a history, --sort norm also orders the per-step table by global norm.")
+@click.option("--top", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Show only the first N tensors (and, for a history table, the first N steps).")
 @click.option("--per-tensor/--no-per-tensor", default=None,
               help="Tables: also print every dump's tensor table for a history (default: only for one dump).")
 @format_option()
@@ -100,7 +102,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
                                                 norm_type=norm_type, xp=xp))
             advance(1)
     records = [dump_record(s, sort, top) for s in summaries]
-    _render(records, summaries, fmt, per_tensor)
+    _render(records, summaries, fmt, per_tensor, sort, top)
     if fail_on_nonfinite:
         bad = [(r["step"], r["path"], r["group"], r["nonfinite_tensors"]) for r in records if r["nonfinite_tensors"]]
         if bad:
@@ -108,7 +110,20 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
             raise GradtoolError("non-finite values (NaN/Inf) in " + "; ".join(parts), exit_code=ExitCode.NONFINITE)
 
 
-def _render(records: list[dict[str, Any]], summaries: list, fmt: str, per_tensor: bool | None) -> None:
+def _step_rows(records: list[dict[str, Any]], sort: str | None, top: int | None) -> list[dict[str, Any]]:
+    """The per-step table's rows: --sort norm orders steps by global norm (largest first), --top cuts."""
+    rows = list(records)
+    if sort == "norm":
+        def key(r: dict[str, Any]) -> tuple[bool, float]:
+            nan = math.isnan(r["global_norm"])
+            return nan, 0.0 if nan else r["global_norm"]  # NaN steps first: they matter most
+
+        rows.sort(key=key, reverse=True)
+    return rows[:top] if top is not None else rows
+
+
+def _render(records: list[dict[str, Any]], summaries: list, fmt: str, per_tensor: bool | None,
+            sort: str | None = None, top: int | None = None) -> None:
     from . import render
 
     if fmt == "json":
@@ -134,9 +149,11 @@ def _render(records: list[dict[str, Any]], summaries: list, fmt: str, per_tensor
                 f"{r['num_elements']} elements" + (f"; NON-FINITE: {', '.join(nf)}" if nf else ""), out)
             out.print()
     if history:
-        render.print_table(f"{len(records)} steps", ["step", "global norm", "max tensor norm", "max tensor", "non-finite"],
+        shown = _step_rows(records, sort, top)
+        title = f"{len(records)} steps" + (f" (top {len(shown)} by global norm)" if sort == "norm" else "")
+        render.print_table(title, ["step", "global norm", "max tensor norm", "max tensor", "non-finite"],
                            ([r["step"], r["global_norm"], r["max_tensor_norm"], r["max_tensor"],
-                             len(r["nonfinite_tensors"])] for r in records),
+                             len(r["nonfinite_tensors"])] for r in shown),
                            right=["step", "global norm", "max tensor norm", "non-finite"], out=out)
         norms = [r["global_norm"] for r in records]
         finite = [v for v in norms if math.isfinite(v)]
