@@ -87,7 +87,7 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
     return {sources[0]: output}
 
 
-@click.command("clip", epilog=EXAMPLES)
+@click.command("clip", epilog=EXAMPLES, short_help="Apply value / norm / average-norm / global-norm clipping.")
 @click.argument("dumps", nargs=-1, required=True, metavar="DUMP...")
 @click.option("-o", "--output", default=None, metavar="OUT",
               help="Output file (one input), directory (several inputs), or - for stdout.")

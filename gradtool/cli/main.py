@@ -45,12 +45,14 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gradtool")
 def cli() -> None:
-    """gradtool: gradient diagnostics for saved gradient dumps (.npz, .npy, .h5, .safetensors).
+    """gradtool: gradient diagnostics for saved gradient dumps (.npz, .npy, .h5, .safetensors) and
+    training logs. Find where gradient norms spike, pick a clipping threshold from evidence, apply it.
 
     \b
-    stats              per-tensor and global norms, max |g|, NaN/Inf counts
-    clip               apply value / norm / average-norm / global-norm clipping, write the result
-    suggest-threshold  recommend a clipping threshold from a norm history, with the evidence
+    Examples:
+      gradtool stats run.h5 --sort norm --top 5
+      gradtool suggest-threshold run.h5
+      gradtool clip run.h5 -o clipped.h5 --mode global-norm --max 3.2
     """
 
 

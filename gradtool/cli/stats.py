@@ -68,7 +68,7 @@ def dump_record(summary: Any, sort: str | None, top: int | None) -> dict[str, An
     }
 
 
-@click.command("stats", epilog=EXAMPLES)
+@click.command("stats", epilog=EXAMPLES, short_help="Per-tensor and global norms, max |g|, NaN/Inf counts.")
 @click.argument("dumps", nargs=-1, required=True, metavar="DUMP...")
 @select_options
 @norm_type_option

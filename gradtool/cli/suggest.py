@@ -74,7 +74,7 @@ def _merge_logs(paths: list[str], key: str | None) -> Any:
                        ", ".join(paths), hists[0].key, hists[0].kind)
 
 
-@click.command("suggest-threshold", epilog=EXAMPLES)
+@click.command("suggest-threshold", epilog=EXAMPLES, short_help="Recommend a clipping threshold from a norm history.")
 @click.argument("inputs", nargs=-1, required=True, metavar="HISTORY...")
 @click.option("--mode", "modes", type=click.Choice(list(MODES) + ["all"]), multiple=True,
               help="Clipping mode(s) to recommend for (repeatable; default: all the input allows).")
@@ -339,7 +339,11 @@ def ascii_chart(values: list[float], threshold: float | None, *, height: int = 8
         if not math.isfinite(v):
             grid[height - 1][c] = "!"
         elif v > 0:
-            grid[row_of(v)][c] = "•"
+            r = row_of(v)
+            if t_row is not None:  # never let a point sit on the line: above means clipped, below means not
+                r = max(r, t_row + 1) if v > threshold else min(r, t_row - 1)
+                r = min(max(r, 0), height - 1)
+            grid[r][c] = "•"
     labels = {height - 1: f"{10 ** hi:.3g}", 0: f"{10 ** lo:.3g}"}
     if t_row is not None:
         labels[t_row] = f"τ {threshold:.3g}"

@@ -1,0 +1,148 @@
+"""End to end: the README's commands on sample_data/, through the real installed entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(ROOT, "sample_data")
+SPIKES = {365, 366}  # the mid-training explosion of the sample run (step 1 is the initialisation transient)
+
+
+def gradtool_exe() -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "gradtool")
+    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "gradtool"]
+
+
+def sh(cmd: str, cwd: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=os.path.dirname(gradtool_exe()[0]) + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    shutil.copytree(SAMPLE, tmp_path / "sample_data")
+    return str(tmp_path)
+
+
+def gt(args: list[str], cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(gradtool_exe() + args, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_entry_point_installed():
+    r = subprocess.run(gradtool_exe() + ["--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and "gradtool" in r.stdout
+
+
+def test_nan_dump_fails_stats(workdir):
+    r = gt(["stats", "--fail-on-nonfinite", "sample_data/nan_step.npz"], workdir)
+    assert r.returncode == 3 and "rnn/W_hh" in r.stderr
+    assert gt(["stats", "--fail-on-nonfinite", "sample_data/run.h5"], workdir).returncode == 0
+
+
+def test_suggested_threshold_clips_the_spikes_and_few_others_then_stats_confirms(workdir):
+    r = gt(["suggest-threshold", "sample_data/run.h5", "--mode", "global-norm", "--format", "value"], workdir)
+    assert r.returncode == 0, r.stderr
+    tau = float(r.stdout)
+    before = json.loads(gt(["stats", "sample_data/run.h5", "--format", "json"], workdir).stdout)["dumps"]
+    above = {d["step"] for d in before if d["global_norm"] > tau}
+    assert SPIKES <= above
+    assert len(above) <= 0.05 * len(before)
+    r = gt(["clip", "sample_data/run.h5", "-o", "clipped.h5", "--mode", "global-norm", "--max", repr(tau),
+            "--format", "json"], workdir)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)["dumps"]
+    assert {d["step"] for d in report if d["clipped_tensors"]} == above
+    after = json.loads(gt(["stats", "clipped.h5", "--format", "json"], workdir).stdout)["dumps"]
+    assert all(d["global_norm"] <= tau * (1 + 1e-6) for d in after)
+    # steps that were not clipped are bit-identical
+    import h5py
+
+    with h5py.File(os.path.join(workdir, "sample_data/run.h5")) as a, h5py.File(os.path.join(workdir, "clipped.h5")) as b:
+        for d in before:
+            if d["step"] in above:
+                continue
+            g = d["group"]
+            for name in a[g]:
+                if isinstance(a[g][name], h5py.Group):
+                    for leaf in a[g][name]:
+                        assert a[g][name][leaf][()].tobytes() == b[g][name][leaf][()].tobytes()
+
+
+def test_json_pipeline_through_jq_or_python(workdir):
+    if shutil.which("jq"):
+        r = sh("gradtool stats sample_data/dumps --format json | jq -r '.dumps[].step'", workdir)
+        steps = [int(x) for x in r.stdout.split()]
+    else:
+        r = sh("gradtool stats sample_data/dumps --format json | "
+               f"{sys.executable} -c 'import json,sys; [print(d[\"step\"]) for d in json.load(sys.stdin)[\"dumps\"]]'",
+               workdir)
+        steps = [int(x) for x in r.stdout.split()]
+    assert r.returncode == 0, r.stderr
+    assert sorted(set(steps)) == [33, 365, 366]
+
+
+def test_clip_to_stdout_into_stats_from_stdin(workdir):
+    r = sh("gradtool clip sample_data/dumps/step_00366.npz -o - --mode global-norm --max 1 --format json 2>/dev/null "
+           "| gradtool stats - --format json", workdir)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["dumps"][0]["global_norm"] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_find_xargs_recipe(workdir):
+    r = sh("find sample_data/dumps -name 'step_*.safetensors' -print0 | xargs -0 gradtool stats --format csv", workdir)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("path,") and len(lines) == 1 + 3 * 5
+
+
+def test_logs_of_the_sample_run_agree_with_the_dumps(workdir):
+    a = float(gt(["suggest-threshold", "sample_data/run.h5", "--mode", "global-norm", "--format", "value"], workdir).stdout)
+    b = float(gt(["suggest-threshold", "sample_data/trainer_state.json", "--format", "value"], workdir).stdout)
+    c = float(gt(["suggest-threshold", "sample_data/metrics.csv", "--format", "value"], workdir).stdout)
+    assert a == pytest.approx(b, rel=1e-6) and b == pytest.approx(c, rel=1e-12)
+
+
+def _console_blocks(readme: str) -> list[tuple[str, str]]:
+    """(command, expected output) for each ```console block of the README whose command is one line."""
+    out = []
+    for block in re.findall(r"```console\n(.*?)```", readme, flags=re.S):
+        lines = block.rstrip("\n").split("\n")
+        cmd_lines = []
+        while lines and (lines[0].startswith("$ ") or (cmd_lines and cmd_lines[-1].endswith("\\"))):
+            cmd_lines.append(lines.pop(0).removeprefix("$ "))
+        out.append(("\n".join(cmd_lines), "\n".join(lines)))
+    return out
+
+
+def test_readme_walkthrough_output_is_real(workdir):
+    """The README shows output copied from a real run: re-run every console block and compare."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    blocks = _console_blocks(readme)
+    assert len(blocks) >= 5
+    for cmd, expected in blocks:
+        r = sh("{ " + cmd + "\n} 2>&1", workdir)
+        got = "\n".join(line.rstrip() for line in r.stdout.rstrip("\n").split("\n"))
+        want = "\n".join(line.rstrip() for line in expected.rstrip("\n").split("\n"))
+        assert got == want, f"README block differs for: {cmd}\n--- got ---\n{got}\n--- README ---\n{want}"
+
+
+def test_sample_data_is_what_the_script_documents():
+    import gradtool
+
+    with gradtool.open_dump(os.path.join(SAMPLE, "nan_step.npz")) as r:
+        assert any(np.isnan(r.read(n)).any() for n in r.names)
+    from gradtool.io.history import expand_inputs
+
+    refs = expand_inputs([os.path.join(SAMPLE, "run.h5")])
+    assert [r.step for r in refs] == list(range(1, 401))
+    sizes = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(SAMPLE) for f in fs)
+    assert sizes < 8 * 1024 * 1024
