@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from .backend import to_device
+import numpy as np
+
+from .backend import dtype_name, is_floating_dtype, is_numpy_namespace, to_device
 from .core.norms import combine_norms, parse_norm_type
-from .core.stats import TensorStats, tensor_stats
-from .io.base import DumpReader
+from .core.stats import STREAM_CHUNK, StatsAccumulator, TensorStats, tensor_stats
+from .io.base import DumpReader, TensorInfo
 
 
 def name_selected(name: str, select: Sequence[str] = (), exclude: Sequence[str] = ()) -> bool:
@@ -68,14 +70,28 @@ def summarize_dump(reader: DumpReader, *, step: int | None = None, select: Seque
     p = parse_norm_type(norm_type)
     summary = DumpSummary(reader.display_path, reader.format, reader.group,
                           step if step is not None else reader.step, p, dict(reader.metadata))
-    names = [n for n in reader.names if name_selected(n, select, exclude)]
-    for info, array in reader.iter_tensors(names):
-        x = to_device(array, xp) if xp is not None else array
-        summary.tensors.append((info.name, tensor_stats(x, p, xp=xp)))
-        del x, array
+    on_host = xp is None or is_numpy_namespace(xp)
+    for info in reader.tensors:
+        if not name_selected(info.name, select, exclude):
+            continue
+        if on_host:  # stream through a small buffer: memory does not grow with the tensor
+            summary.tensors.append((info.name, streamed_stats(reader, info, p)))
+        else:
+            x = to_device(reader.read(info.name), xp)
+            summary.tensors.append((info.name, tensor_stats(x, p, xp=xp)))
+            del x
         if on_tensor:
             on_tensor(1)
     return summary
+
+
+def streamed_stats(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> TensorStats:
+    """:func:`tensor_stats` of a tensor read chunk by chunk from its file (the same accumulator)."""
+    acc = StatsAccumulator(norm_type)
+    is_bool = info.dtype == np.bool_
+    for chunk in reader.iter_chunks(info, STREAM_CHUNK):
+        acc.update(chunk.view(np.int8) if is_bool else chunk)
+    return acc.result(info.shape, dtype_name(info.dtype), is_floating_dtype(info.dtype))
 
 
 @dataclass

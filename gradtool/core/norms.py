@@ -23,7 +23,7 @@ import numpy as np
 from ..backend import is_floating, is_numpy_namespace, namespace_of
 from ..errors import UsageError
 
-CHUNK_ELEMENTS = 1 << 20
+CHUNK_ELEMENTS = 1 << 18  # 1 MiB of float32: the several passes over a chunk stay in L2 cache (measured best)
 ROW = 4096
 NORM_TYPES = (1.0, 2.0, math.inf)
 
@@ -39,7 +39,7 @@ def parse_norm_type(norm_type: float | int | str) -> float:
     return value
 
 
-def _flat_chunks(x: Any, xp: ModuleType, chunk: int = CHUNK_ELEMENTS) -> Iterable[Any]:
+def flat_chunks(x: Any, xp: ModuleType, chunk: int = CHUNK_ELEMENTS) -> Iterable[Any]:
     flat = xp.reshape(x, (-1,))
     n = flat.shape[0]
     for start in range(0, n, chunk):
@@ -56,7 +56,7 @@ def max_abs(x: Any, /, *, xp: ModuleType | None = None) -> float:
     if _size(x) == 0:
         return 0.0
     result = 0.0
-    for c in _flat_chunks(x, xp):
+    for c in flat_chunks(x, xp):
         m = float(xp.max(xp.abs(_float64(c, xp))))
         if math.isnan(m):
             return math.nan
@@ -71,7 +71,7 @@ def _size(x: Any) -> int:
 def _sum_sq_exact(x: Any, xp: ModuleType, scale: float = 1.0) -> float:
     """Σ (x/scale)² in float64 chunks (chunk sums are pairwise in NumPy; chunks added with fsum)."""
     parts = []
-    for c in _flat_chunks(x, xp):
+    for c in flat_chunks(x, xp):
         c64 = _float64(c, xp)
         if scale != 1.0:
             c64 = c64 / scale
@@ -79,22 +79,28 @@ def _sum_sq_exact(x: Any, xp: ModuleType, scale: float = 1.0) -> float:
     return math.fsum(parts)
 
 
-def _sum_sq_numpy_fast(x: np.ndarray) -> float:
-    """Σ x² for float32-representable x: row-blocked float32 vecdot, rows summed in float64."""
-    flat = x.reshape(-1)
+def chunk_sum_sq_fast(c: np.ndarray) -> float:
+    """Σ c² of one float32 chunk: float32 ``vecdot`` per row of ROW elements, rows summed in float64; the
+    tail (and so every tensor smaller than ROW) exactly in float64."""
+    full = (c.shape[0] // ROW) * ROW
     total = 0.0
+    if full:
+        rows = c[:full].reshape(-1, ROW)
+        total = float(np.vecdot(rows, rows).sum(dtype=np.float64))
+    if full < c.shape[0]:
+        tail = c[full:].astype(np.float64)
+        total += float(np.dot(tail, tail))
+    return total
+
+
+def _sum_sq_numpy_fast(x: np.ndarray) -> float:
+    """Σ x² for float32-representable x, chunk by chunk (chunk sums added exactly with fsum)."""
+    flat = x.reshape(-1)
+    parts = []
     for start in range(0, flat.shape[0], CHUNK_ELEMENTS):
         c = flat[start : start + CHUNK_ELEMENTS]
-        if c.dtype != np.float32:
-            c = c.astype(np.float32)
-        full = (c.shape[0] // ROW) * ROW
-        if full:
-            rows = c[:full].reshape(-1, ROW)
-            total += float(np.vecdot(rows, rows).sum(dtype=np.float64))
-        if full < c.shape[0]:
-            tail = c[full:].astype(np.float64)  # small: exact in float64 (so small tensors are exact)
-            total += float(np.dot(tail, tail))
-    return total
+        parts.append(chunk_sum_sq_fast(c if c.dtype == np.float32 else c.astype(np.float32)))
+    return math.fsum(parts)
 
 
 def l2_norm(x: Any, /, *, xp: ModuleType | None = None) -> float:
@@ -127,7 +133,7 @@ def l1_norm(x: Any, /, *, xp: ModuleType | None = None) -> float:
     xp = namespace_of(x, xp=xp)
     if _size(x) == 0:
         return 0.0
-    return math.fsum(float(xp.sum(xp.abs(_float64(c, xp)))) for c in _flat_chunks(x, xp))
+    return math.fsum(float(xp.sum(xp.abs(_float64(c, xp)))) for c in flat_chunks(x, xp))
 
 
 def tensor_norm(x: Any, /, norm_type: float | int | str = 2, *, xp: ModuleType | None = None) -> float:

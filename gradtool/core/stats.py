@@ -1,4 +1,4 @@
-"""Per-tensor statistics in one chunked pass, accumulated in float64.
+"""Per-tensor statistics, streamed chunk by chunk and accumulated in float64.
 
 Definitions (x = the tensor, n = its element count):
 
@@ -6,11 +6,20 @@ Definitions (x = the tensor, n = its element count):
   ``l2_norm`` is always ‖x‖₂. NaN if x holds NaN, else inf if it holds ±inf.
 * ``avg_norm``: TF's average norm ‖x‖₂ / n (not the RMS ‖x‖₂/√n).
 * ``max_abs``, ``min``, ``max``: over the non-NaN elements (so ±inf show up here).
-* ``mean``, ``std``: over the finite elements only (population std, Chan's pairwise combination of
-  per-chunk two-pass moments, so no catastrophic cancellation).
+* ``mean``, ``std``: over the finite elements only (population std; per-chunk moments combined with
+  Chan et al.'s pairwise formula, so there is no catastrophic cancellation across chunks).
 * ``nan_count``, ``inf_count``, ``zero_count``: element counts.
 
 For an empty tensor (n = 0) the norms are 0 and every other statistic is None.
+
+:class:`StatsAccumulator` takes the elements in chunks (in any order: every statistic is order-free), so
+a reader can stream a tensor from disk through a small reused buffer and memory stays bounded whatever
+the tensor's size. :func:`tensor_stats` feeds it an in-memory array; both are one code path.
+
+NumPy fast path, for a chunk with no NaN/Inf (checked by its min and max): sums of squares by row-blocked
+float32 ``vecdot`` summed in float64 (as in :mod:`gradtool.core.norms`), the sum by a float32 matrix-vector
+product per row, also summed in float64; float16/bfloat16 chunks are widened to float32 first. Sums of
+squares are kept as (scale, Σ(x/scale)²) pairs, so they can neither overflow nor underflow.
 """
 
 from __future__ import annotations
@@ -20,8 +29,13 @@ from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
 
-from ..backend import dtype_name, is_floating, namespace_of
-from .norms import _flat_chunks, l2_norm, parse_norm_type, tensor_norm
+import numpy as np
+
+from ..backend import dtype_name, is_floating, is_floating_dtype, is_numpy_namespace, namespace_of
+from .norms import CHUNK_ELEMENTS, ROW, chunk_sum_sq_fast, flat_chunks, parse_norm_type
+
+STREAM_CHUNK = CHUNK_ELEMENTS  # 1 MiB of float32 stays in L2 cache for the several passes
+_ONES = np.ones(ROW, np.float32)
 
 
 @dataclass(frozen=True)
@@ -51,18 +65,6 @@ class TensorStats:
         return asdict(self)
 
 
-def _moments(c64: Any, xp: ModuleType) -> tuple[int, float, float]:
-    """(count, mean, M2) of the finite elements of a float64 chunk."""
-    finite = xp.isfinite(c64)
-    count = int(xp.sum(xp.astype(finite, xp.int64)))
-    if count == 0:
-        return 0, 0.0, 0.0
-    vals = xp.where(finite, c64, xp.zeros_like(c64))
-    mean = float(xp.sum(vals)) / count
-    dev = xp.where(finite, c64 - mean, xp.zeros_like(c64))
-    return count, mean, float(xp.sum(dev * dev))
-
-
 def _combine(a: tuple[int, float, float], b: tuple[int, float, float]) -> tuple[int, float, float]:
     """Chan et al.'s parallel combination of (count, mean, M2)."""
     na, ma, m2a = a
@@ -70,47 +72,155 @@ def _combine(a: tuple[int, float, float], b: tuple[int, float, float]) -> tuple[
     n = na + nb
     if n == 0:
         return 0, 0.0, 0.0
+    if na == 0:
+        return b
+    if nb == 0:
+        return a
     delta = mb - ma
     return n, ma + delta * nb / n, m2a + m2b + delta * delta * na * nb / n
 
 
-def tensor_stats(x: Any, /, norm_type: float | int | str = 2, *, xp: ModuleType | None = None) -> TensorStats:
-    """Statistics of one tensor (see module doc for exact definitions). Works for ints and bools too."""
-    xp = namespace_of(x, xp=xp)
-    p = parse_norm_type(norm_type)
-    size = math.prod(x.shape)
-    shape = tuple(int(d) for d in x.shape)
-    floating = is_floating(x)
-    name = dtype_name(x.dtype)
-    if size == 0:
-        return TensorStats(shape, name, 0, floating, p, 0.0, 0.0, None, None, None, None, None, None, 0, 0, 0)
-    src = x if floating or x.dtype != xp.bool else xp.astype(x, xp.int8)
-    l2 = l2_norm(src, xp=xp)
-    norm = l2 if p == 2.0 else tensor_norm(src, p, xp=xp)
-    nan_count = inf_count = zero_count = 0
-    lo, hi, amax = math.inf, -math.inf, 0.0
-    moments = (0, 0.0, 0.0)
-    for c in _flat_chunks(src, xp):
+class StatsAccumulator:
+    """Streaming statistics of one tensor: ``update`` with 1-D chunks, then ``result``."""
+
+    def __init__(self, norm_type: float | int | str = 2, *, xp: ModuleType | None = None):
+        self.p = parse_norm_type(norm_type)
+        self.xp = xp
+        self.n = 0
+        self.ssq: list[tuple[float, float]] = []  # (scale, Σ(x/scale)²) per chunk, finite elements only
+        self.l1: list[float] = []
+        self.nan = self.inf = self.zeros = 0
+        self.pos_inf = self.neg_inf = False
+        self.lo, self.hi, self.amax = math.inf, -math.inf, 0.0
+        self.moments = (0, 0.0, 0.0)
+
+    # --------------------------------------------------------------------------------- chunk kernels
+    def update(self, chunk: Any) -> None:
+        size = int(chunk.shape[0])
+        if size == 0:
+            return
+        self.n += size
+        xp = namespace_of(chunk, xp=self.xp) if not isinstance(chunk, np.ndarray) else None
+        if xp is None and self._numpy_fast(chunk):
+            return
+        self._generic(chunk, xp or namespace_of(chunk))
+
+    def _numpy_fast(self, c: np.ndarray) -> bool:
+        """The common case in one set of cache-resident passes; False sends the chunk to the exact path."""
+        if c.dtype == np.float64 or not is_floating_dtype(c.dtype) or c.dtype.itemsize > 4:
+            return False
+        if c.dtype != np.float32:
+            c = c.astype(np.float32)
+        lo, hi = float(c.min()), float(c.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return False  # NaN or ±inf somewhere
+        amax = max(-lo, hi)
+        if amax > 1e18 or (0.0 < amax < 1e-18):
+            return False  # float32 squares would overflow or underflow: exact path
+        n = c.shape[0]
+        full = (n // ROW) * ROW
+        s2 = chunk_sum_sq_fast(c)  # the same kernel as tensor_norm, so both give the same bits
+        s1 = float((c[:full].reshape(-1, ROW) @ _ONES).sum(dtype=np.float64)) if full else 0.0
+        if full < n:
+            s1 += float(c[full:].astype(np.float64).sum())
+        self.ssq.append((1.0, s2))
+        self.zeros += int(np.count_nonzero(c == 0))
+        self.lo, self.hi, self.amax = min(self.lo, lo), max(self.hi, hi), max(self.amax, amax)
+        mean = s1 / n
+        m2 = s2 - n * mean * mean
+        if not m2 > 1e-3 * s2:  # mean dominates: recentre exactly instead of cancelling
+            d = c.astype(np.float64) - mean
+            m2 = float(np.dot(d, d))
+        self.moments = _combine(self.moments, (n, mean, max(m2, 0.0)))
+        if self.p == 1.0:
+            self.l1.append(float(np.abs(c).sum(dtype=np.float64)))
+        return True
+
+    def _generic(self, c: Any, xp: ModuleType) -> None:
+        """Any namespace, any dtype, NaN/Inf included: float64 per chunk, rescaled sums of squares."""
         c64 = xp.astype(c, xp.float64)
         isnan = xp.isnan(c64)
-        nan_count += int(xp.sum(xp.astype(isnan, xp.int64)))
-        inf_count += int(xp.sum(xp.astype(xp.isinf(c64), xp.int64)))
-        zero_count += int(xp.sum(xp.astype(c64 == 0, xp.int64)))
-        notnan = xp.where(isnan, xp.zeros_like(c64), c64)
-        if not bool(xp.all(isnan)):
-            lo = min(lo, float(xp.min(xp.where(isnan, xp.full_like(c64, math.inf), c64))))
-            hi = max(hi, float(xp.max(xp.where(isnan, xp.full_like(c64, -math.inf), c64))))
-            amax = max(amax, float(xp.max(xp.abs(notnan))))
-        moments = _combine(moments, _moments(c64, xp))
-    all_nan = nan_count == size
-    count, mean, m2 = moments
-    return TensorStats(
-        shape=shape, dtype=name, size=size, is_float=floating, norm_type=p, norm=norm, l2_norm=l2,
-        avg_norm=l2 / size,
-        max_abs=None if all_nan else amax,
-        min=None if all_nan else lo,
-        max=None if all_nan else hi,
-        mean=mean if count else None,
-        std=math.sqrt(m2 / count) if count else None,
-        nan_count=nan_count, inf_count=inf_count, zero_count=zero_count,
-    )
+        isinf = xp.isinf(c64)
+        finite = ~(isnan | isinf)
+        self.nan += int(xp.sum(xp.astype(isnan, xp.int64)))
+        n_inf = int(xp.sum(xp.astype(isinf, xp.int64)))
+        self.inf += n_inf
+        if n_inf:
+            self.pos_inf |= bool(xp.any(isinf & (c64 > 0)))
+            self.neg_inf |= bool(xp.any(isinf & (c64 < 0)))
+        self.zeros += int(xp.sum(xp.astype(c64 == 0, xp.int64)))
+        zero = xp.zeros_like(c64)
+        fin = xp.where(finite, c64, zero)
+        count = int(xp.sum(xp.astype(finite, xp.int64)))
+        if count:
+            self.lo = min(self.lo, float(xp.min(xp.where(finite, c64, xp.full_like(c64, math.inf)))))
+            self.hi = max(self.hi, float(xp.max(xp.where(finite, c64, xp.full_like(c64, -math.inf)))))
+            m = float(xp.max(xp.abs(fin)))
+            self.amax = max(self.amax, m)
+            if 1e-150 < m < 1e150:  # squares cannot overflow or underflow: plain float64 sum
+                self.ssq.append((1.0, float(xp.sum(fin * fin))))
+            elif m > 0:
+                scaled = fin / m
+                self.ssq.append((m, float(xp.sum(scaled * scaled))))
+            mean = float(xp.sum(fin)) / count
+            dev = xp.where(finite, c64 - mean, zero)
+            self.moments = _combine(self.moments, (count, mean, float(xp.sum(dev * dev))))
+            if self.p == 1.0:
+                self.l1.append(float(xp.sum(xp.abs(fin))))
+
+    # ---------------------------------------------------------------------------------------- result
+    def l2(self) -> float:
+        if self.nan:
+            return math.nan
+        if self.inf:
+            return math.inf
+        parts = [(s, q) for s, q in self.ssq if q > 0]
+        if not parts:
+            return 0.0
+        if all(s == 1.0 for s, _ in parts):
+            total = math.fsum(q for _, q in parts)
+            if math.isfinite(total):
+                return math.sqrt(total)
+        big = max(s * math.sqrt(q) for s, q in parts)  # the largest chunk norm: nothing overflows
+        return big * math.sqrt(math.fsum(q * (s / big) ** 2 for s, q in parts))
+
+    def norm(self, l2: float) -> float:
+        if self.p == 2.0:
+            return l2
+        if self.nan:
+            return math.nan
+        if self.inf:
+            return math.inf
+        return math.fsum(self.l1) if self.p == 1.0 else self.amax
+
+    def result(self, shape: tuple[int, ...], dtype: str, floating: bool) -> TensorStats:
+        if self.n == 0:
+            return TensorStats(shape, dtype, 0, floating, self.p, 0.0, 0.0, None, None, None, None, None, None, 0, 0, 0)
+        l2 = self.l2()
+        all_nan = self.nan == self.n
+        count, mean, m2 = self.moments
+        lo = -math.inf if self.neg_inf else self.lo
+        hi = math.inf if self.pos_inf else self.hi
+        amax = math.inf if (self.pos_inf or self.neg_inf) else self.amax
+        return TensorStats(
+            shape=shape, dtype=dtype, size=self.n, is_float=floating, norm_type=self.p, norm=self.norm(l2),
+            l2_norm=l2, avg_norm=l2 / self.n,
+            max_abs=None if all_nan else amax,
+            min=None if all_nan else lo,
+            max=None if all_nan else hi,
+            mean=mean if count else None,
+            std=math.sqrt(m2 / count) if count else None,
+            nan_count=self.nan, inf_count=self.inf, zero_count=self.zeros,
+        )
+
+
+def tensor_stats(x: Any, /, norm_type: float | int | str = 2, *, xp: ModuleType | None = None) -> TensorStats:
+    """Statistics of one in-memory tensor (see module doc for the exact definitions). Ints and bools too."""
+    xp = namespace_of(x, xp=xp)
+    floating = is_floating(x)
+    if not floating and x.dtype == xp.bool:
+        x = xp.astype(x, xp.int8)
+    acc = StatsAccumulator(norm_type, xp=None if is_numpy_namespace(xp) else xp)
+    for c in flat_chunks(x, xp, STREAM_CHUNK):
+        acc.update(c)
+    return acc.result(tuple(int(d) for d in x.shape), dtype_name(x.dtype), floating)

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -148,7 +150,39 @@ class Hdf5Reader(DumpReader):
             raise InputError(f"{self.display_path}: cannot read dataset {info.name!r} ({exc})") from None
         return out
 
+    def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
+        ds = self._datasets[info.name]
+        if info.size == 0:
+            return
+        try:  # defined only for contiguous, allocated, non-external data (never filtered)
+            offset = ds.id.get_offset()
+        except Exception:
+            offset = None
+        if offset is not None:  # contiguous: read the bytes at their file offset
+            if getattr(self, "_raw_fd", None) is None:
+                self._raw_fd = os.open(self.path, os.O_RDONLY)
+            yield from self._pread_chunks(self._raw_fd, offset, info, chunk_elements)
+            return
+        if not info.shape:
+            yield self._read(info).reshape(-1)
+            return
+        row = max(1, info.size // info.shape[0])
+        rows = max(1, chunk_elements // row)
+        itemsize = info.dtype.itemsize
+        buf = self._buffer(min(rows, info.shape[0]) * row * itemsize)
+        for start in range(0, info.shape[0], rows):
+            stop = min(start + rows, info.shape[0])
+            out = buf[: (stop - start) * row * itemsize].view(info.dtype).reshape((stop - start,) + info.shape[1:])
+            try:
+                ds.read_direct(out, np.s_[start:stop])
+            except Exception as exc:
+                raise InputError(f"{self.display_path}: cannot read dataset {info.name!r} ({exc})") from None
+            yield out.reshape(-1)
+
     def close(self) -> None:
+        if getattr(self, "_raw_fd", None) is not None:
+            os.close(self._raw_fd)
+            self._raw_fd = None
         if self._own:
             try:
                 self._f.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import os
 import struct
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -121,6 +122,9 @@ class NpyReader(DumpReader):
     def _read(self, info: TensorInfo) -> np.ndarray:
         self._f.seek(self._offset)
         return read_npy_data(self._f, info, self._fortran, self.display_path)
+
+    def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
+        return self._pread_chunks(self._f.fileno(), self._offset, info, chunk_elements)
 
     def close(self) -> None:
         self._f.close()

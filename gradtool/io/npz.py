@@ -9,8 +9,11 @@ header claims more bytes than it holds, or whose compression ratio is impossible
 from __future__ import annotations
 
 import json
+import os
+import struct
 import zipfile
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,9 @@ from .npy import check_writable_dtype, read_npy_data, read_npy_header, write_npy
 
 METADATA_MEMBER = "__metadata__.json"
 MAX_DEFLATE_RATIO = 1100  # deflate cannot exceed ~1032:1
+ALIGN = 64
+PAD_EXTRA_ID = 0x6770  # an unregistered zip extra-field id holding padding
+ZIP64_LOCAL_EXTRA = 20  # zipfile writes a 20-byte ZIP64 extra in local headers when force_zip64=True
 
 
 class NpzReader(DumpReader):
@@ -41,6 +47,7 @@ class NpzReader(DumpReader):
 
     def _index(self) -> None:
         self._members: dict[str, tuple[zipfile.ZipInfo, bool]] = {}
+        self._header_lengths: dict[str, int] = {}
         self.compressed = False
         p = self.display_path
         for zi in self._zip.infolist():
@@ -70,6 +77,7 @@ class NpzReader(DumpReader):
                     f"{zi.file_size - hlen} (truncated or corrupt)"
                 )
             self._members[name] = (zi, fortran)
+            self._header_lengths[name] = hlen
             self.tensors.append(info)
 
     def _read_metadata(self, zi: zipfile.ZipInfo) -> dict[str, Any]:
@@ -92,8 +100,41 @@ class NpzReader(DumpReader):
         except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
             raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
 
+    def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
+        zi, _ = self._members[info.name]
+        offset = self._stored_data_offset(zi, info)
+        if offset is not None:
+            yield from self._pread_chunks(self._fd(), offset, info, chunk_elements)
+            return
+        try:
+            with self._zip.open(zi) as f:  # compressed: decompress as we go, one chunk at a time
+                read_npy_header(f, info.name, self.display_path)
+                yield from self._stream_chunks(f, info, chunk_elements)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+            raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
+
+    def _fd(self) -> int:
+        if getattr(self, "_raw_fd", None) is None:
+            self._raw_fd = os.open(self.path, os.O_RDONLY)
+        return self._raw_fd
+
+    def _stored_data_offset(self, zi: zipfile.ZipInfo, info: TensorInfo) -> int | None:
+        """Byte offset of a stored (uncompressed) member's array data, from its local header."""
+        if zi.compress_type != zipfile.ZIP_STORED or zi.flag_bits & 0x1:
+            return None
+        local = os.pread(self._fd(), 30, zi.header_offset)
+        if len(local) < 30 or local[:4] != b"PK\x03\x04":
+            raise InputError(f"{self.display_path}: member {zi.filename!r}: bad local header")
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        start = zi.header_offset + 30 + name_len + extra_len
+        hlen = self._header_lengths.get(info.name)
+        return None if hlen is None else start + hlen
+
     def close(self) -> None:
         self._zip.close()
+        if getattr(self, "_raw_fd", None) is not None:
+            os.close(self._raw_fd)
+            self._raw_fd = None
 
 
 class NpzWriter(DumpWriter):
@@ -108,8 +149,20 @@ class NpzWriter(DumpWriter):
 
     def add(self, info: TensorInfo, array: np.ndarray) -> None:
         check_writable_dtype(array.dtype, "npz", info.name)
-        with self._zip.open(info.name + ".npy", "w", force_zip64=True) as f:
+        with self._zip.open(self._aligned_info(info.name + ".npy"), "w", force_zip64=True) as f:
             write_npy(f, array)
+
+    def _aligned_info(self, filename: str) -> zipfile.ZipInfo:
+        """A member whose array data starts on a 64-byte boundary (NumPy pads the .npy header to 64),
+        so readers can use it in place: an extra field pads the local header. Unknown extra fields are
+        ignored by every zip reader."""
+        zi = zipfile.ZipInfo(filename, date_time=(1980, 1, 1, 0, 0, 0))
+        zi.compress_type = self._zip.compression
+        if self._zip.compression == zipfile.ZIP_STORED:
+            start = self._zip.fp.tell() + 30 + len(filename.encode("utf-8")) + ZIP64_LOCAL_EXTRA
+            pad = (-(start + 4)) % ALIGN
+            zi.extra = struct.pack("<HH", PAD_EXTRA_ID, pad) + b"\0" * pad
+        return zi
 
     def close(self) -> None:
         if self.metadata:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import ml_dtypes
@@ -131,6 +132,9 @@ class SafetensorsReader(DumpReader):
                 raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
             pos += n
         return out
+
+    def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
+        return self._pread_chunks(self._fd, self._data_start + self._offsets[info.name], info, chunk_elements)
 
     def close(self) -> None:
         try:

@@ -65,17 +65,52 @@ def test_stats_low_precision(dtype):
     assert s.dtype == np.dtype(dtype).name
 
 
-def test_std_is_stable_across_chunks(monkeypatch):
-    monkeypatch.setattr(stats_mod, "_flat_chunks",
-                        lambda x, xp, chunk=7: stats_mod.__dict__["_flat_chunks"].__wrapped__(x, xp, 7)
-                        if hasattr(stats_mod._flat_chunks, "__wrapped__") else _chunks(x, xp, 7))
+def test_std_is_stable_across_chunks():
+    from gradtool.core.stats import StatsAccumulator
+
     a = 1e8 + np.arange(100, dtype=np.float64)  # large offset: naive E[x²]-E[x]² cancels catastrophically
-    s = tensor_stats(a)
+    acc = StatsAccumulator()
+    for i in range(0, 100, 7):
+        acc.update(a[i:i + 7])
+    s = acc.result(a.shape, "float64", True)
     assert s.std == pytest.approx(np.std(np.arange(100.0)), rel=1e-9)
     assert s.mean == pytest.approx(1e8 + 49.5, rel=1e-15)
+    f = (1e3 + np.arange(100, dtype=np.float32))  # the float32 fast path recentres when the mean dominates
+    assert tensor_stats(f).std == pytest.approx(np.std(np.arange(100.0)), rel=1e-6)
 
 
-def _chunks(x, xp, chunk):
-    flat = xp.reshape(x, (-1,))
-    for i in range(0, flat.shape[0], chunk):
-        yield flat[i:i + chunk]
+def test_streamed_equals_in_memory_across_chunk_boundaries():
+    from gradtool.core.stats import STREAM_CHUNK, StatsAccumulator
+
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal(3 * STREAM_CHUNK + 1234) * 1e-3).astype(np.float32)
+    a[::97] = 0
+    whole = tensor_stats(a)
+    for step in (1000, STREAM_CHUNK, 4096 * 3 + 5):
+        acc = StatsAccumulator()
+        for i in range(0, a.size, step):
+            acc.update(a[i:i + step])
+        s = acc.result(a.shape, "float32", True)
+        assert s.zero_count == whole.zero_count and s.min == whole.min and s.max == whole.max
+        assert s.norm == pytest.approx(whole.norm, rel=2e-7) and s.std == pytest.approx(whole.std, rel=1e-6)
+        assert s.mean == pytest.approx(whole.mean, rel=1e-5, abs=1e-9)
+    assert whole.norm == pytest.approx(ref_l2(a), rel=2e-7)
+    d = a.astype(np.float64)
+    assert whole.std == pytest.approx(d.std(), rel=1e-6) and whole.mean == pytest.approx(d.mean(), rel=1e-4, abs=1e-9)
+
+
+def test_stats_norm_equals_tensor_norm_bit_for_bit():
+    from gradtool import tensor_norm
+
+    a = np.random.default_rng(5).standard_normal(300_001).astype(np.float32)
+    assert tensor_stats(a).norm == tensor_norm(a)
+    assert tensor_stats(a.astype(np.float64)).norm == pytest.approx(tensor_norm(a.astype(np.float64)), rel=1e-15)
+
+
+def test_huge_and_tiny_values_in_stats():
+    s = tensor_stats(np.array([1e30, -1e30, 1e-30], np.float32))
+    assert s.norm == pytest.approx(ref_l2(np.array([1e30, -1e30, 1e-30], np.float32)), rel=1e-12)
+    s = tensor_stats(np.array([1e200, 1e200]))
+    assert s.norm == pytest.approx(math.sqrt(2) * 1e200, rel=1e-14)
+    s = tensor_stats(np.array([3e-200, 4e-200]))
+    assert s.norm == pytest.approx(5e-200, rel=1e-14)

@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""gradtool's benchmark suite: ratios against baselines measured in the same run. Not a test.
+
+    python benchmarks/bench.py            # full size (GPT-2-small-shaped dump, ~500 MB per format)
+    python benchmarks/bench.py --quick    # a tenth of the size, for a smoke run
+
+Builds its workloads in a temporary directory, warms the page cache, and measures gradtool (as a user
+runs it: the installed CLI in a subprocess, and the library in-process) next to its baselines: a raw
+read of the same file into a reused 1 MiB buffer, `cp`, NumPy's own loaders, and PyTorch's
+`get_total_norm(foreach=True)` when torch is installed. Prints a Markdown table of ratios and peak RSS.
+Figures are medians of a few repetitions; the machine is shared, so re-run before relying on one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+GPT2_LAYERS = 12
+D, V, CTX = 768, 50257, 1024
+
+
+def gpt2_shapes(scale: float = 1.0) -> dict[str, tuple[int, ...]]:
+    """148 tensors shaped like GPT-2 small (124M parameters at scale 1)."""
+    v = max(int(V * scale), 16)
+    shapes: dict[str, tuple[int, ...]] = {"wte": (v, D), "wpe": (CTX, D)}
+    for i in range(GPT2_LAYERS):
+        p = f"h.{i}."
+        shapes.update({p + "ln_1.weight": (D,), p + "ln_1.bias": (D,),
+                       p + "attn.c_attn.weight": (D, 3 * D), p + "attn.c_attn.bias": (3 * D,),
+                       p + "attn.c_proj.weight": (D, D), p + "attn.c_proj.bias": (D,),
+                       p + "ln_2.weight": (D,), p + "ln_2.bias": (D,),
+                       p + "mlp.c_fc.weight": (D, 4 * D), p + "mlp.c_fc.bias": (4 * D,),
+                       p + "mlp.c_proj.weight": (4 * D, D), p + "mlp.c_proj.bias": (D,)})
+    shapes.update({"ln_f.weight": (D,), "ln_f.bias": (D,)})
+    if scale < 1:  # shrink the big matrices too, keeping 148 tensors
+        shapes = {k: tuple(max(int(d * math.sqrt(scale)), 1) if len(s) == 2 else d for d in s) for k, s in shapes.items()}
+    return shapes
+
+
+def make_tensors(shapes: dict[str, tuple[int, ...]], seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: (rng.standard_normal(s, dtype=np.float32) * rng.choice([1e-3, 1e-2, 1e-1])).astype(np.float32)
+            for k, s in shapes.items()}
+
+
+def small_tensors(n: int, seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {f"t{i:05d}": rng.standard_normal(int(rng.integers(1000, 5001)), dtype=np.float32) for i in range(n)}
+
+
+def timeit(fn: Callable[[], object], repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def raw_read(path: str) -> None:
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(view):
+            pass
+
+
+def gradtool_cmd() -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "gradtool")
+    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "gradtool"]
+
+
+def run_measured(cmd: list[str], repeat: int = 3, cwd: str | None = None) -> tuple[float, float]:
+    """(median wall seconds, peak RSS MiB) of a command run as its own process."""
+    wrapper = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+               "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+               "w = time.perf_counter() - t; "
+               "print(w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.returncode)")
+    walls, rss = [], []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, cwd=cwd).stdout.split()
+        if out[2] != "0":
+            raise SystemExit(f"command failed: {' '.join(cmd)}")
+        walls.append(float(out[0]))
+        rss.append(int(out[1]) / 1024)
+    return statistics.median(walls), max(rss)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a tenth of the sizes")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", dest="json_out", default=None, help="also write the figures as JSON here")
+    args = ap.parse_args()
+    scale = 0.1 if args.quick else 1.0
+    rep = args.repeat
+    import gradtool
+    from gradtool.core.norms import l2_norm
+
+    rows: list[tuple[str, str, str, str]] = []  # (what, gradtool, baseline, ratio)
+
+    def add(what: str, ours: float, base: float, base_name: str, higher_is_better: bool = False, unit: str = "s") -> None:
+        ratio = base / ours if not higher_is_better else ours / base
+        rows.append((what, f"{ours:.3g} {unit}", f"{base:.3g} {unit} ({base_name})", f"{ratio:.2f}"))
+        print(f"{what:60s} {ours:9.4f} vs {base:9.4f} {base_name:28s} ratio {ratio:.2f}", flush=True)
+
+    tmp = tempfile.mkdtemp(prefix="gradtool-bench-")
+    try:
+        big = make_tensors(gpt2_shapes(scale))
+        nbytes = sum(a.nbytes for a in big.values())
+        print(f"GPT-2-shaped set: {len(big)} tensors, {sum(a.size for a in big.values()) / 1e6:.1f}M elements, "
+              f"{nbytes / 1e6:.0f} MB", flush=True)
+        files = {}
+        for fmt, ext in (("npz", "npz"), ("safetensors", "safetensors"), ("hdf5", "h5")):
+            p = os.path.join(tmp, f"gpt2.{ext}")
+            gradtool.save_dump(p, big)
+            files[fmt] = p
+        p = os.path.join(tmp, "gpt2_numpy.npz")
+        np.savez(p, **big)
+        files["npz (np.savez)"] = p
+        for p in files.values():
+            raw_read(p)
+
+        # 1. stats on uncompressed dumps vs raw read of the same file
+        for fmt, p in files.items():
+            t_raw = timeit(lambda: raw_read(p), rep)
+            t_ours, rss = run_measured(gradtool_cmd() + ["stats", p, "--format", "json"], rep)
+            add(f"stats {fmt}: read bandwidth vs raw read", nbytes / t_ours / 1e9, nbytes / t_raw / 1e9,
+                "raw read", higher_is_better=True, unit="GB/s")
+            rows[-1] = rows[-1][:3] + (rows[-1][3] + f"; peak RSS {rss:.0f} MiB",)
+        t_np = timeit(lambda: [l2_norm(np.load(files["npz (np.savez)"])[k]) for k in big], 1)
+        add("numpy: np.load every member + norm (GB/s)", nbytes / t_np / 1e9, nbytes / timeit(lambda: raw_read(files["npz"]), rep) / 1e9,
+            "raw read", higher_is_better=True, unit="GB/s")
+
+        # 2. in-memory global norm vs torch foreach and numpy per-tensor dot
+        arrays = list(big.values())
+        t_ours = timeit(lambda: gradtool.global_norm(arrays), rep)
+        t_dot = timeit(lambda: math.sqrt(sum(float(np.dot(a.ravel(), a.ravel())) for a in arrays)), rep)
+        add("in-memory global norm, GPT-2 set (vs numpy per-tensor dot)", t_ours, t_dot, "numpy dot")
+        smalls = list(small_tensors(int(20000 * max(scale, 0.25))).values())
+        t_ours_s = timeit(lambda: gradtool.global_norm(smalls), rep)
+        t_dot_s = timeit(lambda: math.sqrt(sum(float(np.dot(a, a)) for a in smalls)), rep)
+        add(f"in-memory global norm, {len(smalls)} small tensors (vs numpy dot)", t_ours_s, t_dot_s, "numpy dot")
+        try:
+            import torch
+
+            tt = [torch.from_numpy(a) for a in arrays]
+            ts = [torch.from_numpy(a) for a in smalls]
+            total = getattr(torch.nn.utils, "get_total_norm", None)
+            if total is not None:
+                add("in-memory global norm, GPT-2 set (vs torch foreach)", t_ours,
+                    timeit(lambda: total(tt, foreach=True), rep), "torch get_total_norm")
+                add(f"in-memory global norm, {len(smalls)} small tensors (vs torch foreach)", t_ours_s,
+                    timeit(lambda: total(ts, foreach=True), rep), "torch get_total_norm")
+        except ImportError:
+            print("(torch not installed: torch baselines skipped)")
+
+        # 3. clip --mode global-norm end to end vs cp
+        for fmt in ("npz", "safetensors", "hdf5"):
+            src = files[fmt]
+            out = os.path.join(tmp, f"clipped.{os.path.splitext(src)[1][1:]}")
+            dst = os.path.join(tmp, "copy.bin")
+
+            def cp() -> None:
+                subprocess.run(["cp", src, dst], check=True)
+                os.remove(dst)
+
+            t_cp = timeit(cp, rep)
+            walls = []
+            rss = 0.0
+            for _ in range(rep):
+                w, r = run_measured(gradtool_cmd() + ["clip", src, "-o", out, "--mode", "global-norm", "--max", "1e-3",
+                                                       "--force", "--format", "json"], 1)
+                walls.append(w)
+                rss = max(rss, r)
+            add(f"clip global-norm {fmt} end to end (vs cp)", statistics.median(walls), t_cp, "cp")
+            rows[-1] = rows[-1][:3] + (rows[-1][3] + f"; peak RSS {rss:.0f} MiB",)
+
+        # 5. compressed input: does it use both cores?
+        csub = dict(list(big.items())[: max(len(big) // 3, 4)])
+        cpath = os.path.join(tmp, "compressed.npz")
+        np.savez_compressed(cpath, **csub)
+        t0 = os.times()
+        w, _ = run_measured(gradtool_cmd() + ["stats", cpath, "--format", "json"], 1)
+        t1 = os.times()
+        cpu = (t1.children_user - t0.children_user) + (t1.children_system - t0.children_system)
+        rows.append(("stats on savez_compressed: CPU time / wall time (2 = both cores)", f"{cpu / w:.2f}", "-", "-"))
+        print(f"compressed: cpu/wall {cpu / w:.2f}")
+
+        # 6. CLI start-up
+        tiny = os.path.join(tmp, "tiny.npz")
+        gradtool.save_dump(tiny, {"w": np.ones(10, np.float32)})
+        t_np_imp, _ = run_measured([sys.executable, "-c", "import numpy"], 5)
+        t_help, _ = run_measured(gradtool_cmd() + ["--help"], 5)
+        t_tiny, rss_tiny = run_measured(gradtool_cmd() + ["stats", tiny], 5)
+        add("gradtool --help start-up (vs python -c 'import numpy')", t_help, t_np_imp, "import numpy")
+        add("gradtool stats tiny.npz (vs python -c 'import numpy')", t_tiny, t_np_imp, "import numpy")
+
+        # 7. history cost is linear; suggest-threshold on a 10^6-point log
+        hist = os.path.join(tmp, "hist")
+        os.makedirs(hist)
+        small_dump = make_tensors(gpt2_shapes(0.01))
+        for i in range(32):
+            gradtool.save_dump(os.path.join(hist, f"step_{i:05d}.npz"), small_dump)
+        t1d, _ = run_measured(gradtool_cmd() + ["stats", os.path.join(hist, "step_00000.npz"), "--format", "json"], rep)
+        t32, _ = run_measured(gradtool_cmd() + ["stats", hist, "--format", "json"], rep)
+        add("stats on 32 dumps vs 32 x one dump (start-up included once)", t32, 32 * t1d, "32 x one")
+        log = os.path.join(tmp, "big.jsonl")
+        rng = np.random.default_rng(0)
+        norms = np.exp(rng.normal(0, 0.3, 1_000_000))
+        with open(log, "w") as f:
+            for i, v in enumerate(norms):
+                f.write(f'{{"step": {i}, "grad_norm": {float(v)!r}, "loss": 2.0}}\n')
+        t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", log, "--format", "value"], 1)
+        rows.append(("suggest-threshold on a 10^6-line JSONL log", f"{t_sug:.2f} s", "target ~1 s", "-"))
+        print(f"suggest 1e6: {t_sug:.2f}s")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print()
+    print(f"Results {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, NumPy {np.__version__}")
+    print()
+    print("| what | gradtool | baseline | ratio (>1: gradtool faster / higher) |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
