@@ -66,6 +66,16 @@ def progress(total: int, description: str) -> Iterator[Callable[[int], None]]:
 
 
 def xp_for(backend: str | None) -> Any:
+    """The namespace for --backend; None means NumPy on the host (the streaming fast path, and no
+    array-api-compat import at start-up)."""
+    import os
+
+    name = (backend or os.environ.get("GRADTOOL_BACKEND") or "numpy").strip().lower()
+    if name == "numpy":
+        return None
     from ..backend import get_namespace
 
-    return get_namespace(backend)
+    xp = get_namespace(name)
+    from ..backend import is_numpy_namespace
+
+    return None if is_numpy_namespace(xp) else xp

@@ -106,7 +106,21 @@ def _sum_sq_numpy_fast(x: np.ndarray) -> float:
 def l2_norm(x: Any, /, *, xp: ModuleType | None = None) -> float:
     """Euclidean norm ‖x‖₂ = sqrt(Σ xᵢ²), accumulated in float64 (see module doc). 0.0 for empty x."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # overflow is detected and redone
+        if xp is None and type(x) is np.ndarray:  # skip the namespace lookup: ~10 µs a call
+            return _l2_norm(x, _NUMPY_XP or _numpy_xp())
         return _l2_norm(x, namespace_of(x, xp=xp))
+
+
+_NUMPY_XP: ModuleType | None = None
+_F32 = np.dtype(np.float32)
+
+
+def _numpy_xp() -> ModuleType:
+    global _NUMPY_XP
+    import array_api_compat.numpy as np_xp
+
+    _NUMPY_XP = np_xp
+    return np_xp
 
 
 def _l2_norm(x: Any, xp: ModuleType) -> float:
@@ -173,11 +187,31 @@ def global_norm(t_list: Sequence[Any], norm_type: float | int | str = 2, *, xp: 
 
     ``None`` entries and non-float tensors (ints, bools) are skipped; an empty list gives 0.0. Accurate in
     float64 whatever the dtypes (TF squares in the tensors' dtype and requires one dtype for all).
+    NumPy fast path for p=2: a float32 tensor of at most 4·ROW elements is reduced by a single float32
+    dot, like a row of the chunk kernel (~1e-7 relative error per tensor, independent between tensors,
+    summed in float64); this keeps the per-tensor cost near 1.5 µs, so 20,000 small tensors take ~30 ms
+    (see benchmarks/).
     """
     p = parse_norm_type(norm_type)
-    return combine_norms(
-        (tensor_norm(t, p, xp=xp) for t in t_list if t is not None and is_floating(t)), p
-    )
+    if p == 2.0 and xp is None:
+        rows: list[Any] = []
+        norms: list[float] = []
+        dot, f32, limit, ndarray = np.dot, _F32, 4 * ROW, np.ndarray  # locals: this loop is the hot path
+        for t in t_list:
+            if t is None:
+                continue
+            if type(t) is ndarray and t.dtype is f32 and t.size <= limit:
+                f = t if t.ndim == 1 else t.reshape(-1)
+                rows.append(dot(f, f))
+            elif is_floating(t):
+                norms.append(tensor_norm(t, 2))
+        if rows:
+            packed = math.fsum(rows)
+            if not math.isfinite(packed):  # NaN/Inf/overflow: let the exact path sort it out
+                return combine_norms((tensor_norm(t, 2) for t in t_list if t is not None and is_floating(t)), 2)
+            norms.append(math.sqrt(packed))
+        return combine_norms(norms, 2)
+    return combine_norms((tensor_norm(t, p, xp=xp) for t in t_list if t is not None and is_floating(t)), p)
 
 
 def slice_l2_norms(x: Any, axes: tuple[int, ...], xp: ModuleType) -> Any:

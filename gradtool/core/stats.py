@@ -107,7 +107,11 @@ class StatsAccumulator:
 
     def _numpy_fast(self, c: np.ndarray) -> bool:
         """The common case in one set of cache-resident passes; False sends the chunk to the exact path."""
-        if c.dtype == np.float64 or not is_floating_dtype(c.dtype) or c.dtype.itemsize > 4:
+        if not is_floating_dtype(c.dtype):
+            c = c.astype(np.float64)  # ints and bools: exact in float64 up to 2^53
+        if c.dtype == np.float64:
+            return self._numpy_float64(c)
+        if c.dtype.itemsize > 4:
             return False
         if c.dtype != np.float32:
             c = c.astype(np.float32)
@@ -134,6 +138,23 @@ class StatsAccumulator:
         self.moments = _combine(self.moments, (n, mean, max(m2, 0.0)))
         if self.p == 1.0:
             self.l1.append(float(np.abs(c).sum(dtype=np.float64)))
+        return True
+
+    def _numpy_float64(self, c: np.ndarray) -> bool:
+        lo, hi = float(c.min()), float(c.max())
+        amax = max(-lo, hi)
+        if not (math.isfinite(lo) and math.isfinite(hi)) or amax > 1e150 or 0.0 < amax < 1e-150:
+            return False
+        n = c.shape[0]
+        s2 = float(np.dot(c, c))
+        mean = float(c.sum()) / n
+        d = c - mean
+        self.ssq.append((1.0, s2))
+        self.zeros += int(np.count_nonzero(c == 0))
+        self.lo, self.hi, self.amax = min(self.lo, lo), max(self.hi, hi), max(self.amax, amax)
+        self.moments = _combine(self.moments, (n, mean, float(np.dot(d, d))))
+        if self.p == 1.0:
+            self.l1.append(float(np.abs(c).sum()))
         return True
 
     def _generic(self, c: Any, xp: ModuleType) -> None:

@@ -104,3 +104,18 @@ def test_accuracy_ten_million_float32_against_fsum():
 def test_non_contiguous_input():
     a = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]
     assert tensor_norm(a) == pytest.approx(ref_l2(a), rel=1e-12)
+
+
+def test_global_norm_fast_path_for_many_small_tensors():
+    from tests.reference import ref_global
+
+    rng = np.random.default_rng(11)
+    ts = [rng.standard_normal(int(rng.integers(1, 5000))).astype(np.float32) for _ in range(300)]
+    ts += [rng.standard_normal((3, 7)).astype(np.float16), None, np.arange(5), rng.standard_normal(9000).astype(np.float32)]
+    assert global_norm(ts) == pytest.approx(ref_global([t for t in ts if t is not None and t.dtype.kind == "f"]), rel=1e-7)
+    nan = ts[:50] + [np.array([np.nan], np.float32)]
+    assert math.isnan(global_norm(nan))
+    inf = ts[:50] + [np.array([np.inf], np.float32)]
+    assert global_norm(inf) == math.inf
+    big = [np.full(10, 1e20, np.float32)] * 20  # float32 squares overflow: the exact path takes over
+    assert global_norm(big) == pytest.approx(float(np.float32(1e20)) * math.sqrt(200), rel=1e-12)
