@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import is_floating, is_numpy_namespace, namespace_of
+from ..backend import is_floating, is_floating_dtype, namespace_of
 from ..errors import UsageError
 
 CHUNK_ELEMENTS = 1 << 18  # 1 MiB of float32: the several passes over a chunk stay in L2 cache (measured best)
@@ -50,33 +50,8 @@ def _float64(c: Any, xp: ModuleType) -> Any:
     return xp.astype(c, xp.float64)
 
 
-def max_abs(x: Any, /, *, xp: ModuleType | None = None) -> float:
-    """max |x| over all elements (NaN if any NaN); 0.0 for an empty tensor."""
-    xp = namespace_of(x, xp=xp)
-    if _size(x) == 0:
-        return 0.0
-    result = 0.0
-    for c in flat_chunks(x, xp):
-        m = float(xp.max(xp.abs(_float64(c, xp))))
-        if math.isnan(m):
-            return math.nan
-        result = max(result, m)
-    return result
-
-
 def _size(x: Any) -> int:
     return math.prod(x.shape)
-
-
-def _sum_sq_exact(x: Any, xp: ModuleType, scale: float = 1.0) -> float:
-    """Σ (x/scale)² in float64 chunks (chunk sums are pairwise in NumPy; chunks added with fsum)."""
-    parts = []
-    for c in flat_chunks(x, xp):
-        c64 = _float64(c, xp)
-        if scale != 1.0:
-            c64 = c64 / scale
-        parts.append(float(xp.sum(c64 * c64)))
-    return math.fsum(parts)
 
 
 def chunk_sum_sq_fast(c: np.ndarray) -> float:
@@ -93,22 +68,72 @@ def chunk_sum_sq_fast(c: np.ndarray) -> float:
     return total
 
 
-def _sum_sq_numpy_fast(x: np.ndarray) -> float:
-    """Σ x² for float32-representable x, chunk by chunk (chunk sums added exactly with fsum)."""
-    flat = x.reshape(-1)
-    parts = []
-    for start in range(0, flat.shape[0], CHUNK_ELEMENTS):
-        c = flat[start : start + CHUNK_ELEMENTS]
-        parts.append(chunk_sum_sq_fast(c if c.dtype == np.float32 else c.astype(np.float32)))
-    return math.fsum(parts)
+class NormAccumulator:
+    """‖x‖_p of a tensor fed as 1-D chunks, in any order (so a tensor can be streamed from disk).
 
+    Sums of squares are kept per chunk as (scale, Σ(x/scale)²) pairs and combined at the end with
+    fsum, so they neither overflow nor underflow. NumPy float32/float16/bfloat16 chunks take the fast
+    row kernel; a chunk whose fast sum is not finite or suspiciously small (float32 squares overflow
+    above ~1.8e19 and lose precision below ~1e-19) is redone exactly in float64.
+    """
 
-def l2_norm(x: Any, /, *, xp: ModuleType | None = None) -> float:
-    """Euclidean norm ‖x‖₂ = sqrt(Σ xᵢ²), accumulated in float64 (see module doc). 0.0 for empty x."""
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # overflow is detected and redone
-        if xp is None and type(x) is np.ndarray:  # skip the namespace lookup: ~10 µs a call
-            return _l2_norm(x, _NUMPY_XP or _numpy_xp())
-        return _l2_norm(x, namespace_of(x, xp=xp))
+    def __init__(self, norm_type: float | int | str = 2):
+        self.p = parse_norm_type(norm_type)
+        self.parts: list[tuple[float, float]] = []
+        self.l1: list[float] = []
+        self.amax = 0.0
+        self.nan = self.inf = False
+
+    def update(self, c: Any, xp: ModuleType | None = None) -> None:
+        if c.shape[0] == 0:
+            return
+        if self.p == 2.0 and type(c) is np.ndarray and c.dtype.itemsize <= 4 and is_floating_dtype(c.dtype):
+            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+                total = chunk_sum_sq_fast(c if c.dtype == _F32 else c.astype(np.float32))
+            if math.isfinite(total) and total > 1e-25:
+                self.parts.append((1.0, total))
+                return
+        self._exact(c, xp or (_NUMPY_XP or _numpy_xp() if type(c) is np.ndarray else namespace_of(c)))
+
+    def _exact(self, c: Any, xp: ModuleType) -> None:
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            c64 = _float64(c, xp)
+            a = xp.abs(c64)
+            m = float(xp.max(a))
+            if math.isnan(m):
+                self.nan = True
+                return
+            if math.isinf(m):
+                self.inf = True
+                return
+            self.amax = max(self.amax, m)
+            if self.p == 1.0:
+                self.l1.append(float(xp.sum(a)))
+            elif self.p == 2.0 and m > 0:
+                if 1e-150 < m < 1e150:
+                    self.parts.append((1.0, float(xp.sum(c64 * c64))))
+                else:
+                    scaled = c64 / m
+                    self.parts.append((m, float(xp.sum(scaled * scaled))))
+
+    def result(self) -> float:
+        if self.nan:
+            return math.nan
+        if self.inf:
+            return math.inf
+        if self.p == 1.0:
+            return math.fsum(self.l1)
+        if self.p == math.inf:
+            return self.amax
+        parts = [(sc, q) for sc, q in self.parts if q > 0]
+        if not parts:
+            return 0.0
+        if all(sc == 1.0 for sc, _ in parts):
+            total = math.fsum(q for _, q in parts)
+            if math.isfinite(total):
+                return math.sqrt(total)
+        big = max(sc * math.sqrt(q) for sc, q in parts)  # the largest chunk norm: nothing overflows
+        return big * math.sqrt(math.fsum(q * (sc / big) ** 2 for sc, q in parts))
 
 
 _NUMPY_XP: ModuleType | None = None
@@ -123,31 +148,33 @@ def _numpy_xp() -> ModuleType:
     return np_xp
 
 
-def _l2_norm(x: Any, xp: ModuleType) -> float:
+def _norm(x: Any, p: float, xp: ModuleType | None) -> float:
+    if xp is None and type(x) is np.ndarray:  # skip the namespace lookup: ~10 µs a call
+        xp, chunk_xp = (_NUMPY_XP or _numpy_xp()), None
+    else:
+        xp = namespace_of(x, xp=xp)
+        chunk_xp = xp
     if _size(x) == 0:
         return 0.0
-    total = math.nan
-    if is_numpy_namespace(xp) and isinstance(x, np.ndarray) and x.dtype.itemsize <= 4 and is_floating(x):
-        total = _sum_sq_numpy_fast(x)
-    if not math.isfinite(total):
-        total = _sum_sq_exact(x, xp)
-    if math.isnan(total):
-        return math.nan
-    if math.isinf(total) or (0.0 < total < 1e-290) or total == 0.0:
-        m = max_abs(x, xp=xp)
-        if math.isnan(m) or math.isinf(m) or m == 0.0:
-            return m
-        if math.isinf(total) or total < 1e-290:
-            return m * math.sqrt(_sum_sq_exact(x, xp, scale=m))
-    return math.sqrt(total)
+    acc = NormAccumulator(p)
+    for c in flat_chunks(x, xp):
+        acc.update(c, chunk_xp)
+    return acc.result()
+
+
+def l2_norm(x: Any, /, *, xp: ModuleType | None = None) -> float:
+    """Euclidean norm ‖x‖₂ = sqrt(Σ xᵢ²), accumulated in float64 (see module doc). 0.0 for empty x."""
+    return _norm(x, 2.0, xp)
 
 
 def l1_norm(x: Any, /, *, xp: ModuleType | None = None) -> float:
     """‖x‖₁ = Σ |xᵢ| in float64. 0.0 for empty x."""
-    xp = namespace_of(x, xp=xp)
-    if _size(x) == 0:
-        return 0.0
-    return math.fsum(float(xp.sum(xp.abs(_float64(c, xp)))) for c in flat_chunks(x, xp))
+    return _norm(x, 1.0, xp)
+
+
+def max_abs(x: Any, /, *, xp: ModuleType | None = None) -> float:
+    """max |x| over all elements (NaN if any NaN); 0.0 for an empty tensor."""
+    return _norm(x, math.inf, xp)
 
 
 def tensor_norm(x: Any, /, norm_type: float | int | str = 2, *, xp: ModuleType | None = None) -> float:
@@ -202,7 +229,8 @@ def global_norm(t_list: Sequence[Any], norm_type: float | int | str = 2, *, xp: 
                 continue
             if type(t) is ndarray and t.dtype is f32 and t.size <= limit:
                 f = t if t.ndim == 1 else t.reshape(-1)
-                rows.append(dot(f, f))
+                with np.errstate(over="ignore", invalid="ignore"):
+                    rows.append(dot(f, f))
             elif is_floating(t):
                 norms.append(tensor_norm(t, 2))
         if rows:

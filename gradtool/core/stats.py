@@ -19,7 +19,7 @@ the tensor's size. :func:`tensor_stats` feeds it an in-memory array; both are on
 NumPy fast path, for a chunk with no NaN/Inf (checked by its min and max): sums of squares by row-blocked
 float32 ``vecdot`` summed in float64 (as in :mod:`gradtool.core.norms`), the sum by a float32 matrix-vector
 product per row, also summed in float64; float16/bfloat16 chunks are widened to float32 first. Sums of
-squares are kept as (scale, Σ(x/scale)²) pairs, so they can neither overflow nor underflow.
+squares go to a :class:`~gradtool.core.norms.NormAccumulator`, so they can neither overflow nor underflow.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import dtype_name, is_floating, is_floating_dtype, is_numpy_namespace, namespace_of
-from .norms import CHUNK_ELEMENTS, ROW, chunk_sum_sq_fast, flat_chunks, parse_norm_type
+from .norms import CHUNK_ELEMENTS, ROW, NormAccumulator, chunk_sum_sq_fast, flat_chunks, parse_norm_type
 
 STREAM_CHUNK = CHUNK_ELEMENTS  # 1 MiB of float32 stays in L2 cache for the several passes
 _ONES = np.ones(ROW, np.float32)
@@ -87,7 +87,7 @@ class StatsAccumulator:
         self.p = parse_norm_type(norm_type)
         self.xp = xp
         self.n = 0
-        self.ssq: list[tuple[float, float]] = []  # (scale, Σ(x/scale)²) per chunk, finite elements only
+        self.sumsq = NormAccumulator(2)  # the L2 norm of the finite elements, overflow-safe
         self.l1: list[float] = []
         self.nan = self.inf = self.zeros = 0
         self.pos_inf = self.neg_inf = False
@@ -127,7 +127,7 @@ class StatsAccumulator:
         s1 = float((c[:full].reshape(-1, ROW) @ _ONES).sum(dtype=np.float64)) if full else 0.0
         if full < n:
             s1 += float(c[full:].astype(np.float64).sum())
-        self.ssq.append((1.0, s2))
+        self.sumsq.parts.append((1.0, s2))
         self.zeros += int(np.count_nonzero(c == 0))
         self.lo, self.hi, self.amax = min(self.lo, lo), max(self.hi, hi), max(self.amax, amax)
         mean = s1 / n
@@ -149,7 +149,7 @@ class StatsAccumulator:
         s2 = float(np.dot(c, c))
         mean = float(c.sum()) / n
         d = c - mean
-        self.ssq.append((1.0, s2))
+        self.sumsq.parts.append((1.0, s2))
         self.zeros += int(np.count_nonzero(c == 0))
         self.lo, self.hi, self.amax = min(self.lo, lo), max(self.hi, hi), max(self.amax, amax)
         self.moments = _combine(self.moments, (n, mean, float(np.dot(d, d))))
@@ -176,13 +176,8 @@ class StatsAccumulator:
         if count:
             self.lo = min(self.lo, float(xp.min(xp.where(finite, c64, xp.full_like(c64, math.inf)))))
             self.hi = max(self.hi, float(xp.max(xp.where(finite, c64, xp.full_like(c64, -math.inf)))))
-            m = float(xp.max(xp.abs(fin)))
-            self.amax = max(self.amax, m)
-            if 1e-150 < m < 1e150:  # squares cannot overflow or underflow: plain float64 sum
-                self.ssq.append((1.0, float(xp.sum(fin * fin))))
-            elif m > 0:
-                scaled = fin / m
-                self.ssq.append((m, float(xp.sum(scaled * scaled))))
+            self.amax = max(self.amax, float(xp.max(xp.abs(fin))))
+            self.sumsq._exact(fin, xp)
             mean = float(xp.sum(fin)) / count
             dev = xp.where(finite, c64 - mean, zero)
             self.moments = _combine(self.moments, (count, mean, float(xp.sum(dev * dev))))
@@ -195,15 +190,7 @@ class StatsAccumulator:
             return math.nan
         if self.inf:
             return math.inf
-        parts = [(s, q) for s, q in self.ssq if q > 0]
-        if not parts:
-            return 0.0
-        if all(s == 1.0 for s, _ in parts):
-            total = math.fsum(q for _, q in parts)
-            if math.isfinite(total):
-                return math.sqrt(total)
-        big = max(s * math.sqrt(q) for s, q in parts)  # the largest chunk norm: nothing overflows
-        return big * math.sqrt(math.fsum(q * (s / big) ** 2 for s, q in parts))
+        return self.sumsq.result()
 
     def norm(self, l2: float) -> float:
         if self.p == 2.0:
