@@ -1,7 +1,7 @@
 """Clip whole dumps tensor by tensor (the library behind `gradtool clip`).
 
-Memory holds one tensor at a time. Global-norm clipping makes two streaming passes: the norms first, then
-scale-and-write. Every tensor goes through the same library functions a user would call
+Memory holds one chunk at a time (one tensor for the whole-tensor cases). Global-norm clipping makes two
+streaming passes: the norms first, then scale-and-write. Every tensor goes through the same library functions a user would call
 (:mod:`gradtool.core.clipping`), so the command and the library cannot disagree.
 """
 
@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from .backend import to_device, to_host
 from .core import clipping
-from .core.norms import combine_norms, parse_norm_type, tensor_norm
+from .core.norms import NormAccumulator, combine_norms, parse_norm_type, tensor_norm
 from .errors import NonFiniteError, UsageError
-from .io.base import DumpReader, DumpWriter
+from .io.base import DumpReader, DumpWriter, TensorInfo
 from .summarize import name_selected
 
 MODES = ("value", "norm", "average-norm", "global-norm")
@@ -133,7 +135,14 @@ def _check_axes(reader: DumpReader, spec: ClipSpec, names: list[str]) -> None:
 
 def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, step: int | None = None,
               xp: ModuleType | None = None, on_tensor: Callable[[int], None] | None = None) -> DumpClip:
-    """Clip one dump into ``writer`` (None = dry run) and report what changed, per tensor."""
+    """Clip one dump into ``writer`` (None = dry run) and report what changed, per tensor.
+
+    On the host (``xp`` None) elementwise clipping streams every tensor through a small buffer: read a
+    chunk, clip it with the library function, write it, so memory does not grow with the tensor and an
+    unclipped tensor is copied byte for byte. Norm clipping over ``axes``, Fortran-ordered arrays and
+    device backends take the whole tensor at once. Both paths use the same library functions, and those
+    are elementwise, so the bits are the same either way.
+    """
     spec.validate()
     result = DumpClip(reader.display_path, reader.group, step if step is not None else reader.step, spec)
     p = spec.norm_type if spec.mode == "global-norm" else 2.0
@@ -145,9 +154,8 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
     norms_before: dict[str, float] = {}
     used: float | None = None
     if spec.mode == "global-norm":
-        for info, a in reader.iter_tensors(chosen):
-            x = _prepare(to_device(a, xp) if xp else a, spec.nonfinite, xp)
-            norms_before[info.name] = tensor_norm(x, p, xp=xp)
+        for name in chosen:
+            norms_before[name] = _norm_of(reader, reader.info(name), p, spec.nonfinite, xp)
             if on_tensor:
                 on_tensor(1)
         bad = [n for n, v in norms_before.items() if not math.isfinite(v)]
@@ -163,27 +171,27 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         writer.plan(list(reader.tensors))
     norms_after: dict[str, float] = {}
     for info in reader.tensors:
-        a = reader._read(info)
         if info.name not in chosen_set:
             if writer is not None:
-                writer.add(info, a)
+                if info.fortran:
+                    writer.add(info, reader._read(info))
+                else:
+                    writer.add_chunks(info, reader.iter_chunks(info))
             why = "not selected" if _float_info(info) else "not floating point"
             result.tensors.append(TensorClip(info.name, None, None, False, 0, skipped=why))
             continue
-        x = to_device(a, xp) if xp else a
         try:
-            out, before, threshold = _clip_one(x, info.name, spec, norms_before, used, xp, p)
+            if xp is None and not info.fortran and (spec.mode != "norm" or spec.axes is None):
+                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p)
+            else:
+                tc = _clip_whole(reader, writer, info, spec, norms_before, used, xp, p)
         except NonFiniteError:
-            bad = [info.name] + [i.name for i, t in reader.iter_tensors([c for c in chosen if c != info.name])
-                                 if clipping.has_nonfinite(t)]
+            bad = [info.name] + [c for c in chosen if c != info.name
+                                 and not math.isfinite(_norm_of(reader, reader.info(c), 2.0, "propagate", xp))]
             raise NonFiniteError(f"{reader.display_path}: NaN/Inf in {', '.join(bad)}; nothing written "
                                  "(--nonfinite zero or propagate to go on)", bad) from None
-        after = before if out is x else tensor_norm(out, p, xp=xp)
-        norms_after[info.name] = after
-        n_changed = _changed(x, out, xp or _ns(x))
-        result.tensors.append(TensorClip(info.name, before, after, n_changed > 0, n_changed, threshold))
-        if writer is not None:
-            writer.add(info, to_host(out) if out is not x else a)
+        norms_after[info.name] = tc.norm_after  # type: ignore[assignment]
+        result.tensors.append(tc)
         if on_tensor:
             on_tensor(1)
     if writer is not None:
@@ -194,6 +202,90 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
             (t.norm_before for t in result.tensors if t.norm_before is not None), p)
     result.global_norm_after = combine_norms(norms_after.values(), p)
     return result
+
+
+def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp: ModuleType | None) -> float:
+    """‖tensor‖_p read chunk by chunk (after zeroing NaN/Inf under the "zero" policy)."""
+    if xp is not None:
+        x = _prepare(to_device(reader.read(info.name), xp), nonfinite, xp)
+        return tensor_norm(x, p, xp=xp)
+    acc = NormAccumulator(p)
+    for c in reader.iter_chunks(info):
+        acc.update(clipping.zero_nonfinite(c) if nonfinite == "zero" else c)
+    return acc.result()
+
+
+def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,
+                   norms_before: dict[str, float], scale: float | None, p: float) -> TensorClip:
+    """One tensor, elementwise, chunk by chunk: pass A for its norm (per-tensor modes), pass B to clip
+    and write. Raises NonFiniteError under the "error" policy before anything of it is written."""
+    import array_api_compat.numpy as np_xp
+
+    name = info.name
+    threshold = (spec.thresholds or {}).get(name, spec.max)
+    policy = spec.nonfinite
+    if spec.mode == "global-norm":
+        before, threshold = norms_before[name], spec.max
+    else:
+        before = _norm_of(reader, info, 2.0, policy, None)
+        if policy == "error" and not math.isfinite(before):
+            raise NonFiniteError(f"tensor {name!r} holds NaN/Inf", [name])
+        if threshold is None or spec.mode == "value":
+            scale = 1.0
+        else:
+            c = threshold * (info.size if spec.mode == "average-norm" else 1)
+            scale = 1.0 if before <= c else c / before  # c/NaN and c/inf give TF's results
+    lo = None
+    if spec.mode == "value" and threshold is not None:
+        lo = -threshold if spec.min is None or name in (spec.thresholds or {}) else spec.min
+    may_nan = not math.isfinite(before)
+    acc = NormAccumulator(p)
+    changed = 0
+
+    def clipped_chunks() -> Any:
+        nonlocal changed
+        for chunk in reader.iter_chunks(info):
+            src = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
+            if lo is not None:
+                out = clipping.clip_by_value(src, lo, threshold, nonfinite=policy, xp=np_xp)
+            elif scale != 1.0:
+                out = clipping.scale_tensor(src, scale, np_xp)
+            else:
+                out = src
+            if out is not chunk:
+                changed += _count_changed(chunk, out, may_nan)
+            acc.update(out)
+            yield out
+
+    if writer is not None:
+        writer.add_chunks(info, clipped_chunks())
+    else:
+        for _ in clipped_chunks():
+            pass
+    after = acc.result()
+    return TensorClip(name, before, after, changed > 0, changed, threshold)
+
+
+def _count_changed(before: np.ndarray, after: np.ndarray, may_nan: bool) -> int:
+    """Elements whose value changed (NaN -> NaN counts as unchanged; -0.0 vs 0.0 counts as unchanged)."""
+    with np.errstate(invalid="ignore"):
+        diff = before != after
+        if may_nan:
+            diff &= ~(np.isnan(before) & np.isnan(after))
+    return int(np.count_nonzero(diff))
+
+
+def _clip_whole(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,
+                norms_before: dict[str, float], used: float | None, xp: ModuleType | None, p: float) -> TensorClip:
+    """One tensor in memory (axes, Fortran order, device backends)."""
+    a = reader._read(info)
+    x = to_device(a, xp) if xp else a
+    out, before, threshold = _clip_one(x, info.name, spec, norms_before, used, xp, p)
+    after = before if out is x else tensor_norm(out, p, xp=xp)
+    n_changed = _changed(x, out, xp or _ns(x))
+    if writer is not None:
+        writer.add(info, to_host(out) if out is not x else a)
+    return TensorClip(info.name, before, after, n_changed > 0, n_changed, threshold)
 
 
 def _ns(x: Any) -> ModuleType:

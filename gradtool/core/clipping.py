@@ -2,7 +2,8 @@
 
 Reference: TensorFlow ``tensorflow/python/ops/clip_ops.py``. Differences (see README "Deviations"):
 norms are computed in float64 (never overflow), the clip scale is computed in float64 and applied in the
-tensor's dtype, a tensor that is not clipped is returned unchanged (bit-identical, the same object),
+tensor's dtype (see :func:`scale_tensor`), a tensor that is not clipped is returned unchanged
+(bit-identical, the same object),
 non-float tensors pass through untouched, nonsense thresholds raise :class:`UsageError`, and NaN/Inf is
 handled by an explicit ``nonfinite`` policy:
 
@@ -90,9 +91,26 @@ def _apply_policy(t: Any, nonfinite: str, xp: ModuleType, label: Any = 0) -> Any
 
 
 def scale_tensor(t: Any, scale: Any, xp: ModuleType) -> Any:
-    """fl(t·scale): the product computed in float64 and rounded once to t's dtype."""
-    with np.errstate(invalid="ignore", over="ignore"):  # inf·0 -> NaN is TF's result under "propagate"
-        return xp.astype(xp.astype(t, xp.float64) * scale, t.dtype)
+    """fl(t · fl(scale)): the scale (computed in float64, a scalar or an array) is rounded to t's dtype and
+    multiplied in that dtype, as TensorFlow does (one pass, no float64 copy of t); float16, bfloat16 and
+    other narrow floats are multiplied in float32 and rounded once. Elementwise, so scaling a tensor chunk
+    by chunk gives the same bits as scaling it whole."""
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):  # inf·0 -> NaN is TF's result
+        if t.dtype == xp.float64:
+            return t * xp.asarray(scale, dtype=t.dtype)
+        if t.dtype == xp.float32 and not _subnormal_in_float32(scale, xp):
+            return t * xp.asarray(scale, dtype=t.dtype)
+        if t.dtype == xp.float32:  # a scale below float32's normal range would lose its digits: float64
+            return xp.astype(xp.astype(t, xp.float64) * scale, t.dtype)
+        wide = xp.astype(t, xp.float32) * xp.asarray(scale, dtype=xp.float32)
+        return xp.astype(wide, t.dtype)
+
+
+def _subnormal_in_float32(scale: Any, xp: ModuleType) -> bool:
+    tiny = 1.1754943508222875e-38
+    if isinstance(scale, float):
+        return 0.0 < abs(scale) < tiny
+    return bool(xp.any((xp.abs(scale) > 0) & (xp.abs(scale) < tiny)))
 
 
 def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:

@@ -25,6 +25,7 @@ class TensorInfo:
     attrs: dict[str, Any] = field(default_factory=dict)  # HDF5 dataset attributes, kept on write
     compression: str | None = None  # "gzip"/"deflate" when the input stored it compressed
     compression_opts: Any = None
+    fortran: bool = False  # stored in Fortran order (npy/npz): chunks come in storage order
 
     @property
     def size(self) -> int:
@@ -268,6 +269,17 @@ class DumpWriter:
 
     def add(self, info: TensorInfo, array: np.ndarray) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def add_chunks(self, info: TensorInfo, chunks: Iterator[np.ndarray]) -> None:
+        """Write a tensor given as 1-D C-order chunks (each consumed before the next is asked for).
+        Formats that can stream override this; the default assembles the tensor first."""
+        out = np.empty(info.shape, dtype=info.dtype)
+        flat = out.reshape(-1)
+        pos = 0
+        for c in chunks:
+            flat[pos: pos + c.shape[0]] = c
+            pos += c.shape[0]
+        self.add(info, out)
 
     def set_group_attrs(self, group: str, attrs: dict[str, Any]) -> None:
         """Attributes of a (sub)group; only HDF5 keeps them."""

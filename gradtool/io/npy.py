@@ -96,6 +96,19 @@ def write_npy(f: BinaryIO, array: np.ndarray) -> None:
     np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
 
 
+def write_npy_chunks(f: BinaryIO, info: TensorInfo, chunks: Any) -> None:
+    """A .npy file written from 1-D C-order chunks: the header, then each chunk's bytes."""
+    dtype = info.dtype if info.dtype.isnative else info.dtype.newbyteorder("=")  # chunks arrive native
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": info.shape}
+    np.lib.format.write_array_header_2_0(f, header) if _needs_v2(header) else np.lib.format.write_array_header_1_0(f, header)
+    for c in chunks:
+        f.write(memoryview(np.ascontiguousarray(c).view(np.uint8)))
+
+
+def _needs_v2(header: dict[str, Any]) -> bool:
+    return len(repr(header)) > 65000
+
+
 class NpyReader(DumpReader):
     """A single .npy file is a dump of one tensor named after the file's stem."""
 
@@ -108,7 +121,7 @@ class NpyReader(DumpReader):
         try:
             shape, dtype, self._fortran, self._offset = read_npy_header(self._f, self._name, self.display_path)
             size = os.fstat(self._f.fileno()).st_size
-            info = TensorInfo(self._name, shape, dtype)
+            info = TensorInfo(self._name, shape, dtype, fortran=self._fortran)
             if size - self._offset < info.nbytes:
                 raise InputError(
                     f"{self.display_path}: truncated: header claims {info.nbytes} data bytes, "
@@ -143,4 +156,12 @@ class NpyWriter(DumpWriter):
         check_writable_dtype(array.dtype, "npy", info.name)
         with open(self.path, "wb") as f:
             write_npy(f, array)
+        self._written = True
+
+    def add_chunks(self, info: TensorInfo, chunks: Any) -> None:
+        if self._written:
+            raise InputError(f"a .npy file holds one tensor; {info.name!r} would be the second: write .npz instead")
+        check_writable_dtype(info.dtype, "npy", info.name)
+        with open(self.path, "wb") as f:
+            write_npy_chunks(f, info, chunks)
         self._written = True

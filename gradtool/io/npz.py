@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import InputError, UnsafeInputError
 from .base import DumpReader, DumpWriter, TensorInfo
-from .npy import check_writable_dtype, read_npy_data, read_npy_header, write_npy
+from .npy import check_writable_dtype, read_npy_data, read_npy_header, write_npy, write_npy_chunks
 
 METADATA_MEMBER = "__metadata__.json"
 MAX_DEFLATE_RATIO = 1100  # deflate cannot exceed ~1032:1
@@ -70,7 +70,7 @@ class NpzReader(DumpReader):
                     shape, dtype, fortran, hlen = read_npy_header(f, name, p)
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
                 raise InputError(f"{p}: member {zi.filename!r} is corrupt ({exc})") from None
-            info = TensorInfo(name, shape, dtype, compression="gzip" if zi.compress_type else None)
+            info = TensorInfo(name, shape, dtype, compression="gzip" if zi.compress_type else None, fortran=fortran)
             if zi.file_size - hlen != info.nbytes:
                 raise InputError(
                     f"{p}: member {zi.filename!r}: header claims {info.nbytes} data bytes but the member holds "
@@ -151,6 +151,11 @@ class NpzWriter(DumpWriter):
         check_writable_dtype(array.dtype, "npz", info.name)
         with self._zip.open(self._aligned_info(info.name + ".npy"), "w", force_zip64=True) as f:
             write_npy(f, array)
+
+    def add_chunks(self, info: TensorInfo, chunks: Any) -> None:
+        check_writable_dtype(info.dtype, "npz", info.name)
+        with self._zip.open(self._aligned_info(info.name + ".npy"), "w", force_zip64=True) as f:
+            write_npy_chunks(f, info, chunks)
 
     def _aligned_info(self, filename: str) -> zipfile.ZipInfo:
         """A member whose array data starts on a 64-byte boundary (NumPy pads the .npy header to 64),

@@ -187,6 +187,23 @@ class SafetensorsWriter(DumpWriter):
         self._f.write(memoryview(a.reshape(-1).view(np.uint8)))
         self._next += 1
 
+    def add_chunks(self, info: TensorInfo, chunks: Any) -> None:
+        if self._planned is None:
+            raise RuntimeError("SafetensorsWriter.plan() must be called before add_chunks()")
+        expect = self._planned[self._next]
+        if expect.name != info.name or expect.dtype != info.dtype:
+            raise RuntimeError(f"tensor {info.name!r} does not match the planned header entry {expect.name!r}")
+        written = 0
+        for c in chunks:
+            c = np.ascontiguousarray(c)
+            if c.dtype.byteorder == ">":
+                c = c.astype(c.dtype.newbyteorder("<"))
+            self._f.write(memoryview(c.view(np.uint8)))
+            written += c.nbytes
+        if written != expect.nbytes:
+            raise RuntimeError(f"tensor {info.name!r}: wrote {written} bytes, planned {expect.nbytes}")
+        self._next += 1
+
     def close(self) -> None:
         if self._planned is None:
             self.plan([])
