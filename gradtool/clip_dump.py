@@ -17,6 +17,7 @@ import numpy as np
 
 from .backend import to_device, to_host
 from .core import clipping
+from .core.stats import STREAM_CHUNK
 from .core.norms import NormAccumulator, combine_norms, parse_norm_type, tensor_norm
 from .errors import NonFiniteError, UsageError
 from .io.base import DumpReader, DumpWriter, TensorInfo
@@ -241,6 +242,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
     may_nan = not math.isfinite(before)
     acc = NormAccumulator(p)
     changed = 0
+    out_buf = np.empty(min(info.size, STREAM_CHUNK), info.dtype.newbyteorder("=")) if info.size else None
 
     def clipped_chunks() -> Any:
         nonlocal changed
@@ -249,7 +251,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
             if lo is not None:
                 out = clipping.clip_by_value(src, lo, threshold, nonfinite=policy, xp=np_xp)
             elif scale != 1.0:
-                out = clipping.scale_tensor(src, scale, np_xp)
+                out = clipping.scale_tensor(src, scale, np_xp, out=out_buf[: src.shape[0]])
             else:
                 out = src
             if out is not chunk:

@@ -90,16 +90,16 @@ def _apply_policy(t: Any, nonfinite: str, xp: ModuleType, label: Any = 0) -> Any
     return t
 
 
-def scale_tensor(t: Any, scale: Any, xp: ModuleType) -> Any:
+def scale_tensor(t: Any, scale: Any, xp: ModuleType, *, out: Any = None) -> Any:
     """fl(t · fl(scale)): the scale (computed in float64, a scalar or an array) is rounded to t's dtype and
     multiplied in that dtype, as TensorFlow does (one pass, no float64 copy of t); float16, bfloat16 and
     other narrow floats are multiplied in float32 and rounded once. Elementwise, so scaling a tensor chunk
-    by chunk gives the same bits as scaling it whole."""
+    by chunk gives the same bits as scaling it whole. ``out`` (NumPy only) receives the result, which
+    saves an allocation per chunk when streaming."""
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):  # inf·0 -> NaN is TF's result
-        if t.dtype == xp.float64:
-            return t * xp.asarray(scale, dtype=t.dtype)
-        if t.dtype == xp.float32 and not _subnormal_in_float32(scale, xp):
-            return t * xp.asarray(scale, dtype=t.dtype)
+        if t.dtype == xp.float64 or (t.dtype == xp.float32 and not _subnormal_in_float32(scale, xp)):
+            s = xp.asarray(scale, dtype=t.dtype)
+            return t * s if out is None else np.multiply(t, s, out=out)
         if t.dtype == xp.float32:  # a scale below float32's normal range would lose its digits: float64
             return xp.astype(xp.astype(t, xp.float64) * scale, t.dtype)
         wide = xp.astype(t, xp.float32) * xp.asarray(scale, dtype=xp.float32)
