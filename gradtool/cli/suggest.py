@@ -162,10 +162,13 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
         for m in ("norm", "average-norm", "value"):
             cannot[m] = "a training log carries only the global norm; per-tensor modes need gradient dumps"
         h = None
-    if len(steps) == 0:
-        from ..errors import InputError
+    from ..errors import InputError
 
+    if len(steps) == 0:
         raise InputError(f"{', '.join(source['inputs'])}: no gradient-norm values found")
+    if not any(math.isfinite(v) for v in norms):
+        raise InputError(f"{', '.join(source['inputs'])}: every one of the {len(norms)} gradient-norm values is "
+                         "NaN/Inf: the run was broken from the start; there is nothing to recommend from")
     facts = analyze_history(steps, norms, loss, lr, burn_in=cfg.burn_in, window=cfg.window)
     g = suggest_threshold(steps, norms, loss, lr, config=cfg, facts=facts)
     if "global-norm" in wanted:

@@ -143,6 +143,8 @@ def _loads(text: str, source: str) -> Any:
         return json.loads(text)  # accepts NaN / Infinity / -Infinity
     except ValueError as exc:
         raise InputError(f"{source}: malformed JSON ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{source}: JSON nested too deeply to be a training log") from None
 
 
 def _read_text(path: str) -> str:
@@ -191,7 +193,7 @@ def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> No
             continue
         try:
             r = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # garbage lines are skipped (a crashed run's last line is often cut)
         if isinstance(r, dict):
             records.append(r)
@@ -282,7 +284,7 @@ def read_norm_log(path: str, key: str | None = None) -> NormHistory:
         if stripped.startswith("{"):
             try:
                 doc = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 doc = None
             if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
                 return from_records(doc["log_history"], path, "trainer_state", key)
