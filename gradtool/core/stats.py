@@ -158,7 +158,12 @@ class StatsAccumulator:
         return True
 
     def _generic(self, c: Any, xp: ModuleType) -> None:
-        """Any namespace, any dtype, NaN/Inf included: float64 per chunk, rescaled sums of squares."""
+        """Any namespace, any dtype, NaN/Inf included: float64 per chunk, rescaled sums of squares.
+        (|x| beyond ~1e154 makes the float64 variance overflow: std is then reported as inf.)"""
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            self._generic_chunk(c, xp)
+
+    def _generic_chunk(self, c: Any, xp: ModuleType) -> None:
         c64 = xp.astype(c, xp.float64)
         isnan = xp.isnan(c64)
         isinf = xp.isinf(c64)

@@ -109,7 +109,7 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
     rows = [r for r in records if isinstance(r, dict)]
     all_keys: dict[str, None] = {}
     for r in rows:
-        all_keys.update(dict.fromkeys(r))
+        all_keys.update(dict.fromkeys(k for k in r if isinstance(k, str)))  # csv puts extra cells under None
     nkey = _find_norm_key(all_keys, key)
     if nkey is None:
         if key:
@@ -207,9 +207,13 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
     first = text.split("\n", 1)[0]
     delim = "\t" if first.count("\t") > first.count(",") else ","
     reader = csv.DictReader(io.StringIO(text), delimiter=delim)
-    if not reader.fieldnames:
-        raise InputError(f"{path}: empty CSV (no header)")
-    return from_records(list(reader), path, "csv", key)
+    try:
+        if not reader.fieldnames:
+            raise InputError(f"{path}: empty CSV (no header)")
+        rows = list(reader)
+    except csv.Error as exc:
+        raise InputError(f"{path}: malformed CSV ({exc})") from None
+    return from_records(rows, path, "csv", key)
 
 
 _TEXT_NORM = re.compile(r"(?:grad[ _-]?norm|gnorm|total_norm)\s*[:=]?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf(?:inity)?))",

@@ -18,12 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, UnsafeInputError
+from ..errors import GradtoolError, InputError, UnsafeInputError
 from .base import DumpReader, DumpWriter, TensorInfo
 from .npy import check_writable_dtype, read_npy_data, read_npy_header, write_npy, write_npy_chunks
 
 METADATA_MEMBER = "__metadata__.json"
 MAX_DEFLATE_RATIO = 1100  # deflate cannot exceed ~1032:1
+# what zipfile raises on broken or exotic archives (unsupported versions, encryption, methods: found by fuzzing)
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, NotImplementedError,
+              ValueError, RuntimeError, IndexError, KeyError, struct.error, UnicodeDecodeError)
 ALIGN = 64
 PAD_EXTRA_ID = 0x6770  # an unregistered zip extra-field id holding padding
 ZIP64_LOCAL_EXTRA = 20  # zipfile writes a 20-byte ZIP64 extra in local headers when force_zip64=True
@@ -36,10 +39,15 @@ class NpzReader(DumpReader):
         super().__init__(path, display_path=display_path)
         try:
             self._zip = zipfile.ZipFile(path, "r")
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
             raise InputError(f"{self.display_path}: not a readable .npz archive ({exc})") from None
         try:
             self._index()
+        except ZIP_ERRORS as exc:
+            self._zip.close()
+            if isinstance(exc, GradtoolError):
+                raise
+            raise InputError(f"{self.display_path}: corrupt .npz archive ({type(exc).__name__}: {exc})") from None
         except BaseException:
             self._zip.close()
             raise
@@ -68,7 +76,7 @@ class NpzReader(DumpReader):
             try:
                 with self._zip.open(zi) as f:
                     shape, dtype, fortran, hlen = read_npy_header(f, name, p)
-            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+            except ZIP_ERRORS as exc:
                 raise InputError(f"{p}: member {zi.filename!r} is corrupt ({exc})") from None
             info = TensorInfo(name, shape, dtype, compression="gzip" if zi.compress_type else None, fortran=fortran)
             if zi.file_size - hlen != info.nbytes:
@@ -85,7 +93,7 @@ class NpzReader(DumpReader):
             raise UnsafeInputError(f"{self.display_path}: metadata member is larger than 1 MiB")
         try:
             meta = json.loads(self._zip.read(zi).decode("utf-8"))
-        except (ValueError, UnicodeDecodeError, zipfile.BadZipFile, zlib.error) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError, *ZIP_ERRORS) as exc:
             raise InputError(f"{self.display_path}: malformed {METADATA_MEMBER} ({exc})") from None
         if not isinstance(meta, dict):
             raise InputError(f"{self.display_path}: {METADATA_MEMBER} is not a JSON object")
@@ -97,7 +105,7 @@ class NpzReader(DumpReader):
             with self._zip.open(zi) as f:
                 read_npy_header(f, info.name, self.display_path)
                 return read_npy_data(f, info, fortran, self.display_path)
-        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        except ZIP_ERRORS as exc:
             raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
 
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
@@ -110,7 +118,7 @@ class NpzReader(DumpReader):
             with self._zip.open(zi) as f:  # compressed: decompress as we go, one chunk at a time
                 read_npy_header(f, info.name, self.display_path)
                 yield from self._stream_chunks(f, info, chunk_elements)
-        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        except ZIP_ERRORS as exc:
             raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
 
     def _fd(self) -> int:
