@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fuzz the dump readers and the log parsers for a bounded time. Not part of the default test run.
 
-    python fuzz/fuzz_readers.py --seconds 120          # hypothesis-driven, any machine
+    python fuzz/fuzz_readers.py --seconds 120          # seeded random mutation, any machine
     python fuzz/fuzz_readers.py --seconds 120 --atheris   # coverage-guided, if `pip install atheris`
 
 Inputs are valid files (every format, and logs) mutated by truncation, bit flips, byte splices and

@@ -235,7 +235,7 @@ def global_norm(t_list: Sequence[Any], norm_type: float | int | str = 2, *, xp: 
                 norms.append(tensor_norm(t, 2))
         if rows:
             packed = math.fsum(rows)
-            if not math.isfinite(packed):  # NaN/Inf/overflow: let the exact path sort it out
+            if not math.isfinite(packed) or packed < 1e-25:  # NaN/Inf/overflow/underflow: the exact path
                 return combine_norms((tensor_norm(t, 2) for t in t_list if t is not None and is_floating(t)), 2)
             norms.append(math.sqrt(packed))
         return combine_norms(norms, 2)
