@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GradtoolError, InputError, UnsafeInputError
-from .base import DumpReader, DumpWriter, TensorInfo
+from .base import DumpReader, DumpWriter, TensorInfo, allocate
 from .npy import check_writable_dtype, read_npy_data, read_npy_header, write_npy, write_npy_chunks
 
 METADATA_MEMBER = "__metadata__.json"
@@ -101,12 +101,45 @@ class NpzReader(DumpReader):
 
     def _read(self, info: TensorInfo) -> np.ndarray:
         zi, fortran = self._members[info.name]
+        if zi.compress_type == zipfile.ZIP_DEFLATED and not zi.flag_bits & 0x1:
+            return self._inflate_whole(zi, info, fortran)
         try:
             with self._zip.open(zi) as f:
                 read_npy_header(f, info.name, self.display_path)
                 return read_npy_data(f, info, fortran, self.display_path)
         except ZIP_ERRORS as exc:
             raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
+
+    def _inflate_whole(self, zi: zipfile.ZipInfo, info: TensorInfo, fortran: bool) -> np.ndarray:
+        """A deflated member in one zlib call (which releases the GIL, so several members can be
+        inflated in parallel threads; zipfile's own reader inflates in small GIL-holding steps).
+        The CRC-32 is checked, as zipfile would."""
+        p = self.display_path
+        start = self._local_data_start(zi)
+        raw = os.pread(self._fd(), zi.compress_size, start)
+        if len(raw) != zi.compress_size:
+            raise InputError(f"{p}: member {zi.filename!r} is truncated")
+        try:
+            data = zlib.decompress(raw, -15, max(zi.file_size, 1))
+        except zlib.error as exc:
+            raise InputError(f"{p}: member {zi.filename!r} is corrupt ({exc})") from None
+        del raw
+        if len(data) != zi.file_size or zlib.crc32(data) != zi.CRC:
+            raise InputError(f"{p}: member {zi.filename!r} is corrupt (size or CRC-32 mismatch)")
+        hlen = self._header_lengths[info.name]
+        shape = info.shape[::-1] if fortran else info.shape
+        out = allocate(TensorInfo(info.name, shape, info.dtype), p)
+        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8, info.nbytes, hlen)
+        if not out.dtype.isnative:
+            out = out.astype(out.dtype.newbyteorder("="))
+        return out.T if fortran else out
+
+    def _local_data_start(self, zi: zipfile.ZipInfo) -> int:
+        local = os.pread(self._fd(), 30, zi.header_offset)
+        if len(local) < 30 or local[:4] != b"PK\x03\x04":
+            raise InputError(f"{self.display_path}: member {zi.filename!r}: bad local header")
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        return zi.header_offset + 30 + name_len + extra_len
 
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
         zi, _ = self._members[info.name]
@@ -130,11 +163,7 @@ class NpzReader(DumpReader):
         """Byte offset of a stored (uncompressed) member's array data, from its local header."""
         if zi.compress_type != zipfile.ZIP_STORED or zi.flag_bits & 0x1:
             return None
-        local = os.pread(self._fd(), 30, zi.header_offset)
-        if len(local) < 30 or local[:4] != b"PK\x03\x04":
-            raise InputError(f"{self.display_path}: member {zi.filename!r}: bad local header")
-        name_len, extra_len = struct.unpack("<HH", local[26:30])
-        start = zi.header_offset + 30 + name_len + extra_len
+        start = self._local_data_start(zi)
         hlen = self._header_lengths.get(info.name)
         return None if hlen is None else start + hlen
 

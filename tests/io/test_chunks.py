@@ -98,3 +98,36 @@ def test_gradtool_npz_members_are_64_byte_aligned_and_numpy_still_reads_them(tmp
     import zipfile
 
     assert zipfile.ZipFile(p).testzip() is None
+
+
+def test_compressed_npz_summary_in_parallel_equals_serial(tmp_path):
+    from gradtool import tensor_stats
+    from gradtool.summarize import summarize_dump
+
+    rng = np.random.default_rng(2)
+    t = {f"t{i}": rng.standard_normal(int(rng.integers(1, 200_000))).astype(np.float32) for i in range(12)}
+    t["nan"] = np.array([np.nan, 1.0], np.float32)
+    p = str(tmp_path / "c.npz")
+    np.savez_compressed(p, **t)
+    with open_dump(p) as r:
+        assert r.compressed
+        got = dict(summarize_dump(r).tensors)
+    assert list(got) == list(t)
+    for name, a in t.items():
+        ref = tensor_stats(a)
+        assert got[name].nan_count == ref.nan_count and got[name].zero_count == ref.zero_count
+        assert got[name].norm == ref.norm or (np.isnan(ref.norm) and np.isnan(got[name].norm))
+
+
+def test_inflate_whole_checks_crc(tmp_path):
+    from gradtool.errors import InputError
+
+    p = str(tmp_path / "c.npz")
+    np.savez_compressed(p, a=np.zeros(100_000, np.float32))
+    data = bytearray(open(p, "rb").read())
+    cd = data.rfind(b"PK\x01\x02")  # the central directory's CRC-32 is the one checked
+    data[cd + 16] ^= 0xFF
+    open(p, "wb").write(bytes(data))
+    with pytest.raises(InputError, match="CRC|corrupt"):
+        with open_dump(p) as r:
+            r.read("a")
