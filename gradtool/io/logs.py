@@ -59,6 +59,11 @@ class NormHistory:
 
 
 def _num(v: Any) -> float | None:
+    t = type(v)
+    if t is float:
+        return v
+    if t is int:
+        return float(v)
     if v is None or isinstance(v, bool):
         return None
     if isinstance(v, (int, float)):
@@ -106,10 +111,11 @@ def _find_norm_key(keys: Iterable[str], explicit: str | None) -> str | None:
 
 def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key: str | None = None) -> NormHistory:
     """Build a history from dict records (HF log_history entries, JSONL lines, CSV rows)."""
-    rows = [r for r in records if isinstance(r, dict)]
-    all_keys: dict[str, None] = {}
+    rows = [r for r in records if type(r) is dict]
+    seen: dict[Any, None] = {}
     for r in rows:
-        all_keys.update(dict.fromkeys(k for k in r if isinstance(k, str)))  # csv puts extra cells under None
+        seen.update(r)  # the values are thrown away; dict.update is the fast way to collect keys
+    all_keys = {k: None for k in seen if isinstance(k, str)}  # csv puts extra cells under the key None
     nkey = _find_norm_key(all_keys, key)
     if nkey is None:
         if key:
@@ -118,24 +124,69 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
     skey = _find_key(all_keys, STEP_KEYS)
     lkey = _find_key(all_keys, LOSS_KEYS)
     rkey = _find_key(all_keys, LR_KEYS)
+    fast = _vectorised(rows, nkey, skey, lkey, rkey)
+    if fast is not None:
+        steps_v, norms_v, loss_v, lr_v = fast
+        return NormHistory(steps_v, norms_v, loss_v, lr_v, source, nkey, kind)
     by_step: dict[int, tuple[float, float | None, float | None]] = {}
     order = 0
-    last_loss: dict[int, float] = {}
+    last_loss: dict[int, float] = {}  # a loss logged in another row of the same step (Lightning, HF eval rows)
     for r in rows:
-        if skey is not None and lkey is not None and _num(r.get(lkey)) is not None and _num(r.get(skey)) is not None:
-            last_loss[int(_num(r.get(skey)))] = _num(r.get(lkey))  # type: ignore[arg-type]
         v = _num(r.get(nkey))
-        if v is None:
-            continue
         s = _num(r.get(skey)) if skey else None
+        lo = _num(r.get(lkey)) if lkey else None
+        if v is None:
+            if lo is not None and s is not None and math.isfinite(s):
+                last_loss[int(s)] = lo
+            continue
         step = int(s) if s is not None and math.isfinite(s) else order
         order += 1
-        by_step[step] = (v, _num(r.get(lkey)) if lkey else None, _num(r.get(rkey)) if rkey else None)
+        by_step[step] = (v, lo, _num(r.get(rkey)) if rkey else None)
     steps = sorted(by_step)
     hist = NormHistory(steps, [by_step[s][0] for s in steps],
                        [by_step[s][1] if by_step[s][1] is not None else last_loss.get(s) for s in steps],
                        [by_step[s][2] for s in steps], source, nkey, kind)
     return hist
+
+
+def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: str | None,
+                rkey: str | None) -> tuple[list[int], list[float], list[float | None], list[float | None]] | None:
+    """The common case (plain numbers, integer steps, every row carries the norm) with NumPy instead of a
+    Python loop per row: 10^6 log lines in well under a second. None sends the caller to the general loop."""
+    import numpy as np
+
+    number = {float, int}
+    norms = [r.get(nkey) for r in rows]
+    if not norms or not set(map(type, norms)) <= number:
+        return None
+    cols: list[Any] = []
+    for key in (lkey, rkey):
+        if key is None:
+            cols.append(None)
+            continue
+        col = [r.get(key) for r in rows]
+        if not set(map(type, col)) <= number | {type(None)}:
+            return None
+        cols.append(col)
+    if skey is not None:
+        raw_steps = [r.get(skey) for r in rows]
+        if not set(map(type, raw_steps)) <= {int}:
+            return None
+        steps = np.asarray(raw_steps, dtype=np.int64)
+    else:
+        steps = np.arange(len(rows), dtype=np.int64)
+    # keep the last row of each step (later checkpoints repeat earlier steps), in step order
+    order = np.arange(steps.size)
+    last = np.unique(steps[::-1], return_index=True)[1]
+    idx = order[::-1][last]
+    norm_arr = np.asarray(norms, dtype=np.float64)[idx]
+
+    def pick(col: list[Any] | None) -> list[float | None]:
+        if col is None:
+            return [None] * idx.size
+        return [None if col[i] is None else float(col[i]) for i in idx.tolist()]
+
+    return steps[idx].tolist(), norm_arr.tolist(), pick(cols[0]), pick(cols[1])
 
 
 def _loads(text: str, source: str) -> Any:
@@ -186,17 +237,18 @@ def read_run_directory(path: str, key: str | None = None) -> NormHistory:
 
 def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
     text = _read_text(path) if text is None else text
-    records = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            r = json.loads(line)
-        except (ValueError, RecursionError):
-            continue  # garbage lines are skipped (a crashed run's last line is often cut)
-        if isinstance(r, dict):
-            records.append(r)
+    lines = [line for line in (raw.strip() for raw in text.splitlines()) if line.startswith("{")]
+    try:  # fast path: every line is an object, so the file is one JSON array away from a single parse
+        records = [r for r in json.loads("[" + ",".join(lines) + "]") if isinstance(r, dict)]
+    except (ValueError, RecursionError):
+        records = []
+        for line in lines:
+            try:
+                r = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # garbage lines are skipped (a crashed run's last line is often cut)
+            if isinstance(r, dict):
+                records.append(r)
     if not records:
         raise InputError(f"{path}: no JSON objects found")
     return from_records(records, path, "jsonl", key)
