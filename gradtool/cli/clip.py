@@ -139,8 +139,18 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
             check_output_path(out, force=force, inputs=all_inputs)
     report_stream = sys.stderr if output == "-" else sys.stdout
     reports: list[dict[str, Any]] = []
-    total = sum(1 for _ in refs)
-    with progress(total, "clip") as advance:
+    single = len(refs) == 1
+    total = len(refs)
+    if single:  # one dump: count tensor passes instead (global-norm reads every tensor twice)
+        with refs[0].open() as r:
+            total = len(r.tensors) * (2 if mode == "global-norm" else 1)
+    with progress(total, "clip") as progress_advance:
+        per_tensor_advance = progress_advance if single else None
+
+        def advance(n: int) -> None:
+            if not single:
+                progress_advance(n)
+
         for source in sources:
             src_refs = [r for r in refs if r.path == source]
             target = outputs[source]
@@ -148,7 +158,8 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
             if target is None:
                 for ref in src_refs:
                     with ref.open() as reader:
-                        reports.append(_record(clip_dump(reader, None, spec, step=ref.step, xp=xp), None))
+                        reports.append(_record(clip_dump(reader, None, spec, step=ref.step, xp=xp,
+                                                         on_tensor=per_tensor_advance), None))
                     advance(1)
                 continue
             out_fmt = output_format(target, fmt_in) if target != "-" else fmt_in
@@ -165,7 +176,8 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
                             else:
                                 writer.metadata.update(reader.metadata)
                                 _set_root_meta(writer, reader.metadata)
-                            reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp), final))
+                            reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp,
+                                                             on_tensor=per_tensor_advance), final))
                         advance(1)
     _render(reports, fmt, report_stream, per_tensor)
 

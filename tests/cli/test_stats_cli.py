@@ -138,3 +138,22 @@ def test_stdin(run, dump):
     r = run("stats", "-", "--format", "json", input=data)
     assert r.exit_code == 0, r.stderr
     assert r.json()["dumps"][0]["path"] == "<stdin>" and r.json()["dumps"][0]["step"] == 5
+
+
+@pytest.mark.parametrize("ext", ["npz", "h5", "safetensors", "npy"])
+def test_every_format(run, tmp_path, ext):
+    a = np.array([[3.0, 4.0]], np.float32)
+    p = str(tmp_path / f"step_00042.{ext}")
+    if ext == "npy":
+        np.save(p, a)
+    else:
+        save_dump(p, {"w": a, "attn[weight]": np.array([0.0, np.nan], np.float16)})
+    d = run("stats", p, "--format", "json").json()["dumps"][0]
+    fmt = {"h5": "hdf5"}.get(ext, ext)
+    assert d["format"] == fmt and d["step"] == 42
+    t = {x["name"]: x for x in d["tensors"]}
+    name = "step_00042" if ext == "npy" else "w"
+    assert t[name]["norm"] == 5.0 and t[name]["shape"] == [1, 2]
+    if ext != "npy":
+        assert t["attn[weight]"]["nan_count"] == 1 and d["nonfinite_tensors"] == ["attn[weight]"]
+        assert "attn[weight]" in run("stats", p).stdout

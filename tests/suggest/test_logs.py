@@ -93,3 +93,20 @@ def test_tensorboard_needs_extra(tmp_path):
     p.write_bytes(b"\0" * 10)
     with pytest.raises(UsageError, match=r"gradtool\[tensorboard\]"):
         read_norm_log(str(p))
+
+
+def test_tensorboard_events_with_the_extra(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    w = EventFileWriter(str(tmp_path))
+    for step in range(1, 41):
+        for tag, value in (("grad-norm", 1.0 + step / 100), ("lm loss", 3.0 - step / 100), ("learning-rate", 1e-4)):
+            summ = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
+            w.add_event(event_pb2.Event(step=step, summary=summ))
+    w.close()
+    (path,) = [p for p in tmp_path.iterdir() if "tfevents" in p.name]
+    h = read_norm_log(str(path))
+    assert h.key == "grad_norm" and h.steps == list(range(1, 41))
+    assert h.norms[0] == pytest.approx(1.01, rel=1e-6) and h.loss[0] == pytest.approx(2.99, rel=1e-6)
