@@ -134,8 +134,39 @@ def _check_axes(reader: DumpReader, spec: ClipSpec, names: list[str]) -> None:
                              "use --select/--exclude to clip only tensors of a suitable rank") from None
 
 
+@dataclass
+class SharedNorms:
+    """Norms of logical tensors that span several shard files: every shard is clipped by the factor of
+    the whole (global norm and scale for global-norm; each logical tensor's L2 norm for per-tensor modes)."""
+
+    global_norm: float
+    scale: float | None
+    tensor_norms: dict[str, float]
+    tensor_sizes: dict[str, int]
+
+
+def shared_norms(reader: DumpReader, spec: ClipSpec) -> SharedNorms:
+    """Pass 1 over a (sharded) reader: the norms every shard's clipping must agree on."""
+    spec.validate()
+    if spec.axes is not None:
+        raise UsageError("--axes is not supported for sharded steps (a slice may span shards)")
+    p = spec.norm_type if spec.mode == "global-norm" else 2.0
+    norms = {i.name: _norm_of(reader, i, p, spec.nonfinite, None) for i in reader.tensors
+             if name_selected(i.name, spec.select, spec.exclude) and _float_info(i)}
+    bad = [n for n, v in norms.items() if not math.isfinite(v)]
+    if bad and spec.nonfinite == "error":
+        raise NonFiniteError(f"{reader.display_path}: NaN/Inf in {', '.join(bad)}; nothing written "
+                             "(--nonfinite zero or propagate to go on)", bad)
+    n = combine_norms(norms.values(), p)
+    scale = None
+    if spec.mode == "global-norm":
+        scale = clipping.global_clip_scale(spec.use_norm if spec.use_norm is not None else n, float(spec.max))
+    return SharedNorms(n, scale, norms, {i.name: i.size for i in reader.tensors if i.name in norms})
+
+
 def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, step: int | None = None,
-              xp: ModuleType | None = None, on_tensor: Callable[[int], None] | None = None) -> DumpClip:
+              xp: ModuleType | None = None, on_tensor: Callable[[int], None] | None = None,
+              shared: SharedNorms | None = None) -> DumpClip:
     """Clip one dump into ``writer`` (None = dry run) and report what changed, per tensor.
 
     On the host (``xp`` None) elementwise clipping streams every tensor through a small buffer: read a
@@ -167,6 +198,9 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         used = spec.use_norm if spec.use_norm is not None else n
         result.global_norm_before = n
         result.scale = clipping.global_clip_scale(used, float(spec.max))
+        if shared is not None:  # a shard of a larger step: the whole step's norm decides
+            result.global_norm_before, result.scale = shared.global_norm, shared.scale
+            used = spec.use_norm if spec.use_norm is not None else shared.global_norm
 
     if writer is not None:
         writer.plan(list(reader.tensors))
@@ -183,7 +217,12 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
             continue
         try:
             if xp is None and not info.fortran and (spec.mode != "norm" or spec.axes is None):
-                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p)
+                logical = None
+                if shared is not None and info.name in shared.tensor_norms:
+                    logical = (shared.tensor_norms[info.name], shared.tensor_sizes[info.name])
+                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical)
+            elif shared is not None:
+                raise UsageError("sharded steps are clipped on the NumPy backend, without --axes")
             else:
                 tc = _clip_whole(reader, writer, info, spec, norms_before, used, xp, p)
         except NonFiniteError:
@@ -217,9 +256,11 @@ def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp:
 
 
 def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,
-                   norms_before: dict[str, float], scale: float | None, p: float) -> TensorClip:
+                   norms_before: dict[str, float], scale: float | None, p: float,
+                   logical: tuple[float, int] | None = None) -> TensorClip:
     """One tensor, elementwise, chunk by chunk: pass A for its norm (per-tensor modes), pass B to clip
-    and write. Raises NonFiniteError under the "error" policy before anything of it is written."""
+    and write. Raises NonFiniteError under the "error" policy before anything of it is written.
+    ``logical``: (L2 norm, size) of the whole logical tensor when this is one shard's piece of it."""
     import array_api_compat.numpy as np_xp
 
     name = info.name
@@ -234,8 +275,9 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
         if threshold is None or spec.mode == "value":
             scale = 1.0
         else:
-            c = threshold * (info.size if spec.mode == "average-norm" else 1)
-            scale = 1.0 if before <= c else c / before  # c/NaN and c/inf give TF's results
+            whole, size = (before, info.size) if logical is None else logical
+            c = threshold * (size if spec.mode == "average-norm" else 1)
+            scale = 1.0 if whole <= c else c / whole  # c/NaN and c/inf give TF's results
     lo = None
     if spec.mode == "value" and threshold is not None:
         lo = -threshold if spec.min is None or name in (spec.thresholds or {}) else spec.min

@@ -34,6 +34,7 @@ class DumpSummary:
     norm_type: float
     metadata: dict[str, Any]
     tensors: list[tuple[str, TensorStats]] = field(default_factory=list)
+    shards: list[str] | None = None  # the shard files of a sharded step
 
     @property
     def global_norm(self) -> float:
@@ -70,6 +71,8 @@ def summarize_dump(reader: DumpReader, *, step: int | None = None, select: Seque
     p = parse_norm_type(norm_type)
     summary = DumpSummary(reader.display_path, reader.format, reader.group,
                           step if step is not None else reader.step, p, dict(reader.metadata))
+    if getattr(reader, "shards", None) is not None:
+        summary.shards = [s.display_path for s in reader.shards]
     on_host = xp is None or is_numpy_namespace(xp)
     if on_host and getattr(reader, "compressed", False):
         return _summarize_compressed(reader, summary, select, exclude, p, on_tensor)

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .common import backend_option, format_option, progress, select_options
+from .common import backend_option, format_option, progress, select_options, sharded_option
 
 REPORT_TENSOR_FIELDS = ["name", "norm_before", "norm_after", "clipped", "clipped_elements", "threshold", "skipped"]
 
@@ -111,14 +111,16 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
 @click.option("--per-tensor/--no-per-tensor", default=None,
               help="Tables: every dump's tensor table even for a history (default: only for one dump).")
 @format_option()
+@sharded_option
 @backend_option
 def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: float | None, min_: float | None,
                  axes: str | None, use_norm: float | None, norm_type: str, thresholds_file: str | None,
                  select: tuple[str, ...], exclude: tuple[str, ...], nonfinite: str, force: bool, dry_run: bool,
-                 per_tensor: bool | None, fmt: str, backend: str | None) -> None:
+                 per_tensor: bool | None, fmt: str, sharded: bool, backend: str | None) -> None:
     """Clip the gradients of DUMP with --mode and --max, write the clipped dump to -o, and report, per
     tensor, the norm before and after and whether it was clipped. Inputs are never modified."""
     from ..clip_dump import ClipSpec, clip_dump
+    from ..errors import UsageError
     from ..io.atomic import atomic_output, check_output_path
     from ..io.detect import output_format
     from ..io.dump import make_writer
@@ -129,7 +131,13 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
                     norm_type=float(norm_type), nonfinite=nonfinite, select=select, exclude=exclude,
                     thresholds=_load_thresholds(thresholds_file, mode)).validate()
     xp = xp_for(backend)
-    refs = expand_inputs(list(dumps))
+    refs = expand_inputs(list(dumps), sharded=sharded)
+    if any(r.shards is not None for r in refs):
+        if xp is not None:
+            raise UsageError("sharded steps are clipped on the NumPy backend")
+        reports = _clip_sharded(refs, output, spec, force, dry_run)
+        _render(reports, fmt, sys.stdout, per_tensor)
+        return
     sources = list(dict.fromkeys(r.path for r in refs))
     many = len(sources) > 1 or any(os.path.isdir(d) for d in dumps)
     outputs = _plan_outputs(sources, output, dry_run, many)
@@ -290,3 +298,47 @@ def _render_history(reports: list[dict[str, Any]], out: Any) -> None:
                          r["clipped_elements"]] for r in changed),
                        right=["step", "global norm before", "after", "scale", "tensors clipped", "elements changed"],
                        out=out)
+
+
+def _clip_sharded(refs: list[Any], output: str | None, spec: Any, force: bool, dry_run: bool) -> list[dict[str, Any]]:
+    """Each sharded step: the norms of its logical tensors over every shard, then each shard clipped by
+    the same factors and written next to its own layout (OUT/STEPDIR/SHARDFILE)."""
+    from ..clip_dump import clip_dump, shared_norms
+    from ..errors import UsageError
+    from ..io.atomic import atomic_output, check_output_path
+    from ..io.detect import output_format
+    from ..io.dump import make_writer, open_dump
+
+    if any(r.shards is None for r in refs):
+        raise UsageError("give either sharded steps or one-file dumps, not both")
+    if output == "-" or (output is None and not dry_run):
+        raise UsageError("sharded steps are written to a directory: give -o DIR (or --dry-run)")
+    all_inputs = [s for r in refs for s in r.shards]
+    plan = []
+    for ref in refs:
+        for shard in ref.shards:
+            target = None
+            if output is not None and not dry_run:
+                target = os.path.join(output, os.path.basename(os.path.normpath(ref.path)), os.path.basename(shard))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                check_output_path(target, force=force, inputs=all_inputs)
+            plan.append((ref, shard, target))
+    reports = []
+    with progress(len(plan), "clip") as advance:
+        shared_by_step: dict[str, Any] = {}
+        for ref, shard, target in plan:
+            if ref.path not in shared_by_step:
+                with ref.open() as logical:
+                    shared_by_step[ref.path] = shared_norms(logical, spec)
+            shared = shared_by_step[ref.path]
+            with open_dump(shard) as reader:
+                if target is None:
+                    res = clip_dump(reader, None, spec, step=ref.step, shared=shared)
+                else:
+                    with atomic_output(target, force=force, inputs=all_inputs) as tmp:
+                        with make_writer(tmp, output_format(target, reader.format), reader.metadata,
+                                         compress=bool(getattr(reader, "compressed", False))) as writer:
+                            res = clip_dump(reader, writer, spec, step=ref.step, shared=shared)
+            reports.append(_record(res, target))
+            advance(1)
+    return reports

@@ -79,3 +79,9 @@ def xp_for(backend: str | None) -> Any:
     from ..backend import is_numpy_namespace
 
     return None if is_numpy_namespace(xp) else xp
+
+
+def sharded_option(f: Callable) -> Callable:
+    return click.option("--sharded", is_flag=True,
+                        help="Each DIRECTORY argument is one step whose files are shards of it (one per rank). "
+                             "A directory of step directories is read this way without the flag.")(f)

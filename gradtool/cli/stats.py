@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .common import backend_option, format_option, message, norm_type_option, progress, select_options
+from .common import backend_option, format_option, norm_type_option, progress, select_options, sharded_option
 
 TENSOR_FIELDS = ["name", "shape", "dtype", "size", "norm", "avg_norm", "max_abs", "mean", "std",
                  "nan_count", "inf_count", "zero_count", "l2_norm", "min", "max", "is_float"]
@@ -63,6 +63,7 @@ def dump_record(summary: Any, sort: str | None, top: int | None) -> dict[str, An
         "max_tensor": name,
         "max_tensor_norm": norm,
         "nonfinite_tensors": summary.nonfinite_tensors,
+        "shards": summary.shards,
         "metadata": summary.metadata,
         "tensors": [tensor_record(n, s) for n, s in _sorted(summary.tensors, sort, top)],
     }
@@ -81,10 +82,11 @@ def dump_record(summary: Any, sort: str | None, top: int | None) -> dict[str, An
               help="Tables: also print every dump's tensor table for a history (default: only for one dump).")
 @format_option()
 @click.option("--fail-on-nonfinite", is_flag=True, help="Exit 3 (naming tensors and steps) if any NaN/Inf is found.")
+@sharded_option
 @backend_option
 def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tuple[str, ...], norm_type: str,
                   sort: str | None, top: int | None, per_tensor: bool | None, fmt: str, fail_on_nonfinite: bool,
-                  backend: str | None) -> None:
+                  sharded: bool, backend: str | None) -> None:
     """Per-tensor and global gradient norms, max |g|, NaN/Inf counts of DUMP (files, directories, or a
     multi-step HDF5 file). Several dumps form a history: a per-step table and a sparkline follow."""
     from ..errors import ExitCode, GradtoolError
@@ -93,7 +95,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     from .common import xp_for
 
     xp = xp_for(backend)
-    refs = expand_inputs(list(dumps))
+    refs = expand_inputs(list(dumps), sharded=sharded)
     summaries = []
     if len(refs) == 1:  # one dump: the progress bar counts its tensors
         with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .common import backend_option, message, progress, select_options
+from .common import backend_option, message, progress, select_options, sharded_option
 
 MODES = ("global-norm", "norm", "average-norm", "value")
 
@@ -39,17 +39,17 @@ window, then tau = exp(median(log x) + 3.5 * 1.4826 * MAD(log x)), kept within [
 """
 
 
-def _split_inputs(inputs: list[str]) -> tuple[list[str], list[str]]:
+def _split_inputs(inputs: list[str], sharded: bool = False) -> tuple[list[str], list[str]]:
     """(dump inputs, log inputs), by content."""
     from ..io.detect import detect_format
-    from ..io.history import _dir_files
+    from ..io.history import _dir_files, _step_dirs
 
     dumps, logs = [], []
     for p in inputs:
         if p == "-":
             dumps.append(p)
         elif os.path.isdir(p):
-            (dumps if _dir_files(p) else logs).append(p)
+            (dumps if sharded or _dir_files(p) or _step_dirs(p) else logs).append(p)
         elif not os.path.exists(p):
             from ..errors import InputError
 
@@ -96,11 +96,12 @@ def _merge_logs(paths: list[str], key: str | None) -> Any:
 @click.option("-o", "--output", default=None, metavar="FILE", help="Where --per-tensor writes its thresholds.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Save a chart (needs gradtool[plot]).")
 @click.option("--force", is_flag=True, help="Replace an existing -o / --plot file.")
+@sharded_option
 @backend_option
 def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str, percentile: float, k: float,
                     z: float, factor: float, burn_in: int | None, window: int | None, current: float | None,
                     key: str | None, select: tuple[str, ...], exclude: tuple[str, ...], fmt: str, per_tensor: bool,
-                    output: str | None, plot_path: str | None, force: bool, backend: str | None) -> None:
+                    output: str | None, plot_path: str | None, force: bool, sharded: bool, backend: str | None) -> None:
     """Recommend a clipping threshold per mode from a gradient-norm HISTORY, and show why: clip rates,
     percentile, z-score, ratio to the mean, spikes, non-finite steps, warm-up and divergence."""
     from ..errors import ExitCode, GradtoolError, UsageError
@@ -114,8 +115,8 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
         raise UsageError("--per-tensor writes a file: give it with -o FILE")
     if output and not per_tensor:
         raise UsageError("-o is for --per-tensor thresholds")
-    dump_inputs, log_inputs = _split_inputs(list(inputs))
-    doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend)
+    dump_inputs, log_inputs = _split_inputs(list(inputs), sharded)
+    doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded)
     if explicit_modes:
         missing = [m for m in wanted if m in doc["cannot_derive"]]
         if missing and not any(m["mode"] in wanted for m in doc["modes"]):
@@ -134,7 +135,8 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
 
 
 def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], cfg: Any, key: str | None,
-             select: tuple[str, ...], exclude: tuple[str, ...], backend: str | None) -> dict[str, Any]:
+             select: tuple[str, ...], exclude: tuple[str, ...], backend: str | None,
+             sharded: bool = False) -> dict[str, Any]:
     from ..suggest import analyze_history, suggest_per_tensor, suggest_threshold
 
     cannot: dict[str, str] = {}
@@ -145,7 +147,7 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
         from ..summarize import dump_history
         from .common import xp_for
 
-        refs = expand_inputs(dump_inputs)
+        refs = expand_inputs(dump_inputs, sharded=sharded)
         with progress(len(refs), "reading dumps") as advance:
             h = dump_history(refs, select=select, exclude=exclude, xp=xp_for(backend), on_dump=advance)
         steps, norms, loss, lr = h.steps, h.global_norms, h.loss, h.lr

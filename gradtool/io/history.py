@@ -24,18 +24,24 @@ _INT = re.compile(r"\d+")
 
 @dataclass
 class DumpRef:
-    """Where one dump lives (a file, or a step group inside an HDF5 history file) and its step number."""
+    """Where one dump lives (a file, a step group inside an HDF5 history file, or a directory of shard
+    files) and its step number."""
 
     path: str
     format: str | None
     group: str | None = None
     step: int | None = None
+    shards: list[str] | None = None
 
     @property
     def label(self) -> str:
         return f"{self.path}::{self.group}" if self.group else self.path
 
     def open(self) -> DumpReader:
+        if self.shards is not None:
+            from .sharded import ShardedReader
+
+            return ShardedReader(self.shards, display_path=self.path)
         return open_dump(self.path, group=self.group, format=self.format)
 
 
@@ -72,12 +78,40 @@ def _refs_for_file(path: str) -> list[DumpRef]:
     return [DumpRef(path, fmt)]
 
 
-def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True) -> list[DumpRef]:
-    """Expand files/directories/multi-step HDF5 files into dump references with step numbers."""
+def _step_dirs(directory: str) -> list[str]:
+    """Subdirectories that hold dump files: the steps of a sharded run."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    return [os.path.join(directory, n) for n in names
+            if not n.startswith(".") and os.path.isdir(os.path.join(directory, n)) and _dir_files(os.path.join(directory, n))]
+
+
+def _sharded_ref(directory: str) -> DumpRef:
+    files = _dir_files(directory)
+    if not files:
+        raise InputError(f"{directory}: step directory holds no shard files (.npz .npy .h5 .safetensors)")
+    return DumpRef(os.path.normpath(directory), "sharded", shards=files)
+
+
+def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded: bool = False) -> list[DumpRef]:
+    """Expand files/directories/multi-step HDF5 files into dump references with step numbers.
+
+    A directory of dump files is a history of one-file steps; a directory of directories is a history
+    of sharded steps (each subdirectory's files are one step's shards); with ``sharded`` every directory
+    argument is itself one sharded step."""
     refs: list[DumpRef] = []
     for item in inputs:
         if item != "-" and os.path.isdir(item):
+            if sharded:
+                refs.append(_sharded_ref(item))
+                continue
             files = _dir_files(item)
+            steps = _step_dirs(item)
+            if steps and not files:
+                refs.extend(_sharded_ref(d) for d in steps)
+                continue
             if not files:
                 raise InputError(f"{item}: directory holds no gradient dumps (.npz .npy .h5 .safetensors)")
             for p in files:
@@ -100,6 +134,9 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True) -> list[
 def _metadata_step(ref: DumpRef) -> int | None:
     if ref.path == "-" or ref.format is None:
         return None
+    if ref.shards is not None:
+        with open_dump(ref.shards[0]) as r:
+            return r.step
     with ref.open() as r:
         return r.step
 

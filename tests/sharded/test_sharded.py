@@ -1,0 +1,97 @@
+"""Sharded steps (one file per rank) give the results of the same tensors stored unsharded."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from gradtool import open_dump, save_dump
+
+
+def make_run(tmp_path, steps=(100, 200, 300), ranks=4, spike_at=200):
+    """The same gradients twice: unsharded (flat/step_N.npz) and sharded FSDP-style (run/step_N/rankK)."""
+    rng = np.random.default_rng(0)
+    flat = tmp_path / "flat"
+    run = tmp_path / "run"
+    flat.mkdir()
+    for step in steps:
+        k = 25.0 if step == spike_at else 1.0
+        t = {"emb": rng.standard_normal((40, 16)).astype(np.float32) * k,
+             "attn/w": rng.standard_normal(1000).astype(np.float32),
+             "bias": rng.standard_normal(3).astype(np.float32)}
+        save_dump(str(flat / f"step_{step:05d}.npz"), t, {"step": step, "loss": 1.0})
+        d = run / f"step_{step:05d}"
+        d.mkdir(parents=True)
+        pieces = {name: np.array_split(a.reshape(-1), ranks) for name, a in t.items()}
+        for r in range(ranks):
+            shard = {name: p[r] for name, p in pieces.items() if p[r].size}
+            ext = ("safetensors", "npz")[r % 2]
+            save_dump(str(d / f"rank{r}.{ext}"), shard, {"step": step, "loss": 1.0})
+    return str(flat), str(run)
+
+
+def test_stats_equal_unsharded(run, tmp_path):
+    flat, sharded = make_run(tmp_path)
+    a = run("stats", flat, "--format", "json").json()["dumps"]
+    b = run("stats", sharded, "--format", "json").json()["dumps"]
+    assert [x["step"] for x in b] == [100, 200, 300] and b[0]["format"] == "sharded" and len(b[0]["shards"]) == 4
+    for da, db in zip(a, b):
+        assert db["global_norm"] == pytest.approx(da["global_norm"], rel=1e-12)
+        ta = {t["name"]: t for t in da["tensors"]}
+        for t in db["tensors"]:
+            ref = ta[t["name"]]
+            for k in ("norm", "max_abs", "mean", "std", "min", "max"):
+                assert t[k] == pytest.approx(ref[k], rel=1e-9, abs=1e-12), (t["name"], k)
+            for k in ("size", "nan_count", "inf_count", "zero_count"):
+                assert t[k] == ref[k]
+    one = run("stats", os.path.join(sharded, "step_00100"), "--sharded", "--format", "json").json()["dumps"]
+    assert len(one) == 1 and one[0]["step"] == 100
+
+
+def test_suggest_threshold_equal_unsharded(run, tmp_path):
+    flat, sharded = make_run(tmp_path, steps=tuple(range(10, 410, 10)), spike_at=200)
+    a = run("suggest-threshold", flat, "--format", "json").json()
+    b = run("suggest-threshold", sharded, "--format", "json").json()
+    for ma, mb in zip(a["modes"], b["modes"]):
+        assert ma["mode"] == mb["mode"]
+        if ma["mode"] == "global-norm":
+            assert mb["threshold"] == pytest.approx(ma["threshold"], rel=1e-9)
+
+
+@pytest.mark.parametrize("mode,maximum", [("global-norm", "5"), ("norm", "3"), ("average-norm", "0.01"), ("value", "0.5")])
+def test_clip_equal_unsharded(run, tmp_path, mode, maximum):
+    flat, sharded = make_run(tmp_path)
+    out_flat, out_sh = str(tmp_path / "cf"), str(tmp_path / "cs")
+    r1 = run("clip", flat, "-o", out_flat, "--mode", mode, "--max", maximum, "--format", "json")
+    r2 = run("clip", sharded, "-o", out_sh, "--mode", mode, "--max", maximum, "--format", "json")
+    assert r1.exit_code == 0 and r2.exit_code == 0, r2.stderr
+    for step in (100, 200, 300):
+        with open_dump(os.path.join(out_flat, f"step_{step:05d}.npz")) as f:
+            whole = {n: f.read(n).reshape(-1) for n in f.names}
+        d = os.path.join(out_sh, f"step_{step:05d}")
+        assert sorted(os.listdir(d)) == ["rank0.safetensors", "rank1.npz", "rank2.safetensors", "rank3.npz"]
+        parts = {}
+        for r in range(4):
+            with open_dump(os.path.join(d, sorted(os.listdir(d))[r])) as s:
+                for n in s.names:
+                    parts.setdefault(n, {})[r] = s.read(n)
+        for n, a in whole.items():
+            joined = np.concatenate([parts[n][r] for r in sorted(parts[n])])
+            np.testing.assert_allclose(joined, a, rtol=2e-7, atol=0)
+    if mode == "global-norm":
+        after = run("stats", out_sh, "--format", "json").json()["dumps"]
+        assert all(x["global_norm"] <= 5 * (1 + 1e-6) for x in after)
+        assert any(math.isclose(x["global_norm"], 5, rel_tol=1e-6) for x in after)
+
+
+def test_sharded_errors(run, tmp_path):
+    flat, sharded = make_run(tmp_path)
+    assert run("clip", sharded, "--mode", "norm", "--max", "1").exit_code == 2  # needs -o DIR
+    assert run("clip", sharded, "-o", str(tmp_path / "x"), "--mode", "norm", "--max", "1", "--axes", "0").exit_code == 2
+    bad = tmp_path / "mixed" / "step_1"
+    bad.mkdir(parents=True)
+    save_dump(str(bad / "a.npz"), {"w": np.ones(2, np.float32)})
+    save_dump(str(bad / "b.npz"), {"w": np.ones(2, np.float64)})
+    r = run("stats", str(tmp_path / "mixed"))
+    assert r.exit_code == 1 and "different dtypes" in r.stderr
