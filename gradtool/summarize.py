@@ -116,12 +116,18 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
     return summary
 
 
-def streamed_stats(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> TensorStats:
-    """:func:`tensor_stats` of a tensor read chunk by chunk from its file (the same accumulator)."""
+def streamed_accumulator(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> StatsAccumulator:
+    """A tensor read chunk by chunk from its file into a :class:`StatsAccumulator`."""
     acc = StatsAccumulator(norm_type)
     is_bool = info.dtype == np.bool_
     for chunk in reader.iter_chunks(info, STREAM_CHUNK):
         acc.update(chunk.view(np.int8) if is_bool else chunk)
+    return acc
+
+
+def streamed_stats(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> TensorStats:
+    """:func:`tensor_stats` of a tensor read chunk by chunk from its file (the same accumulator)."""
+    acc = streamed_accumulator(reader, info, norm_type)
     return acc.result(info.shape, dtype_name(info.dtype), is_floating_dtype(info.dtype))
 
 
@@ -147,18 +153,17 @@ def _meta_number(meta: dict[str, Any], keys: Sequence[str]) -> float | None:
 
 
 def dump_history(refs: Sequence[Any], *, select: Sequence[str] = (), exclude: Sequence[str] = (),
-                 xp: ModuleType | None = None, on_dump: Callable[[int], None] | None = None) -> DumpHistory:
+                 xp: ModuleType | None = None, on_dump: Callable[[int], None] | None = None,
+                 engine: str = "local", scheduler: str | None = None) -> DumpHistory:
     """Read every dump once (one tensor at a time) and collect the series suggest-threshold needs.
 
     A tensor missing from some steps gets NaN there (it is then left out of those steps' statistics).
+    ``engine="dask"`` reads the files on a Dask cluster (see :mod:`gradtool.engine`).
     """
-    rows = []
-    for ref in refs:
-        with ref.open() as reader:
-            s = summarize_dump(reader, step=ref.step, select=select, exclude=exclude, norm_type=2, xp=xp)
-        rows.append(s)
-        if on_dump:
-            on_dump(1)
+    from .engine import summarize_refs
+
+    rows = summarize_refs(refs, select=select, exclude=exclude, norm_type=2, xp=xp, engine=engine,
+                          scheduler=scheduler, on_dump=on_dump)
     rows.sort(key=lambda s: s.step if s.step is not None else 0)
     names: dict[str, int] = {}
     for s in rows:

@@ -85,3 +85,11 @@ def sharded_option(f: Callable) -> Callable:
     return click.option("--sharded", is_flag=True,
                         help="Each DIRECTORY argument is one step whose files are shards of it (one per rank). "
                              "A directory of step directories is read this way without the flag.")(f)
+
+
+def engine_options(f: Callable) -> Callable:
+    f = click.option("--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS", show_envvar=True, metavar="ADDR",
+                     help="With --engine dask: an existing cluster's scheduler, e.g. tcp://host:8786 "
+                          "(default: a LocalCluster on this machine's cores).")(f)
+    return click.option("--engine", type=click.Choice(["local", "dask"]), default="local", show_default=True,
+                        help="Where to compute: this process, or Dask workers (pip install 'gradtool[dask]').")(f)

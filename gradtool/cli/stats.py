@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from .common import backend_option, format_option, norm_type_option, progress, select_options, sharded_option
+from .common import (backend_option, engine_options, format_option, norm_type_option, progress, select_options,
+                     sharded_option)
 
 TENSOR_FIELDS = ["name", "shape", "dtype", "size", "norm", "avg_norm", "max_abs", "mean", "std",
                  "nan_count", "inf_count", "zero_count", "l2_norm", "min", "max", "is_float"]
@@ -83,10 +84,11 @@ def dump_record(summary: Any, sort: str | None, top: int | None) -> dict[str, An
 @format_option()
 @click.option("--fail-on-nonfinite", is_flag=True, help="Exit 3 (naming tensors and steps) if any NaN/Inf is found.")
 @sharded_option
+@engine_options
 @backend_option
 def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tuple[str, ...], norm_type: str,
                   sort: str | None, top: int | None, per_tensor: bool | None, fmt: str, fail_on_nonfinite: bool,
-                  sharded: bool, backend: str | None) -> None:
+                  sharded: bool, engine: str, scheduler: str | None, backend: str | None) -> None:
     """Per-tensor and global gradient norms, max |g|, NaN/Inf counts of DUMP (files, directories, or a
     multi-step HDF5 file). Several dumps form a history: a per-step table and a sparkline follow."""
     from ..errors import ExitCode, GradtoolError
@@ -97,7 +99,13 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     xp = xp_for(backend)
     refs = expand_inputs(list(dumps), sharded=sharded)
     summaries = []
-    if len(refs) == 1:  # one dump: the progress bar counts its tensors
+    if engine != "local":
+        from ..engine import summarize_refs
+
+        with progress(len(refs), "stats") as advance:
+            summaries = summarize_refs(refs, select=select, exclude=exclude, norm_type=norm_type, xp=xp,
+                                       engine=engine, scheduler=scheduler, on_dump=advance)
+    elif len(refs) == 1:  # one dump: the progress bar counts its tensors
         with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
             summaries.append(summarize_dump(reader, step=refs[0].step, select=select, exclude=exclude,
                                             norm_type=norm_type, xp=xp, on_tensor=advance))

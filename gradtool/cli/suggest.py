@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .common import backend_option, message, progress, select_options, sharded_option
+from .common import backend_option, engine_options, message, progress, select_options, sharded_option
 
 MODES = ("global-norm", "norm", "average-norm", "value")
 
@@ -97,11 +97,13 @@ def _merge_logs(paths: list[str], key: str | None) -> Any:
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Save a chart (needs gradtool[plot]).")
 @click.option("--force", is_flag=True, help="Replace an existing -o / --plot file.")
 @sharded_option
+@engine_options
 @backend_option
 def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str, percentile: float, k: float,
                     z: float, factor: float, burn_in: int | None, window: int | None, current: float | None,
                     key: str | None, select: tuple[str, ...], exclude: tuple[str, ...], fmt: str, per_tensor: bool,
-                    output: str | None, plot_path: str | None, force: bool, sharded: bool, backend: str | None) -> None:
+                    output: str | None, plot_path: str | None, force: bool, sharded: bool, engine: str,
+                    scheduler: str | None, backend: str | None) -> None:
     """Recommend a clipping threshold per mode from a gradient-norm HISTORY, and show why: clip rates,
     percentile, z-score, ratio to the mean, spikes, non-finite steps, warm-up and divergence."""
     from ..errors import ExitCode, GradtoolError, UsageError
@@ -116,7 +118,7 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
     if output and not per_tensor:
         raise UsageError("-o is for --per-tensor thresholds")
     dump_inputs, log_inputs = _split_inputs(list(inputs), sharded)
-    doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded)
+    doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded, engine, scheduler)
     if explicit_modes:
         missing = [m for m in wanted if m in doc["cannot_derive"]]
         if missing and not any(m["mode"] in wanted for m in doc["modes"]):
@@ -136,7 +138,7 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
 
 def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], cfg: Any, key: str | None,
              select: tuple[str, ...], exclude: tuple[str, ...], backend: str | None,
-             sharded: bool = False) -> dict[str, Any]:
+             sharded: bool = False, engine: str = "local", scheduler: str | None = None) -> dict[str, Any]:
     from ..suggest import analyze_history, suggest_per_tensor, suggest_threshold
 
     cannot: dict[str, str] = {}
@@ -149,7 +151,8 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
 
         refs = expand_inputs(dump_inputs, sharded=sharded)
         with progress(len(refs), "reading dumps") as advance:
-            h = dump_history(refs, select=select, exclude=exclude, xp=xp_for(backend), on_dump=advance)
+            h = dump_history(refs, select=select, exclude=exclude, xp=xp_for(backend), on_dump=advance,
+                             engine=engine, scheduler=scheduler)
         steps, norms, loss, lr = h.steps, h.global_norms, h.loss, h.lr
         if log_inputs:  # a log given with dumps adds its loss and learning rate, matched by step
             log = _merge_logs(log_inputs, key)

@@ -116,6 +116,15 @@ class NormAccumulator:
                     scaled = c64 / m
                     self.parts.append((m, float(xp.sum(scaled * scaled))))
 
+    def merge(self, other: NormAccumulator) -> None:
+        """Add another accumulator's elements (from another chunk, shard or machine). Exact: the partial
+        sums are kept and added with fsum, so the result does not depend on the order of merging."""
+        self.parts.extend(other.parts)
+        self.l1.extend(other.l1)
+        self.amax = max(self.amax, other.amax)
+        self.nan |= other.nan
+        self.inf |= other.inf
+
     def result(self) -> float:
         if self.nan:
             return math.nan

@@ -189,6 +189,20 @@ class StatsAccumulator:
             if self.p == 1.0:
                 self.l1.append(float(xp.sum(xp.abs(fin))))
 
+    def merge(self, other: StatsAccumulator) -> None:
+        """Add another accumulator's elements (another shard of the tensor, or a worker's partial result).
+        Counts, extremes and sums of squares merge exactly; mean and variance with Chan's formula."""
+        self.n += other.n
+        self.sumsq.merge(other.sumsq)
+        self.l1.extend(other.l1)
+        self.nan += other.nan
+        self.inf += other.inf
+        self.zeros += other.zeros
+        self.pos_inf |= other.pos_inf
+        self.neg_inf |= other.neg_inf
+        self.lo, self.hi, self.amax = min(self.lo, other.lo), max(self.hi, other.hi), max(self.amax, other.amax)
+        self.moments = _combine(self.moments, other.moments)
+
     # ---------------------------------------------------------------------------------------- result
     def l2(self) -> float:
         if self.nan:
