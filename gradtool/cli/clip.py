@@ -121,7 +121,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     tensor, the norm before and after and whether it was clipped. Inputs are never modified."""
     from ..clip_dump import ClipSpec, clip_dump
     from ..errors import UsageError
-    from ..io.atomic import atomic_output, check_output_path
+    from ..io.atomic import check_output_path
     from ..io.detect import output_format
     from ..io.dump import make_writer
     from ..io.history import expand_inputs

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,13 +34,6 @@ def select_options(f: Callable) -> Callable:
 def norm_type_option(f: Callable) -> Callable:
     return click.option("--norm-type", type=click.Choice(["2", "1", "inf"]), default="2", show_default=True,
                         help="Norm: 2 (Euclidean), 1 (sum |g|) or inf (max |g|).")(f)
-
-
-def selected(name: str, select: Sequence[str], exclude: Sequence[str]) -> bool:
-    """True when ``name`` matches one of ``select`` (or select is empty) and none of ``exclude``."""
-    if select and not any(fnmatch.fnmatchcase(name, g) for g in select):
-        return False
-    return not any(fnmatch.fnmatchcase(name, g) for g in exclude)
 
 
 def message(text: str) -> None:

@@ -9,7 +9,6 @@ precision (Python's repr, which round-trips exactly), never rounded, except in t
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import sys

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import sys
 from typing import Any
 
 import click

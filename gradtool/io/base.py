@@ -172,21 +172,7 @@ class DumpReader:
         if offset % info.dtype.itemsize == 0 and info.dtype.isnative:
             yield from self._mmap_chunks(fd, offset, info, chunk_elements)
             return
-        itemsize = info.dtype.itemsize
-        native = info.dtype.isnative or itemsize == 1
-        total = info.size
-        buf = self._buffer(min(total, chunk_elements) * itemsize)
-        for start in range(0, total, chunk_elements):
-            count = min(chunk_elements, total - start)
-            view = memoryview(buf)[: count * itemsize]
-            pos = 0
-            while pos < len(view):
-                n = os.preadv(fd, [view[pos:]], offset + start * itemsize + pos)
-                if n <= 0:
-                    raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
-                pos += n
-            chunk = buf[: count * itemsize].view(info.dtype)
-            yield chunk if native else chunk.astype(info.dtype.newbyteorder("="))
+        yield from self._buffered_chunks(info, chunk_elements, lambda view, pos: os.preadv(fd, [view], offset + pos))
 
     def _mmap_chunks(self, fd: int, offset: int, info: TensorInfo, chunk_elements: int) -> Iterator[np.ndarray]:
         """Chunks as views of a read-only memory map, one window of MMAP_WINDOW_CHUNKS chunks at a time
@@ -219,7 +205,14 @@ class DumpReader:
 
     def _stream_chunks(self, f: Any, info: TensorInfo, chunk_elements: int) -> Iterator[np.ndarray]:
         """Chunks read sequentially from a file-like object (e.g. a compressed zip member)."""
+        return self._buffered_chunks(info, chunk_elements, lambda view, pos: f.readinto(view))
+
+    def _buffered_chunks(self, info: TensorInfo, chunk_elements: int,
+                         read_into: Any) -> Iterator[np.ndarray]:
+        """Chunks filled into the reused aligned buffer by ``read_into(view, byte_position)``, which
+        returns the number of bytes it read (0 at a premature end: a truncated file)."""
         itemsize = info.dtype.itemsize
+        native = info.dtype.isnative or itemsize == 1
         total = info.size
         buf = self._buffer(min(total, chunk_elements) * itemsize)
         for start in range(0, total, chunk_elements):
@@ -227,12 +220,12 @@ class DumpReader:
             view = memoryview(buf)[: count * itemsize]
             pos = 0
             while pos < len(view):
-                n = f.readinto(view[pos:])
-                if not n:
+                n = read_into(view[pos:], start * itemsize + pos)
+                if not n or n < 0:
                     raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
                 pos += n
             chunk = buf[: count * itemsize].view(info.dtype)
-            yield chunk if info.dtype.isnative or itemsize == 1 else chunk.astype(info.dtype.newbyteorder("="))
+            yield chunk if native else chunk.astype(info.dtype.newbyteorder("="))
 
     def iter_tensors(self, names: Sequence[str] | None = None) -> Iterator[tuple[TensorInfo, np.ndarray]]:
         wanted = None if names is None else set(names)

@@ -9,7 +9,6 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
 
 from ..errors import InputError, UsageError
 from .atomic import atomic_output
@@ -17,15 +16,12 @@ from .base import DumpReader, DumpWriter, TensorInfo, check_tensor_name, check_u
 from .detect import detect_format, format_from_extension, output_format
 
 
-class _StdinReader:
-    """Spools standard input to a temporary file (dumps need random access), removed on close."""
-
-    @staticmethod
-    def spool() -> str:
-        fd, tmp = tempfile.mkstemp(prefix="gradtool-stdin-")
-        with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
-        return tmp
+def _spool_stdin() -> str:
+    """Standard input copied to a temporary file (dumps need random access); removed on close."""
+    fd, tmp = tempfile.mkstemp(prefix="gradtool-stdin-")
+    with os.fdopen(fd, "wb") as out:
+        shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+    return tmp
 
 
 def open_dump(path: str, *, group: str | None = None, format: str | None = None) -> DumpReader:
@@ -37,7 +33,7 @@ def open_dump(path: str, *, group: str | None = None, format: str | None = None)
     display = path
     temp = None
     if path == "-":
-        temp = path = _StdinReader.spool()
+        temp = path = _spool_stdin()
         display = "<stdin>"
     try:
         if not os.path.exists(path):
@@ -132,7 +128,3 @@ def save_dump(path: str, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]],
             for info, (_, a) in zip(infos, arrays):
                 w.add(info, a)
     return path
-
-
-def is_dump_array(x: Any) -> bool:
-    return isinstance(x, np.ndarray)

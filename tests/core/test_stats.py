@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from gradtool import tensor_stats
-from gradtool.core import stats as stats_mod
 from tests.reference import ref_l2
 
 

@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from gradtool import open_dump, save_dump
+from gradtool import save_dump
 from gradtool.errors import OutputError
 from gradtool.io.atomic import atomic_output
 from gradtool.io import npz as npzmod
