@@ -82,6 +82,14 @@ class ClipSpec:
         lo = (-self.max if self.min is None else self.min) if self.max is not None else None
         return lo, self.max
 
+    def threshold_for(self, name: str) -> float | None:
+        """The maximum for one tensor: its entry in ``thresholds``, else ``max``."""
+        return (self.thresholds or {}).get(name, self.max)
+
+    def lower_bound_for(self, name: str, threshold: float) -> float:
+        """Value mode's minimum for one tensor: ``min``, else −threshold (per-tensor thresholds are ±)."""
+        return -threshold if self.min is None or name in (self.thresholds or {}) else self.min
+
 
 @dataclass
 class TensorClip:
@@ -264,7 +272,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
     import array_api_compat.numpy as np_xp
 
     name = info.name
-    threshold = (spec.thresholds or {}).get(name, spec.max)
+    threshold = spec.threshold_for(name)
     policy = spec.nonfinite
     if spec.mode == "global-norm":
         before, threshold = norms_before[name], spec.max
@@ -280,7 +288,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
             scale = 1.0 if whole <= c else c / whole  # c/NaN and c/inf give TF's results
     lo = None
     if spec.mode == "value" and threshold is not None:
-        lo = -threshold if spec.min is None or name in (spec.thresholds or {}) else spec.min
+        lo = spec.lower_bound_for(name, threshold)
     may_nan = not math.isfinite(before)
     acc = NormAccumulator(p)
     changed = 0
@@ -351,7 +359,7 @@ def _prepare(x: Any, nonfinite: str, xp: ModuleType | None) -> Any:
 def _clip_one(x: Any, name: str, spec: ClipSpec, norms_before: dict[str, float], used_norm: float | None,
               xp: ModuleType | None, p: float) -> tuple[Any, float, float | None]:
     """(clipped tensor, its norm before, the threshold used) for one selected float tensor."""
-    threshold = (spec.thresholds or {}).get(name, spec.max)
+    threshold = spec.threshold_for(name)
     if spec.mode == "global-norm":
         before = norms_before[name]
         (out,), _ = clipping.clip_by_global_norm([x], spec.max, use_norm=used_norm,
@@ -361,7 +369,7 @@ def _clip_one(x: Any, name: str, spec: ClipSpec, norms_before: dict[str, float],
     if threshold is None:
         return clipping._apply_policy(x, spec.nonfinite, _ns(x), name), before, None
     if spec.mode == "value":
-        lo = -threshold if spec.min is None or name in (spec.thresholds or {}) else spec.min
+        lo = spec.lower_bound_for(name, threshold)
         out = clipping.clip_by_value(x, lo, threshold, nonfinite=spec.nonfinite, xp=xp)
     elif spec.mode == "norm":
         out = clipping.clip_by_norm(x, threshold, spec.axes, nonfinite=spec.nonfinite, xp=xp)

@@ -213,7 +213,9 @@ class _output_file:
             fd, self.tmp = tempfile.mkstemp(prefix="gradtool-clip-")
             os.close(fd)
             return self.tmp
-        self._cm = atomic_output_cm(self.target, self.force, self.inputs)
+        from ..io.atomic import atomic_output
+
+        self._cm = atomic_output(self.target, force=self.force, inputs=self.inputs)
         return self._cm.__enter__()
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -227,16 +229,6 @@ class _output_file:
         finally:
             os.unlink(self.tmp)
         return False
-
-
-def atomic_output_cm(target: str, force: bool, inputs: list[str]) -> Any:
-    from ..io.atomic import atomic_output
-
-    return atomic_output(target, force=force, inputs=inputs)
-
-
-def _num(v: Any) -> Any:
-    return None if v is None else v
 
 
 def _record(res: Any, output: str | None) -> dict[str, Any]:
