@@ -152,41 +152,59 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
 def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: str | None,
                 rkey: str | None) -> tuple[list[int], list[float], list[float | None], list[float | None]] | None:
     """The common case (plain numbers, integer steps, every row carries the norm) with NumPy instead of a
-    Python loop per row: 10^6 log lines in well under a second. None sends the caller to the general loop."""
-    import numpy as np
-
+    Python loop per row. None sends the caller to the general loop."""
     number = {float, int}
     norms = [r.get(nkey) for r in rows]
     if not norms or not set(map(type, norms)) <= number:
         return None
-    cols: list[Any] = []
+    extra: list[Any] = []
     for key in (lkey, rkey):
-        if key is None:
-            cols.append(None)
-            continue
-        col = [r.get(key) for r in rows]
-        if not set(map(type, col)) <= number | {type(None)}:
+        col = None if key is None else [r.get(key) for r in rows]
+        if col is not None and not set(map(type, col)) <= number | {type(None)}:
             return None
-        cols.append(col)
+        extra.append(col)
+    steps = None
     if skey is not None:
-        raw_steps = [r.get(skey) for r in rows]
-        if not set(map(type, raw_steps)) <= {int}:
+        steps = [r.get(skey) for r in rows]
+        if not set(map(type, steps)) <= {int}:
             return None
-        steps = np.asarray(raw_steps, dtype=np.int64)
-    else:
-        steps = np.arange(len(rows), dtype=np.int64)
-    # keep the last row of each step (later checkpoints repeat earlier steps), in step order
-    order = np.arange(steps.size)
-    last = np.unique(steps[::-1], return_index=True)[1]
-    idx = order[::-1][last]
-    norm_arr = np.asarray(norms, dtype=np.float64)[idx]
+    return _columns(steps, norms, extra[0], extra[1])
 
-    def pick(col: list[Any] | None) -> list[float | None]:
+
+def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None,
+             lr: list[Any] | None) -> tuple[list[int], list[float], list[float | None], list[float | None]] | None:
+    """A history from columns (numbers, or numeric strings from a CSV): the last row of each step kept,
+    in step order. None when a column does not convert (empty cells, words): the general loop decides."""
+    import numpy as np
+
+    try:
+        norm_arr = np.asarray(norms, dtype=np.float64)
+        step_arr = np.arange(len(norms), dtype=np.int64) if steps is None else np.asarray(steps, dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    order = np.arange(step_arr.size)
+    last = np.unique(step_arr[::-1], return_index=True)[1]
+    idx = order[::-1][last]
+
+    def pick(col: list[Any] | None) -> list[float | None] | None:
         if col is None:
             return [None] * idx.size
-        return [None if col[i] is None else float(col[i]) for i in idx.tolist()]
+        try:  # numbers, or numeric strings: one NumPy conversion
+            return np.asarray(col, dtype=np.float64)[idx].tolist()
+        except (ValueError, TypeError, OverflowError):
+            pass  # empty cells or None: element by element
+        out = []
+        for i in idx.tolist():
+            v = _num(col[i])
+            if v is None and col[i] not in (None, ""):
+                return None
+            out.append(v)
+        return out
 
-    return steps[idx].tolist(), norm_arr.tolist(), pick(cols[0]), pick(cols[1])
+    loss_v, lr_v = pick(loss), pick(lr)
+    if loss_v is None or lr_v is None:
+        return None
+    return step_arr[idx].tolist(), norm_arr[idx].tolist(), loss_v, lr_v
 
 
 def _loads(text: str, source: str) -> Any:
@@ -258,14 +276,57 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
     text = _read_text(path) if text is None else text
     first = text.split("\n", 1)[0]
     delim = "\t" if first.count("\t") > first.count(",") else ","
-    reader = csv.DictReader(io.StringIO(text), delimiter=delim)
     try:
-        if not reader.fieldnames:
-            raise InputError(f"{path}: empty CSV (no header)")
-        rows = list(reader)
+        header = next(csv.reader([first.rstrip("\r")], delimiter=delim), [])
+    except csv.Error as exc:
+        raise InputError(f"{path}: malformed CSV header ({exc})") from None
+    if not header:
+        raise InputError(f"{path}: empty CSV (no header)")
+    fast = _csv_fast(text, header, delim, key)
+    if fast is not None:
+        return NormHistory(*fast[0], source=path, key=fast[1], kind="csv")
+    try:
+        table = list(csv.reader(io.StringIO(text), delimiter=delim))
     except csv.Error as exc:
         raise InputError(f"{path}: malformed CSV ({exc})") from None
+    header, body = table[0], table[1:]
+    rows = [dict(zip(header, r)) for r in body]
+    for r, raw in zip(rows, body):
+        if len(raw) > len(header):
+            r[None] = raw[len(header):]  # type: ignore[index]  # as csv.DictReader does
     return from_records(rows, path, "csv", key)
+
+
+def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tuple[tuple, str] | None:
+    """A rectangular all-numeric CSV parsed by NumPy's C reader (10^6 rows in under a second); None
+    (empty cells, words, quotes) sends the caller to the general row-by-row path."""
+    import numpy as np
+
+    nkey = _find_norm_key(header, key)
+    if nkey is None:
+        return None
+    keys = [_find_key(header, STEP_KEYS), nkey, _find_key(header, LOSS_KEYS), _find_key(header, LR_KEYS)]
+    wanted = [header.index(k) for k in keys if k is not None]
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "input contained no data": a header-only file, handled below
+            table = np.loadtxt(io.StringIO(text), delimiter=delim, skiprows=1, dtype=np.float64, usecols=wanted,
+                               ndmin=2, comments=None)
+    except (ValueError, IndexError, TypeError):
+        return None
+    if table.shape[0] == 0:
+        return None
+    cols = iter(table.T)
+    step_col = next(cols) if keys[0] is not None else None
+    if step_col is not None and not (np.all(np.isfinite(step_col)) and np.all(step_col == np.round(step_col))):
+        return None
+    norms = next(cols)
+    loss = next(cols) if keys[2] is not None else None
+    lr = next(cols) if keys[3] is not None else None
+    result = _columns(None if step_col is None else step_col.astype(np.int64), norms, loss, lr)
+    return None if result is None else (result, nkey)
 
 
 _TEXT_NORM = re.compile(r"(?:grad[ _-]?norm|gnorm|total_norm)\s*[:=]?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf(?:inity)?))",
