@@ -105,7 +105,7 @@ def dask_client(scheduler: str | None) -> Any:
         except OSError as exc:
             raise UsageError(f"cannot reach the Dask scheduler at {address} ({exc})") from None
     cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=50)
+                           dashboard_address=":0", silence_logs=50)
     client = Client(cluster)
     client._gradtool_cluster = cluster  # closed with the client
     return client

@@ -22,7 +22,7 @@ def cluster():
 
     os.environ["GRADTOOL_TEST_TASK_DELAY"] = "0.15"  # inherited by the workers: tasks last long enough to kill one
     try:
-        c = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50)
+        c = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=50)
     finally:
         os.environ.pop("GRADTOOL_TEST_TASK_DELAY", None)
     client = Client(c)
