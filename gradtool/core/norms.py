@@ -166,9 +166,27 @@ def _norm(x: Any, p: float, xp: ModuleType | None) -> float:
     if _size(x) == 0:
         return 0.0
     acc = NormAccumulator(p)
-    for c in flat_chunks(x, xp):
+    start = 0
+    if p == 2.0 and chunk_xp is None and x.dtype == _F32 and x.flags.c_contiguous and x.size >= 2 * CHUNK_ELEMENTS:
+        start = _whole_chunks_at_once(x.reshape(-1), acc)
+    for c in flat_chunks(x.reshape(-1)[start:] if start else x, xp):
         acc.update(c, chunk_xp)
     return acc.result()
+
+
+def _whole_chunks_at_once(flat: np.ndarray, acc: NormAccumulator) -> int:
+    """The chunk kernel's partial sums for every whole chunk of a big float32 tensor from one ``vecdot``
+    over all its rows (one pass at memory speed, no per-chunk Python work): the same rows, and the same
+    float64 sum over each chunk's rows, so the same bits as chunk by chunk. Returns how many elements
+    were done (0 when a partial sum is not finite or is tiny: the per-chunk path then decides)."""
+    whole = (flat.shape[0] // CHUNK_ELEMENTS) * CHUNK_ELEMENTS
+    rows = flat[:whole].reshape(-1, ROW)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        per_chunk = np.vecdot(rows, rows).reshape(-1, CHUNK_ELEMENTS // ROW).sum(axis=1, dtype=np.float64)
+    if not (np.all(np.isfinite(per_chunk)) and np.all(per_chunk > 1e-25)):
+        return 0
+    acc.parts.extend((1.0, float(v)) for v in per_chunk)
+    return whole
 
 
 def l2_norm(x: Any, /, *, xp: ModuleType | None = None) -> float:
