@@ -240,6 +240,46 @@ class Hdf5Writer(DumpWriter):
         ds = g.create_dataset(leaf, data=array, **kwargs)
         self._set_attrs(ds, info.attrs)
 
+    def add_chunks(self, info: TensorInfo, chunks: Any) -> None:
+        """Stream a tensor into its dataset a block of whole first-axis rows at a time, so memory holds
+        one block (≥ one row), not the tensor."""
+        from .npy import check_writable_dtype
+
+        if not info.shape or info.size == 0:
+            super().add_chunks(info, chunks)
+            return
+        check_writable_dtype(info.dtype, "HDF5", info.name)
+        dtype = info.dtype if info.dtype.isnative else info.dtype.newbyteorder("=")
+        parent, _, leaf = info.name.rpartition("/")
+        kwargs: dict[str, Any] = {}
+        if info.compression == "gzip":
+            kwargs = {"compression": "gzip", "compression_opts": info.compression_opts}
+        ds = self._group(parent).create_dataset(leaf, shape=info.shape, dtype=dtype, **kwargs)
+        row = info.size // info.shape[0]
+        rows_per_block = max(1, (1 << 20) // max(row * dtype.itemsize, 1))
+        block = np.empty(rows_per_block * row, dtype)
+        filled = 0  # elements in block
+        next_row = 0
+        for c in chunks:
+            pos = 0
+            while pos < c.shape[0]:
+                take = min(block.shape[0] - filled, c.shape[0] - pos)
+                block[filled: filled + take] = c[pos: pos + take]
+                filled += take
+                pos += take
+                if filled == block.shape[0]:
+                    n = filled // row
+                    ds[next_row: next_row + n] = block.reshape((n,) + info.shape[1:])
+                    next_row += n
+                    filled = 0
+        if filled:
+            n = filled // row
+            ds[next_row: next_row + n] = block[:filled].reshape((n,) + info.shape[1:])
+            next_row += n
+        if next_row != info.shape[0]:
+            raise RuntimeError(f"tensor {info.name!r}: wrote {next_row} of {info.shape[0]} rows")
+        self._set_attrs(ds, info.attrs)
+
     def close(self) -> None:
         if self._own:
             self._f.close()
