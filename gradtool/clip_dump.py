@@ -122,12 +122,16 @@ class DumpClip:
         return sum(t.clipped_elements for t in self.tensors)
 
 
-def _changed(before: Any, after: Any, xp: ModuleType) -> int:
-    """Number of elements whose value changed (NaN -> NaN counts as unchanged)."""
+def _changed(before: Any, after: Any, xp: ModuleType, may_nan: bool = True) -> int:
+    """Number of elements whose value changed (NaN -> NaN counts as unchanged; -0.0 vs 0.0 too).
+    ``may_nan=False`` skips the NaN test when the tensor is known to be finite (the streamed hot path)."""
     if after is before:
         return 0
-    same = (before == after) | (xp.isnan(before) & xp.isnan(after))
-    return int(xp.sum(xp.astype(~same, xp.int64)))
+    with np.errstate(invalid="ignore"):
+        diff = before != after
+        if may_nan:
+            diff = diff & ~(xp.isnan(before) & xp.isnan(after))
+    return int(xp.sum(xp.astype(diff, xp.int64)))
 
 
 def _check_axes(reader: DumpReader, spec: ClipSpec, names: list[str]) -> None:
@@ -305,7 +309,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
             else:
                 out = src
             if out is not chunk:
-                changed += _count_changed(chunk, out, may_nan)
+                changed += _changed(chunk, out, np_xp, may_nan)
             acc.update(out)
             yield out
 
@@ -316,15 +320,6 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
             pass
     after = acc.result()
     return TensorClip(name, before, after, changed > 0, changed, threshold)
-
-
-def _count_changed(before: np.ndarray, after: np.ndarray, may_nan: bool) -> int:
-    """Elements whose value changed (NaN -> NaN counts as unchanged; -0.0 vs 0.0 counts as unchanged)."""
-    with np.errstate(invalid="ignore"):
-        diff = before != after
-        if may_nan:
-            diff &= ~(np.isnan(before) & np.isnan(after))
-    return int(np.count_nonzero(diff))
 
 
 def _clip_whole(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,

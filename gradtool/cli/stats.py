@@ -98,24 +98,16 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
 
     xp = xp_for(backend)
     refs = expand_inputs(list(dumps), sharded=sharded)
-    summaries = []
-    if engine != "local":
+    if engine == "local" and len(refs) == 1:  # one dump: the progress bar counts its tensors
+        with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
+            summaries = [summarize_dump(reader, step=refs[0].step, select=select, exclude=exclude,
+                                        norm_type=norm_type, xp=xp, on_tensor=advance)]
+    else:
         from ..engine import summarize_refs
 
         with progress(len(refs), "stats") as advance:
             summaries = summarize_refs(refs, select=select, exclude=exclude, norm_type=norm_type, xp=xp,
                                        engine=engine, scheduler=scheduler, on_dump=advance)
-    elif len(refs) == 1:  # one dump: the progress bar counts its tensors
-        with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
-            summaries.append(summarize_dump(reader, step=refs[0].step, select=select, exclude=exclude,
-                                            norm_type=norm_type, xp=xp, on_tensor=advance))
-    else:
-        with progress(len(refs), "stats") as advance:
-            for ref in refs:
-                with ref.open() as reader:
-                    summaries.append(summarize_dump(reader, step=ref.step, select=select, exclude=exclude,
-                                                    norm_type=norm_type, xp=xp))
-                advance(1)
     records = [dump_record(s, sort, top) for s in summaries]
     _render(records, summaries, fmt, per_tensor, sort, top)
     if fail_on_nonfinite:

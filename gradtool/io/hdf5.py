@@ -111,7 +111,8 @@ class Hdf5Reader(DumpReader):
                 if not isinstance(link, h5py.HardLink):
                     continue  # soft/external links are never followed
                 obj = group.get(key)
-                addr = h5py.h5o.get_info(obj.id).addr if hasattr(h5py.h5o.get_info(obj.id), "addr") else obj.id
+                info = h5py.h5o.get_info(obj.id)
+                addr = getattr(info, "addr", None) or obj.id  # the object's identity, whatever its links
                 if addr in seen:
                     continue
                 seen.add(addr)
