@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -89,8 +89,9 @@ class HistoryFacts:
         return slice(self.window_start, self.healthy_end)
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("steps")
+        # not dataclasses.asdict: it deep-copies the per-step list (4 s for a 10^6-step log)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "steps"}
+        d = {k: list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v for k, v in d.items()}
         s = self.steps
         d["burn_in"] = {"observations": self.burn_in, "reason": self.burn_in_reason,
                         "until_step": s[self.burn_in - 1] if self.burn_in else None}
@@ -119,6 +120,15 @@ def _median(a: np.ndarray) -> float:
 def _finite_loss(loss: np.ndarray, lo: int, hi: int) -> np.ndarray:
     seg = loss[max(lo, 0):max(hi, 0)]
     return seg[np.isfinite(seg)]
+
+
+def _optional_column(values: Sequence[float | None] | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 array with None as NaN, mask of the entries that were given), without a Python loop."""
+    if values is None:
+        return np.full(n, np.nan), np.zeros(n, dtype=bool)
+    obj = np.asarray(values, dtype=object)
+    given = np.not_equal(obj, None)
+    return obj.astype(np.float64) if given.all() else np.where(given, obj, np.nan).astype(np.float64), given
 
 
 def logging_interval(steps: Sequence[int]) -> int | None:
@@ -166,12 +176,11 @@ def analyze_history(steps: Sequence[int], norms: Sequence[float], loss: Sequence
     """Clean, find the divergence, the burn-in and the window of a (step-sorted) norm history."""
     x = np.asarray(norms, dtype=np.float64)
     n = x.size
-    L = np.asarray([math.nan if v is None else v for v in (loss if loss is not None else [None] * n)], dtype=np.float64)
-    R = np.asarray([math.nan if v is None else v for v in (lr if lr is not None else [None] * n)], dtype=np.float64)
+    L, given = _optional_column(loss, n)
+    R, _ = _optional_column(lr, n)
     finite = np.isfinite(x)
     st = list(steps)
     nonfinite = [st[i] for i in np.flatnonzero(~finite)]
-    given = np.asarray([v is not None for v in (loss if loss is not None else [None] * n)], dtype=bool)
     nonfinite_loss = [st[i] for i in np.flatnonzero(given & ~np.isfinite(L))]
     zeros = [st[i] for i in np.flatnonzero(finite & (x == 0))]
     has_loss = np.isfinite(L).sum() >= 6

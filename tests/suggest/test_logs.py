@@ -110,3 +110,69 @@ def test_tensorboard_events_with_the_extra(tmp_path):
     h = read_norm_log(str(path))
     assert h.key == "grad_norm" and h.steps == list(range(1, 41))
     assert h.norms[0] == pytest.approx(1.01, rel=1e-6) and h.loss[0] == pytest.approx(2.99, rel=1e-6)
+
+
+# --- the JSON Lines fast paths (msgspec decoder, lines joined without a loop) equal the plain reader -----
+def _plain_jsonl_history(text):
+    """Independent reference: the standard decoder, one line at a time, garbage skipped."""
+    from gradtool.io.logs import from_records
+
+    records = []
+    for line in text.splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict):
+            records.append(r)
+    return from_records(records, "ref", "jsonl")
+
+
+def _as_tuple(h):
+    return (h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr], h.key)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_value = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64), st.integers(-10**6, 10**6), st.none())
+_line = st.one_of(
+    st.fixed_dictionaries({"step": st.integers(0, 50), "grad_norm": _value}, optional={"loss": _value, "lr": _value}),
+    st.just("garbage"), st.just(""), st.just("   "), st.just('{"step": 3, "grad_n'))
+
+
+@settings(max_examples=150, deadline=None)
+@given(lines=st.lists(_line, min_size=1, max_size=30), crlf=st.booleans(), use_msgspec=st.booleans())
+def test_jsonl_fast_paths_equal_line_by_line_reference(monkeypatch_session, lines, crlf, use_msgspec):
+    from gradtool.io.logs import read_jsonl
+
+    text = ("\r\n" if crlf else "\n").join(json.dumps(x) if isinstance(x, dict) else x for x in lines)
+    try:
+        ref = _as_tuple(_plain_jsonl_history(text))
+    except (InputError, UsageError) as exc:
+        ref = type(exc)
+    with monkeypatch_session.context() as m:
+        if not use_msgspec:
+            m.setitem(__import__("sys").modules, "msgspec", None)  # import fails: the stdlib decoder
+        try:
+            got = _as_tuple(read_jsonl("x.jsonl", text=text))
+        except (InputError, UsageError) as exc:
+            got = type(exc)
+    assert got == ref
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_session():
+    with pytest.MonkeyPatch.context() as m:
+        yield m
+
+
+def test_msgspec_decoder_is_used_and_falls_back_on_nan_tokens():
+    pytest.importorskip("msgspec")
+    from gradtool.io.logs import _decode_array
+
+    assert _decode_array('[{"a": 1.5}]') == [{"a": 1.5}]
+    out = _decode_array('[{"a": NaN, "b": Infinity, "c": -Infinity}]')  # msgspec refuses; json takes them
+    assert math.isnan(out[0]["a"]) and out[0]["b"] == math.inf and out[0]["c"] == -math.inf
+    with pytest.raises(ValueError):
+        _decode_array('[{"a": 1,}')
