@@ -141,6 +141,34 @@ def main() -> None:
             add(f"stats {fmt}: read bandwidth vs raw read", nbytes / t_ours / 1e9, nbytes / t_raw / 1e9,
                 "raw read", higher_is_better=True, unit="GB/s")
             rows[-1] = rows[-1][:3] + (rows[-1][3] + f"; peak RSS {rss:.0f} MiB",)
+        # ... in-process (the library, no interpreter start-up), with the compiled kernel and without it
+        from gradtool.core import kernels
+        from gradtool.summarize import summarize_dump
+
+        def in_process(path: str) -> None:
+            with gradtool.open_dump(path) as reader:
+                summarize_dump(reader)
+
+        compiled = kernels.compiled_f32_summary
+        for fmt, p in files.items():
+            t_raw = timeit(lambda: raw_read(p), rep)
+            for label, kernel in (("compiled kernel", compiled), ("NumPy passes", None)):
+                if label == "compiled kernel" and kernel is None:
+                    continue
+                kernels.compiled_f32_summary = kernel
+                try:
+                    t_in = timeit(lambda: in_process(p), rep)
+                finally:
+                    kernels.compiled_f32_summary = compiled
+                add(f"stats {fmt} in-process ({label}) vs raw read", nbytes / t_in / 1e9, nbytes / t_raw / 1e9,
+                    "raw read", higher_is_better=True, unit="GB/s")
+        # ... and the CLI against a process that only reads the file (interpreter start-up in both)
+        reader_proc = [sys.executable, "-c", "import sys; b = bytearray(1 << 20); f = open(sys.argv[1], 'rb', buffering=0)\n"
+                       "while f.readinto(b): pass", files["npz"]]
+        t_proc, _ = run_measured(reader_proc, rep)
+        t_cli, _ = run_measured(gradtool_cmd() + ["stats", files["npz"], "--format", "json"], rep)
+        add("stats npz CLI vs a python process reading the file", t_cli, t_proc, "python raw-read process")
+
         t_np = timeit(lambda: [l2_norm(np.load(files["npz (np.savez)"])[k]) for k in big], 1)
         add("numpy: np.load every member + norm (GB/s)", nbytes / t_np / 1e9, nbytes / timeit(lambda: raw_read(files["npz"]), rep) / 1e9,
             "raw read", higher_is_better=True, unit="GB/s")

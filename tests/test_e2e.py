@@ -40,6 +40,9 @@ def gt(args: list[str], cwd: str) -> subprocess.CompletedProcess:
 def test_entry_point_installed():
     r = subprocess.run(gradtool_exe() + ["--version"], capture_output=True, text=True)
     assert r.returncode == 0 and "gradtool" in r.stdout
+    from importlib.util import find_spec
+
+    assert ("compiled stats kernel: built" in r.stdout) == (find_spec("gradtool.core._kernels") is not None)
 
 
 def test_nan_dump_fails_stats(workdir):

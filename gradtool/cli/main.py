@@ -42,8 +42,18 @@ class LazyGroup(click.Group):
         return getattr(import_module(module), attr)
 
 
+def _version_message() -> str:
+    """`gradtool --version`: the version, and whether the optional compiled kernel was built (a look-up of
+    the extension module's file, no import: --version stays as fast as --help)."""
+    from importlib.util import find_spec
+
+    built = find_spec("gradtool.core._kernels") is not None
+    return "%(prog)s, version %(version)s (compiled stats kernel: " + ("built" if built else
+                                                                       "not built, NumPy passes instead") + ")"
+
+
 @click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gradtool")
+@click.version_option(__version__, prog_name="gradtool", message=_version_message())
 def cli() -> None:
     """gradtool: gradient diagnostics for saved gradient dumps (.npz, .npy, .h5, .safetensors) and
     training logs. Find where gradient norms spike, pick a clipping threshold from evidence, apply it.

@@ -16,9 +16,10 @@ For an empty tensor (n = 0) the norms are 0 and every other statistic is None.
 a reader can stream a tensor from disk through a small reused buffer and memory stays bounded whatever
 the tensor's size. :func:`tensor_stats` feeds it an in-memory array; both are one code path.
 
-NumPy fast path, for a chunk with no NaN/Inf (checked by its min and max): sums of squares by row-blocked
-float32 ``vecdot`` summed in float64 (as in :mod:`gradtool.core.norms`), the sum by a float32 matrix-vector
-product per row, also summed in float64; float16/bfloat16 chunks are widened to float32 first. Sums of
+NumPy fast path, for a chunk with no NaN/Inf: sums of squares by row-blocked float32 ``vecdot`` summed in
+float64 (as in :mod:`gradtool.core.norms`); min, max, Σx and the zero count in one pass of the optional
+compiled kernel (``_kernels.c``; else four NumPy passes), Σx as float32 partial sums added in float64;
+float16/bfloat16 chunks are widened to float32 first. Sums of
 squares go to a :class:`~gradtool.core.norms.NormAccumulator`, so they can neither overflow nor underflow.
 """
 
@@ -32,10 +33,47 @@ from typing import Any
 import numpy as np
 
 from ..backend import dtype_name, is_floating, is_floating_dtype, is_numpy_namespace, namespace_of
+from . import kernels
 from .norms import CHUNK_ELEMENTS, ROW, NormAccumulator, chunk_sum_sq_fast, flat_chunks, parse_norm_type
 
 STREAM_CHUNK = CHUNK_ELEMENTS  # 1 MiB of float32 stays in L2 cache for the several passes
 _ONES = np.ones(ROW, np.float32)
+
+COMPILED_KERNELS = kernels.BUILT
+
+
+def f32_summary_numpy(c: np.ndarray) -> tuple[float, float, float, float, int] | None:
+    """(min, max, Σx, Σx², #zeros) of a contiguous float32 chunk in five NumPy passes; None when it holds
+    NaN or ±inf (or values so near float32's limit that a float32 partial sum overflows). Σx: a float32
+    matrix-vector product per row of ROW elements, rows summed in float64; Σx²: :func:`chunk_sum_sq_fast`."""
+    lo, hi = float(c.min()), float(c.max())
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    n = c.shape[0]
+    full = (n // ROW) * ROW
+    with np.errstate(over="ignore", invalid="ignore"):
+        s1 = float((c[:full].reshape(-1, ROW) @ _ONES).sum(dtype=np.float64)) if full else 0.0
+        s2 = chunk_sum_sq_fast(c)
+    if full < n:
+        s1 += float(c[full:].astype(np.float64).sum())
+    if not (math.isfinite(s1) and math.isfinite(s2)):
+        return None  # float32 partial sums overflowed (|x| near float32's limit): the exact path
+    return lo, hi, s1, s2, int(np.count_nonzero(c == 0))
+
+
+def f32_summary(c: np.ndarray) -> tuple[float, float, float, float, int] | None:
+    """(min, max, Σx, Σx², #zeros) of a contiguous float32 chunk, or None when it holds NaN or ±inf: the
+    compiled kernel's one pass (float32 partial sums of 32 elements per SIMD lane, added in float64) when
+    it was built and the chunk has at least ROW elements, else :func:`f32_summary_numpy`. Σx² is the same
+    bits as :func:`gradtool.core.norms.chunk_sum_sq` gives for the chunk, so streamed statistics and
+    ``tensor_norm`` agree exactly. Both paths are tested against a float64 reference."""
+    kernel = kernels.compiled_f32_summary
+    if kernel is None or c.shape[0] < ROW:  # small chunks: Σx exactly in float64, as before
+        return f32_summary_numpy(c)
+    lo, hi, s1, s2, zeros = kernel(c)
+    if not (math.isfinite(s1) and math.isfinite(s2) and math.isfinite(lo) and math.isfinite(hi)):
+        return None  # a NaN makes the sums NaN; an infinity (or a float32 partial sum overflowing) infinite
+    return lo, hi, s1, s2, zeros
 
 
 @dataclass(frozen=True)
@@ -113,22 +151,18 @@ class StatsAccumulator:
             return self._numpy_float64(c)
         if c.dtype.itemsize > 4:
             return False
-        if c.dtype != np.float32:
-            c = c.astype(np.float32)
-        lo, hi = float(c.min()), float(c.max())
-        if not (math.isfinite(lo) and math.isfinite(hi)):
+        if c.dtype != np.float32 or not c.flags.c_contiguous:
+            c = np.ascontiguousarray(c, dtype=np.float32)
+        summary = f32_summary(c)
+        if summary is None:
             return False  # NaN or ±inf somewhere
+        lo, hi, s1, s2, zeros = summary  # s2: the same bits as tensor_norm's chunk_sum_sq
         amax = max(-lo, hi)
         if amax > 1e18 or (0.0 < amax < 1e-18):
             return False  # float32 squares would overflow or underflow: exact path
         n = c.shape[0]
-        full = (n // ROW) * ROW
-        s2 = chunk_sum_sq_fast(c)  # the same kernel as tensor_norm, so both give the same bits
-        s1 = float((c[:full].reshape(-1, ROW) @ _ONES).sum(dtype=np.float64)) if full else 0.0
-        if full < n:
-            s1 += float(c[full:].astype(np.float64).sum())
         self.sumsq.parts.append((1.0, s2))
-        self.zeros += int(np.count_nonzero(c == 0))
+        self.zeros += zeros
         self.lo, self.hi, self.amax = min(self.lo, lo), max(self.hi, hi), max(self.amax, amax)
         mean = s1 / n
         m2 = s2 - n * mean * mean

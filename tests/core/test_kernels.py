@@ -1,0 +1,144 @@
+"""The compiled one-pass kernel (gradtool/core/_kernels.c) and its NumPy fallback, each against an
+independent float64 reference (math.fsum), across SIMD-step (32), block (4096) and tail boundaries, with
+NaN, ±inf, ±0 and misaligned buffers; and tensor statistics with the kernel equal those without it."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradtool import tensor_norm
+from gradtool.core import kernels
+from gradtool.core.norms import ROW
+from gradtool.core.stats import COMPILED_KERNELS, f32_summary, f32_summary_numpy, tensor_stats
+
+EPS32 = float(np.finfo(np.float32).eps)
+LANE_RUN = 32  # the kernel sums at most this many elements per float32 lane before going to float64
+
+needs_kernel = pytest.mark.skipif(not COMPILED_KERNELS, reason="compiled kernel not built (no C compiler)")
+
+
+def test_ci_builds_the_compiled_kernel():
+    """CI must exercise the compiled path, not silently fall back to NumPy."""
+    if os.environ.get("CI") and not os.environ.get("GRADTOOL_NO_KERNELS"):
+        assert COMPILED_KERNELS, "gradtool.core._kernels did not build: is a C compiler installed?"
+
+
+sizes = st.one_of(st.integers(1, 100), st.sampled_from([31, 32, 33, 4095, 4096, 4097, 8191, 12_345, 1 << 18]))
+specials = st.sampled_from([0.0, -0.0, np.nan, np.inf, -np.inf, 3e38, -3e38, 1e-45])
+
+
+@st.composite
+def chunks(draw):
+    n = draw(sizes)
+    seed = draw(st.integers(0, 2**32 - 1))
+    scale = draw(st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]))
+    offset = draw(st.sampled_from([0.0, 0.0, 1.0, -5.0]))  # a non-zero mean tests cancellation in Σx
+    rng = np.random.default_rng(seed)
+    a = ((rng.standard_normal(n) + offset) * scale).astype(np.float32)
+    for _ in range(draw(st.integers(0, 3))):
+        a[draw(st.integers(0, n - 1))] = draw(specials)
+    if draw(st.booleans()):
+        a[rng.random(n) < 0.3] = 0.0
+    shift = draw(st.integers(0, 3))  # a view starting 4·shift bytes into a buffer: misaligned loads
+    buf = np.empty(n + shift, np.float32)
+    buf[shift:] = a
+    return buf[shift:]
+
+
+def _check(summary, a, run):
+    """``run``: the most elements summed in float32 before float64 takes over (the error bound's n)."""
+    d = a.astype(np.float64)
+    if not np.all(np.isfinite(d)):
+        assert summary is None
+        return
+    if summary is None or not (math.isfinite(summary[2]) and math.isfinite(summary[3])):
+        assert np.abs(d).max() > 1e18  # allowed only where float32 partial sums (of x or x²) overflow
+        return
+    lo, hi, s1, s2, zeros = summary
+    assert lo == d.min() and hi == d.max()
+    assert zeros == int(np.count_nonzero(d == 0))
+    n_err = (run + a.size / 1024 + 2) * EPS32
+    assert abs(s1 - math.fsum(d.tolist())) <= n_err * math.fsum(np.abs(d).tolist())
+    exact_sq = math.fsum((d * d).tolist())
+    if np.abs(d).max() > 1e-18:  # float32 squares of smaller values underflow: callers take the exact path
+        assert abs(s2 - exact_sq) <= 2 * n_err * exact_sq
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks())
+def test_numpy_summary_against_float64_reference(a):
+    _check(f32_summary_numpy(a), a, ROW)  # a float32 dot per row of ROW elements
+
+
+@needs_kernel
+@settings(max_examples=300, deadline=None)
+@given(chunks())
+def test_compiled_summary_against_float64_reference(a):
+    _check(f32_summary(a), a, LANE_RUN)
+    # the raw kernel on every size, small ones included (stats uses NumPy below ROW elements)
+    lo, hi, s1, s2, zeros = kernels.compiled_f32_summary(a)
+    d = a.astype(np.float64)
+    if np.isnan(d).any():
+        assert math.isnan(s1) and math.isnan(s2)
+    elif np.isinf(d).any():
+        assert not math.isfinite(s2)
+    else:
+        _check((lo, hi, s1, s2, zeros), a, LANE_RUN)
+
+
+@needs_kernel
+def test_compiled_kernel_refuses_other_buffers():
+    k = kernels.compiled_f32_summary
+    with pytest.raises(TypeError, match="float32"):
+        k(np.zeros(8, np.float64))
+    with pytest.raises((TypeError, ValueError)):
+        k(np.zeros(16, np.float32)[::2])  # not contiguous
+    assert k(np.zeros(0, np.float32)) == (math.inf, -math.inf, 0.0, 0.0, 0)
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(chunks())
+def test_tensor_stats_and_norm_with_and_without_kernel(a):
+    with_kernel, norm_with = tensor_stats(a), tensor_norm(a)
+    saved = kernels.compiled_f32_summary
+    kernels.compiled_f32_summary = None
+    try:
+        without, norm_without = tensor_stats(a), tensor_norm(a)
+    finally:
+        kernels.compiled_f32_summary = saved
+    w, o = with_kernel.as_dict(), without.as_dict()
+    amax = float(np.nanmax(np.abs(a.astype(np.float64)))) if a.size and not np.isnan(a).all() else 0.0
+    if 1e-18 <= amax <= 1e18:  # the fast domain: stats and tensor_norm share the chunk kernel, the same bits
+        assert repr(w["norm"]) == repr(norm_with) and repr(o["norm"]) == repr(norm_without)
+    elif math.isfinite(norm_with):  # outside it the two take different exact float64 sums
+        assert w["norm"] == pytest.approx(norm_with, rel=1e-12) and o["norm"] == pytest.approx(norm_without, rel=1e-12)
+    for key in ("min", "max", "max_abs", "zero_count", "nan_count", "inf_count", "size"):
+        assert repr(w[key]) == repr(o[key]), key
+    for key in ("norm", "l2_norm", "avg_norm", "mean", "std"):
+        if o[key] is None or not math.isfinite(o[key]):
+            assert repr(w[key]) == repr(o[key])
+        elif key in ("mean", "std"):  # Σx in float32 blocks: error relative to max|x|, not to the mean
+            assert w[key] == pytest.approx(o[key], rel=1e-5, abs=1e-5 * max(abs(o["min"]), abs(o["max"])))
+        else:  # two accurate norms (~1e-9 and ~1e-7): relative agreement
+            assert w[key] == pytest.approx(o[key], rel=1e-6)
+
+
+@needs_kernel
+def test_compiled_kernel_takes_explicit_little_endian_views_and_refuses_swapped_bytes(tmp_path):
+    from gradtool import open_dump, save_dump
+
+    k = kernels.compiled_f32_summary
+    a = np.arange(64, dtype=np.float32)
+    save_dump(str(tmp_path / "a.h5"), {"a": a})
+    with open_dump(str(tmp_path / "a.h5")) as reader:
+        (chunk,) = list(reader.iter_chunks(reader.tensors[0]))
+        if memoryview(chunk).format != "f":  # h5py's buffers say "<f" on little-endian machines
+            assert k(chunk) == (0.0, 63.0, float(a.sum()), float((a.astype(np.float64) ** 2).sum()), 1)
+    with pytest.raises(TypeError):
+        k(a.astype(">f4"))  # f32_summary() converts these to native order before calling the kernel
+    assert f32_summary(a.astype(">f4").astype(np.float32))[:2] == (0.0, 63.0)
