@@ -1,7 +1,8 @@
 """The optional compiled chunk kernel (``_kernels.c``), or None.
 
 ``compiled_f32_summary(chunk) -> (min, max, Σx, Σx², #zeros)`` of a C-contiguous float32 chunk in one
-pass, GIL released (see the C file for the exact arithmetic). It is None when the extension was not built
+pass, GIL released (see the C file for the exact arithmetic); ``compiled_f32_summaries(window, k)`` the
+same for every k-element chunk of a window in one call (one GIL round trip per window). It is None when the extension was not built
 (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the callers in :mod:`.norms` and
 :mod:`.stats` then use NumPy passes. They look it up here at call time, so tests can switch it off.
 """
@@ -13,11 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 compiled_f32_summary: Callable[[Any], tuple[float, float, float, float, int]] | None
+compiled_f32_summaries: Callable[[Any, int], list[tuple[float, float, float, float, int]]] | None
 try:
+    from ._kernels import f32_summaries as compiled_f32_summaries
     from ._kernels import f32_summary as compiled_f32_summary
 except ImportError:  # built without a C compiler
-    compiled_f32_summary = None
+    compiled_f32_summary = compiled_f32_summaries = None
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
-    compiled_f32_summary = None
+    compiled_f32_summary = compiled_f32_summaries = None
 
 BUILT = compiled_f32_summary is not None

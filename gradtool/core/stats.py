@@ -153,7 +153,31 @@ class StatsAccumulator:
             return False
         if c.dtype != np.float32 or not c.flags.c_contiguous:
             c = np.ascontiguousarray(c, dtype=np.float32)
-        summary = f32_summary(c)
+        return self._accept(c, f32_summary(c))
+
+    def update_window(self, window: np.ndarray, chunk_elements: int = STREAM_CHUNK) -> None:
+        """``update`` with every ``chunk_elements`` slice of a 1-D window, in order: the same result, but a
+        float32 window's whole chunks are summarised by one call of the compiled kernel (no GIL held), so
+        two threads summarising two windows use two cores."""
+        kernel = kernels.compiled_f32_summaries
+        n = window.shape[0]
+        whole = (n // chunk_elements) * chunk_elements if chunk_elements >= ROW else 0
+        if (kernel is None or not whole or type(window) is not np.ndarray or window.dtype != np.float32
+                or not window.flags.c_contiguous):
+            whole = 0
+        else:
+            for i, summary in enumerate(kernel(window[:whole], chunk_elements)):
+                c = window[i * chunk_elements:(i + 1) * chunk_elements]
+                self.n += chunk_elements
+                lo, hi, s1, s2 = summary[:4]
+                finite = math.isfinite(s1) and math.isfinite(s2) and math.isfinite(lo) and math.isfinite(hi)
+                if not self._accept(c, summary if finite else None):
+                    self._generic(c, namespace_of(c))
+        for start in range(whole, n, chunk_elements):
+            self.update(window[start:start + chunk_elements])
+
+    def _accept(self, c: np.ndarray, summary: tuple[float, float, float, float, int] | None) -> bool:
+        """Take a float32 chunk's (min, max, Σx, Σx², #zeros); False sends it to the exact path."""
         if summary is None:
             return False  # NaN or ±inf somewhere
         lo, hi, s1, s2, zeros = summary  # s2: the same bits as tensor_norm's chunk_sum_sq

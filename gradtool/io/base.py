@@ -153,6 +153,55 @@ class DumpReader:
         for start in range(0, flat.shape[0], chunk_elements):
             yield flat[start: start + chunk_elements]
 
+    def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
+        """(file descriptor, byte offset) when the tensor's bytes lie uncompressed, contiguous and in native
+        byte order in one file, so that any element range can be read independently (and so by several
+        threads at once, see :meth:`range_window`); None otherwise (compressed, chunked, sharded, stdin)."""
+        return None
+
+    def range_window(self, location: tuple[int, int], info: TensorInfo, start: int, stop: int,
+                     buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:
+        """Yields once: elements [start, stop) of a tensor at ``raw_location`` as one 1-D array, a view of
+        a read-only memory map when the data is aligned, else read with ``pread`` into ``buffer`` (uint8,
+        large enough; a new one if None). The map is closed when the generator resumes. Touches no
+        shared state, so threads may call it concurrently on one reader."""
+        import mmap
+
+        fd, offset = location
+        itemsize = info.dtype.itemsize
+        byte_start = offset + start * itemsize
+        nbytes = (stop - start) * itemsize
+        if nbytes <= 0:
+            return
+        if offset % itemsize:  # unaligned (np.savez members): NumPy is many times slower on unaligned views
+            if buffer is None or buffer.nbytes < nbytes:
+                buffer = np.empty(nbytes // 8 + 1, np.float64).view(np.uint8)
+            view = memoryview(buffer)[:nbytes]
+            pos = 0
+            while pos < nbytes:
+                n = os.preadv(fd, [view[pos:]], byte_start + pos)
+                if not n:
+                    raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
+                pos += n
+            yield buffer[:nbytes].view(info.dtype)
+            return
+        base = byte_start - byte_start % mmap.ALLOCATIONGRANULARITY
+        m = mmap.mmap(fd, byte_start - base + nbytes, access=mmap.ACCESS_READ, offset=base)
+        window = np.frombuffer(m, dtype=info.dtype, count=stop - start, offset=byte_start - base)
+        yield window
+        del window
+        try:
+            m.close()
+        except BufferError:  # the caller kept a view: the map is released when that goes
+            pass
+
+    def _checked_location(self, fd: int, offset: int, info: TensorInfo) -> tuple[int, int] | None:
+        if not (info.dtype.isnative or info.dtype.itemsize == 1) or info.dtype.hasobject:
+            return None
+        if offset + info.size * info.dtype.itemsize > os.fstat(fd).st_size:
+            raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
+        return fd, offset
+
     def _buffer(self, nbytes: int) -> np.ndarray:
         buf = getattr(self, "_chunk_buffer", None)
         if buf is None or buf.nbytes < nbytes:

@@ -151,6 +151,19 @@ class Hdf5Reader(DumpReader):
             raise InputError(f"{self.display_path}: cannot read dataset {info.name!r} ({exc})") from None
         return out
 
+    def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
+        if info.size == 0:
+            return None
+        try:  # defined only for contiguous, allocated, non-external data (never filtered)
+            offset = self._datasets[info.name].id.get_offset()
+        except Exception:
+            return None
+        if offset is None:
+            return None
+        if getattr(self, "_raw_fd", None) is None:
+            self._raw_fd = os.open(self.path, os.O_RDONLY)
+        return self._checked_location(self._raw_fd, offset, info)
+
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
         ds = self._datasets[info.name]
         if info.size == 0:

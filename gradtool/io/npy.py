@@ -139,6 +139,9 @@ class NpyReader(DumpReader):
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
         return self._pread_chunks(self._f.fileno(), self._offset, info, chunk_elements)
 
+    def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
+        return self._checked_location(self._f.fileno(), self._offset, info)
+
     def close(self) -> None:
         self._f.close()
 

@@ -154,6 +154,11 @@ class NpzReader(DumpReader):
         except ZIP_ERRORS as exc:
             raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
 
+    def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
+        zi, _ = self._members[info.name]
+        offset = self._stored_data_offset(zi, info)
+        return None if offset is None else self._checked_location(self._fd(), offset, info)
+
     def _fd(self) -> int:
         if getattr(self, "_raw_fd", None) is None:
             self._raw_fd = os.open(self.path, os.O_RDONLY)

@@ -136,6 +136,9 @@ class SafetensorsReader(DumpReader):
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
         return self._pread_chunks(self._fd, self._data_start + self._offsets[info.name], info, chunk_elements)
 
+    def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
+        return self._checked_location(self._fd, self._data_start + self._offsets[info.name], info)
+
     def close(self) -> None:
         try:
             os.close(self._fd)

@@ -1,0 +1,117 @@
+"""Statistics of one dump on two threads (pieces of tensors read at their file offsets, merged in order)
+equal the single-thread streamed statistics: the same norms to the bit, the same counts and extremes,
+mean and std to rounding; errors still name the file."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradtool import open_dump, save_dump
+from gradtool import summarize as summarize_mod
+from gradtool.core import kernels
+from gradtool.core.stats import STREAM_CHUNK, StatsAccumulator
+from gradtool.errors import InputError
+from gradtool.summarize import summarize_dump
+
+
+def _tensors():
+    rng = np.random.default_rng(7)
+    t = {
+        "big": rng.standard_normal(3 * STREAM_CHUNK + 12_345).astype(np.float32),
+        "f64": rng.standard_normal((700, 1100)),
+        "half": rng.standard_normal(STREAM_CHUNK + 5).astype(np.float16),
+        "bad": rng.standard_normal(2 * STREAM_CHUNK).astype(np.float32),
+        "ints": rng.integers(-5, 5, 100_000).astype(np.int32),
+        "mask": rng.random(50_001) < 0.5,
+        "empty": np.zeros((0, 4), np.float32),
+        "tiny": np.array([1.0, -2.0, 0.0], np.float32),
+        "huge": (rng.standard_normal(STREAM_CHUNK + 1) * 1e25).astype(np.float32),
+    }
+    t["bad"][[5, STREAM_CHUNK + 9]] = [np.nan, np.inf]
+    return t
+
+
+def _summaries(path, workers, **kw):
+    saved = (summarize_mod.STATS_WORKERS, summarize_mod.PARALLEL_MIN_BYTES, summarize_mod.PIECE_BYTES)
+    summarize_mod.STATS_WORKERS, summarize_mod.PARALLEL_MIN_BYTES = workers, 0
+    summarize_mod.PIECE_BYTES = 2 * STREAM_CHUNK * 4  # several pieces per big tensor
+    try:
+        with open_dump(path) as reader:
+            return summarize_dump(reader, **kw)
+    finally:
+        summarize_mod.STATS_WORKERS, summarize_mod.PARALLEL_MIN_BYTES, summarize_mod.PIECE_BYTES = saved
+
+
+def _same(par, ser):
+    assert [n for n, _ in par.tensors] == [n for n, _ in ser.tensors]
+    for (name, a), (_, b) in zip(par.tensors, ser.tensors):
+        a, b = a.as_dict(), b.as_dict()
+        for key in a:
+            if key in ("mean", "std") and a[key] is not None and math.isfinite(a[key]):
+                assert a[key] == pytest.approx(b[key], rel=1e-12, abs=1e-15), (name, key)
+            else:
+                assert repr(a[key]) == repr(b[key]), (name, key)
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors", "h5", "numpy.npz"])
+@pytest.mark.parametrize("kernel", [True, False])
+def test_two_threads_equal_one(tmp_path, ext, kernel):
+    if kernel and not kernels.BUILT:
+        pytest.skip("compiled kernel not built")
+    t = _tensors()
+    path = str(tmp_path / f"d.{ext}")
+    if ext == "numpy.npz":
+        np.savez(path, **t)  # members at unaligned offsets: read with pread, not mapped
+    else:
+        save_dump(path, t)
+    saved = kernels.compiled_f32_summary, kernels.compiled_f32_summaries
+    if not kernel:
+        kernels.compiled_f32_summary = kernels.compiled_f32_summaries = None
+    try:
+        calls = []
+        par = _summaries(path, 2, on_tensor=calls.append)
+        ser = _summaries(path, 1)
+    finally:
+        kernels.compiled_f32_summary, kernels.compiled_f32_summaries = saved
+    _same(par, ser)
+    assert len(calls) == len(t)  # the progress callback still fires once per tensor
+    with open_dump(path) as reader:
+        assert all(reader.raw_location(i) is not None for i in reader.tensors if i.size)  # the parallel path ran
+
+
+def test_selection_and_the_empty_tensor_order(tmp_path):
+    path = str(tmp_path / "d.safetensors")
+    save_dump(path, _tensors())
+    par = _summaries(path, 2, select=("*a*", "empty", "tiny"), exclude=("half",))
+    ser = _summaries(path, 1, select=("*a*", "empty", "tiny"), exclude=("half",))
+    _same(par, ser)
+    assert [n for n, _ in par.tensors] == ["bad", "mask", "empty", "tiny"]
+
+
+def test_a_truncated_dump_still_fails_with_the_file_named(tmp_path):
+    path = str(tmp_path / "d.safetensors")
+    save_dump(path, {"a": np.ones(3 * STREAM_CHUNK, np.float32), "b": np.ones(10, np.float32)})
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 100)
+    with pytest.raises(InputError, match="d.safetensors"):
+        _summaries(path, 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 5 * 4096 + 33), chunk=st.sampled_from([4096, 8192, 5000]), seed=st.integers(0, 2**32 - 1),
+       special=st.sampled_from([None, np.nan, np.inf, 0.0, 1e30]))
+def test_update_window_equals_update_chunk_by_chunk(n, chunk, seed, special):
+    a = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    if n and special is not None:
+        a[n // 2] = special
+    w, c = StatsAccumulator(), StatsAccumulator()
+    w.update_window(a, chunk)
+    for s in range(0, n, chunk):
+        c.update(a[s:s + chunk])
+    shape = (n,)
+    assert repr(w.result(shape, "float32", True)) == repr(c.result(shape, "float32", True))
