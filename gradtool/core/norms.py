@@ -179,12 +179,50 @@ def _norm(x: Any, p: float, xp: ModuleType | None) -> float:
         return 0.0
     acc = NormAccumulator(p)
     start = 0
-    if (p == 2.0 and chunk_xp is None and x.dtype == _F32 and x.flags.c_contiguous and x.size >= 2 * CHUNK_ELEMENTS
-            and kernels.compiled_f32_summary is None):  # the compiled kernel goes chunk by chunk at memory speed
-        start = _whole_chunks_at_once(x.reshape(-1), acc)
+    if p == 2.0 and chunk_xp is None and x.dtype == _F32 and x.flags.c_contiguous and x.size >= 2 * CHUNK_ELEMENTS:
+        if kernels.compiled_f32_summaries is not None:
+            start = _whole_chunks_compiled(x.reshape(-1), acc)
+        else:
+            start = _whole_chunks_at_once(x.reshape(-1), acc)
     for c in flat_chunks(x.reshape(-1)[start:] if start else x, xp):
         acc.update(c, chunk_xp)
     return acc.result()
+
+
+_POOL: Any = None
+
+
+def _pool() -> Any:
+    """Two worker threads for big in-memory tensors (created on first use, kept for the process)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(2, thread_name_prefix="gradtool-norm")
+    return _POOL
+
+
+def _whole_chunks_compiled(flat: np.ndarray, acc: NormAccumulator) -> int:
+    """Every whole chunk of a big float32 tensor through the compiled kernel, in one GIL-free call per half
+    of the tensor on two threads (so no Python runs per chunk and both cores read memory): the same chunk
+    boundaries and the same per-chunk sums as chunk by chunk, so the same bits. A chunk whose sum is not
+    finite, or is tiny, is redone by ``acc.update`` (the exact path). Returns the elements done."""
+    kernel = kernels.compiled_f32_summaries
+    chunks = flat.shape[0] // CHUNK_ELEMENTS
+    whole = chunks * CHUNK_ELEMENTS
+    if chunks >= 8:
+        mid = (chunks // 2) * CHUNK_ELEMENTS
+        halves = [flat[:mid], flat[mid:whole]]
+        results = [r for part in _pool().map(lambda h: kernel(h, CHUNK_ELEMENTS), halves) for r in part]
+    else:
+        results = kernel(flat[:whole], CHUNK_ELEMENTS)
+    for i, r in enumerate(results):
+        total = r[3]
+        if math.isfinite(total) and total > 1e-25:
+            acc.parts.append((1.0, total))
+        else:
+            acc.update(flat[i * CHUNK_ELEMENTS:(i + 1) * CHUNK_ELEMENTS])
+    return whole
 
 
 def _whole_chunks_at_once(flat: np.ndarray, acc: NormAccumulator) -> int:

@@ -18,7 +18,7 @@ from gradtool.core.stats import COMPILED_KERNELS, f32_summary, f32_summary_numpy
 EPS32 = float(np.finfo(np.float32).eps)
 LANE_RUN = 32  # the kernel sums at most this many elements per float32 lane before going to float64
 
-needs_kernel = pytest.mark.skipif(not COMPILED_KERNELS, reason="compiled kernel not built (no C compiler)")
+needs_kernel = pytest.mark.skipif(not COMPILED_KERNELS, reason="compiled kernel not built (no C compiler) or GRADTOOL_NO_KERNELS set")
 
 
 def test_ci_builds_the_compiled_kernel():
@@ -142,3 +142,30 @@ def test_compiled_kernel_takes_explicit_little_endian_views_and_refuses_swapped_
     with pytest.raises(TypeError):
         k(a.astype(">f4"))  # f32_summary() converts these to native order before calling the kernel
     assert f32_summary(a.astype(">f4").astype(np.float32))[:2] == (0.0, 63.0)
+
+
+@pytest.mark.parametrize("kind", ["plain", "tiny chunk", "huge chunk", "nan"])
+def test_big_tensor_norm_two_threads_equals_chunk_by_chunk(kind):
+    """tensor_norm of a big float32 tensor (whole chunks on two threads, one kernel call per half) has the
+    same bits as the chunk-by-chunk accumulator and the streamed statistics, and is near math.fsum."""
+    from gradtool.core.norms import CHUNK_ELEMENTS, NormAccumulator
+
+    a = np.random.default_rng(11).standard_normal(9 * CHUNK_ELEMENTS + 1234).astype(np.float32)
+    if kind == "tiny chunk":
+        a[CHUNK_ELEMENTS:2 * CHUNK_ELEMENTS] *= np.float32(1e-30)  # its float32 squares underflow: exact path
+    elif kind == "huge chunk":
+        a[5 * CHUNK_ELEMENTS + 3] = 1e25  # its float32 square overflows: exact path for that chunk
+    elif kind == "nan":
+        a[7 * CHUNK_ELEMENTS + 1] = np.nan
+    acc = NormAccumulator(2)
+    for s in range(0, a.size, CHUNK_ELEMENTS):
+        acc.update(a[s:s + CHUNK_ELEMENTS])
+    got = tensor_norm(a)
+    assert repr(got) == repr(acc.result())
+    if kind == "nan":
+        assert math.isnan(got)
+        return
+    d = a.astype(np.float64)
+    assert got == pytest.approx(math.sqrt(math.fsum((d * d).tolist())), rel=1e-9)
+    if kind != "huge chunk":  # beyond 1e18 the statistics take their own exact path (see above)
+        assert repr(tensor_stats(a).norm) == repr(got)
