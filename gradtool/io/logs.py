@@ -408,7 +408,21 @@ def is_log_file(path: str) -> bool:
 
 
 def read_norm_log(path: str, key: str | None = None) -> NormHistory:
-    """Read any supported training log (format detected from name and content)."""
+    """Read any supported training log (format detected from name and content). The cyclic garbage
+    collector is paused meanwhile: a 10^6-line log makes millions of objects that hold no cycles, and its
+    repeated full scans of them cost more than the parse."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _read_norm_log(path, key)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_norm_log(path: str, key: str | None = None) -> NormHistory:
     if os.path.isdir(path):
         return read_run_directory(path, key)
     base = os.path.basename(path).lower()
