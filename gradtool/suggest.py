@@ -126,6 +126,8 @@ def _optional_column(values: Sequence[float | None] | None, n: int) -> tuple[np.
     """(float64 array with None as NaN, mask of the entries that were given), without a Python loop."""
     if values is None:
         return np.full(n, np.nan), np.zeros(n, dtype=bool)
+    if type(values) is list and None not in values:  # the common case: a C-speed scan, no object array
+        return np.asarray(values, dtype=np.float64), np.ones(n, dtype=bool)
     obj = np.asarray(values, dtype=object)
     given = np.not_equal(obj, None)
     return obj.astype(np.float64) if given.all() else np.where(given, obj, np.nan).astype(np.float64), given
