@@ -10,7 +10,8 @@ same for every k-element chunk of a window in one call (one GIL round trip per w
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 compiled_f32_summary: Callable[[Any], tuple[float, float, float, float, int]] | None
@@ -24,3 +25,15 @@ if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     compiled_f32_summary = compiled_f32_summaries = None
 
 BUILT = compiled_f32_summary is not None
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Within the block, the NumPy paths run as if the extension were not built (tests, benchmarks)."""
+    global compiled_f32_summary, compiled_f32_summaries
+    saved = compiled_f32_summary, compiled_f32_summaries
+    compiled_f32_summary = compiled_f32_summaries = None
+    try:
+        yield
+    finally:
+        compiled_f32_summary, compiled_f32_summaries = saved

@@ -110,26 +110,52 @@ class NpzReader(DumpReader):
         except ZIP_ERRORS as exc:
             raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
 
+    INFLATE_PIECE = 8 << 20  # compressed bytes read, and inflated bytes produced, per zlib call
+
     def _inflate_whole(self, zi: zipfile.ZipInfo, info: TensorInfo, fortran: bool) -> np.ndarray:
-        """A deflated member in one zlib call (which releases the GIL, so several members can be
-        inflated in parallel threads; zipfile's own reader inflates in small GIL-holding steps).
-        The CRC-32 is checked, as zipfile would."""
+        """A deflated member inflated straight into its array, INFLATE_PIECE at a time: memory is the
+        array plus a few pieces (not the compressed member, the inflated bytes and the array at once),
+        and every zlib call releases the GIL, so several members inflate in parallel threads (zipfile's
+        own reader inflates in small GIL-holding steps). Size and CRC-32 are checked, as zipfile would;
+        a member that inflates to more than it declares is corrupt."""
         p = self.display_path
+        piece = self.INFLATE_PIECE
         start = self._local_data_start(zi)
-        raw = os.pread(self._fd(), zi.compress_size, start)
-        if len(raw) != zi.compress_size:
-            raise InputError(f"{p}: member {zi.filename!r} is truncated")
-        try:
-            data = zlib.decompress(raw, -15, max(zi.file_size, 1))
-        except zlib.error as exc:
-            raise InputError(f"{p}: member {zi.filename!r} is corrupt ({exc})") from None
-        del raw
-        if len(data) != zi.file_size or zlib.crc32(data) != zi.CRC:
-            raise InputError(f"{p}: member {zi.filename!r} is corrupt (size or CRC-32 mismatch)")
         hlen = self._header_lengths[info.name]
         shape = info.shape[::-1] if fortran else info.shape
         out = allocate(TensorInfo(info.name, shape, info.dtype), p)
-        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8, info.nbytes, hlen)
+        dest = out.reshape(-1).view(np.uint8)
+        d = zlib.decompressobj(-15)
+        fd = self._fd()
+        produced = crc = 0
+        expected = zi.file_size
+
+        def take(data: bytes) -> None:
+            nonlocal produced, crc
+            if not data:
+                return
+            if produced + len(data) > expected:
+                raise InputError(f"{p}: member {zi.filename!r} is corrupt (inflates to more than its size)")
+            crc = zlib.crc32(data, crc)
+            lo, hi = produced, produced + len(data)  # positions in the member: header, then array bytes
+            a, b = max(lo, hlen), min(hi, hlen + info.nbytes)
+            if a < b:
+                dest[a - hlen:b - hlen] = np.frombuffer(data, np.uint8, b - a, a - lo)
+            produced = hi
+
+        try:
+            for offset in range(0, zi.compress_size, piece):
+                raw = os.pread(fd, min(piece, zi.compress_size - offset), start + offset)
+                if not raw:
+                    raise InputError(f"{p}: member {zi.filename!r} is truncated")
+                while raw:
+                    take(d.decompress(raw, piece))
+                    raw = d.unconsumed_tail
+            take(d.flush())
+        except zlib.error as exc:
+            raise InputError(f"{p}: member {zi.filename!r} is corrupt ({exc})") from None
+        if produced != expected or crc != zi.CRC:
+            raise InputError(f"{p}: member {zi.filename!r} is corrupt (size or CRC-32 mismatch)")
         if not out.dtype.isnative:
             out = out.astype(out.dtype.newbyteorder("="))
         return out.T if fortran else out

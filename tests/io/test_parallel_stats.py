@@ -2,6 +2,7 @@
 equal the single-thread streamed statistics: the same norms to the bit, the same counts and extremes,
 mean and std to rounding; errors still name the file."""
 
+import contextlib
 import math
 import os
 
@@ -68,15 +69,10 @@ def test_two_threads_equal_one(tmp_path, ext, kernel):
         np.savez(path, **t)  # members at unaligned offsets: read with pread, not mapped
     else:
         save_dump(path, t)
-    saved = kernels.compiled_f32_summary, kernels.compiled_f32_summaries
-    if not kernel:
-        kernels.compiled_f32_summary = kernels.compiled_f32_summaries = None
-    try:
+    with contextlib.nullcontext() if kernel else kernels.disabled():
         calls = []
         par = _summaries(path, 2, on_tensor=calls.append)
         ser = _summaries(path, 1)
-    finally:
-        kernels.compiled_f32_summary, kernels.compiled_f32_summaries = saved
     _same(par, ser)
     assert len(calls) == len(t)  # the progress callback still fires once per tensor
     with open_dump(path) as reader:
@@ -115,3 +111,43 @@ def test_update_window_equals_update_chunk_by_chunk(n, chunk, seed, special):
         c.update(a[s:s + chunk])
     shape = (n,)
     assert repr(w.result(shape, "float32", True)) == repr(c.result(shape, "float32", True))
+
+
+@pytest.mark.parametrize("slack", [0, 64 << 20])
+def test_compressed_members_on_two_threads_equal_the_stored_dump(tmp_path, slack):
+    """Deflated members are inflated (largest first, within the memory budget) and summarised on two
+    threads; the summary is in file order and equal to the same dump stored uncompressed."""
+    t = _tensors()
+    stored, packed = str(tmp_path / "s.npz"), str(tmp_path / "c.npz")
+    np.savez(stored, **t)
+    np.savez_compressed(packed, **t)
+    saved = summarize_mod.DECOMPRESS_SLACK
+    summarize_mod.DECOMPRESS_SLACK = slack  # 0: only the largest tensor's worth in flight (workers wait)
+    try:
+        calls = []
+        with open_dump(packed) as reader:
+            assert reader.compressed
+            par = summarize_dump(reader, on_tensor=calls.append)
+    finally:
+        summarize_mod.DECOMPRESS_SLACK = saved
+    ser = _summaries(stored, 1)
+    _same(par, ser)
+    assert [n for n, _ in par.tensors] == list(t) and len(calls) == len(t)
+
+
+def test_inflating_in_pieces_checks_size_and_crc(tmp_path, monkeypatch):
+    from gradtool.io.npz import NpzReader
+
+    monkeypatch.setattr(NpzReader, "INFLATE_PIECE", 1000)  # many pieces, header split across them
+    a = np.random.default_rng(0).standard_normal(50_000)
+    path = str(tmp_path / "c.npz")
+    np.savez_compressed(path, a=a)
+    with open_dump(path) as reader:
+        assert np.array_equal(reader.read("a"), a)
+    raw = bytearray(open(path, "rb").read())
+    raw[200] ^= 0xFF  # inside the deflated stream
+    bad = str(tmp_path / "bad.npz")
+    open(bad, "wb").write(bytes(raw))
+    with pytest.raises(InputError, match="bad.npz"):
+        with open_dump(bad) as reader:
+            reader.read("a")
