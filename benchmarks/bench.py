@@ -132,6 +132,7 @@ def main() -> None:
         p = os.path.join(tmp, "gpt2_numpy.npz")
         np.savez(p, **big)
         files["npz (np.savez)"] = p
+        os.sync()  # the workloads were just written: let writeback finish before anything is timed
         for p in files.values():
             raw_read(p)
 
@@ -228,6 +229,7 @@ def main() -> None:
         csub = dict(list(big.items())[: max(len(big) // 3, 4)])
         cpath = os.path.join(tmp, "compressed.npz")
         np.savez_compressed(cpath, **csub)
+        os.sync()
         t0 = os.times()
         w, rss_c = run_measured(gradtool_cmd() + ["stats", cpath, "--format", "json"], 1)
         t1 = os.times()

@@ -266,8 +266,28 @@ def _decode_array(text: str) -> list[Any]:
         return json.loads(text)  # NaN/Infinity tokens, or a real error that json reports in its words
 
 
+def _msgspec_lines(text: str) -> list[Any] | None:
+    """Every line of a JSON Lines text decoded by msgspec's ``decode_lines`` (no joined copy of the text),
+    or None when msgspec is not installed or a line is not strict JSON (garbage, NaN tokens): the caller's
+    general path then decides, line by line where it must."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+    try:
+        return msgspec.json.Decoder().decode_lines(text)
+    except msgspec.DecodeError:
+        return None
+
+
 def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
     text = _read_text(path) if text is None else text
+    decoded = _msgspec_lines(text)
+    if decoded is not None:
+        records = [r for r in decoded if type(r) is dict]
+        if not records:
+            raise InputError(f"{path}: no JSON objects found")
+        return from_records(records, path, "jsonl", key)
     body = text.strip().replace("\r\n", "\n")
     if body.startswith("{") and body.count("\n") == body.count("\n{"):
         lines = None  # every line starts an object: join them without a Python loop per line
