@@ -169,7 +169,7 @@ def _numpy_xp() -> ModuleType:
     return np_xp
 
 
-def _norm(x: Any, p: float, xp: ModuleType | None) -> float:
+def _norm(x: Any, p: float, xp: ModuleType | None, threaded: bool = True) -> float:
     if xp is None and type(x) is np.ndarray:  # skip the namespace lookup: ~10 µs a call
         xp, chunk_xp = (_NUMPY_XP or _numpy_xp()), None
     else:
@@ -181,7 +181,7 @@ def _norm(x: Any, p: float, xp: ModuleType | None) -> float:
     start = 0
     if p == 2.0 and chunk_xp is None and x.dtype == _F32 and x.flags.c_contiguous and x.size >= 2 * CHUNK_ELEMENTS:
         if kernels.compiled_f32_summaries is not None:
-            start = _whole_chunks_compiled(x.reshape(-1), acc)
+            start = _whole_chunks_compiled(x.reshape(-1), acc, threaded)
         else:
             start = _whole_chunks_at_once(x.reshape(-1), acc)
     for c in flat_chunks(x.reshape(-1)[start:] if start else x, xp):
@@ -202,7 +202,7 @@ def _pool() -> Any:
     return _POOL
 
 
-def _whole_chunks_compiled(flat: np.ndarray, acc: NormAccumulator) -> int:
+def _whole_chunks_compiled(flat: np.ndarray, acc: NormAccumulator, threaded: bool = True) -> int:
     """Every whole chunk of a big float32 tensor through the compiled kernel, in one GIL-free call per half
     of the tensor on two threads (so no Python runs per chunk and both cores read memory): the same chunk
     boundaries and the same per-chunk sums as chunk by chunk, so the same bits. A chunk whose sum is not
@@ -210,7 +210,7 @@ def _whole_chunks_compiled(flat: np.ndarray, acc: NormAccumulator) -> int:
     kernel = kernels.compiled_f32_summaries
     chunks = flat.shape[0] // CHUNK_ELEMENTS
     whole = chunks * CHUNK_ELEMENTS
-    if chunks >= 8:
+    if chunks >= 8 and threaded:
         mid = (chunks // 2) * CHUNK_ELEMENTS
         halves = [flat[:mid], flat[mid:whole]]
         results = [r for part in _pool().map(lambda h: kernel(h, CHUNK_ELEMENTS), halves) for r in part]
@@ -310,9 +310,36 @@ def global_norm(t_list: Sequence[Any], norm_type: float | int | str = 2, *, xp: 
             if len(small) == len(items):
                 return math.sqrt(packed)
             chosen = {id(t) for t in small}
-            rest = [tensor_norm(t, 2) for t in items if id(t) not in chosen and is_floating(t)]
+            rest = _l2_norms([t for t in items if id(t) not in chosen and is_floating(t)])
             return combine_norms([math.sqrt(packed), *rest], 2)
+        return combine_norms(_l2_norms([t for t in items if is_floating(t)]), 2)
     return combine_norms((tensor_norm(t, p, xp=xp) for t in t_list if t is not None and is_floating(t)), p)
+
+
+def _l2_norms(tensors: list[Any]) -> list[float]:
+    """``tensor_norm(t, 2)`` of each tensor (the same bits), the NumPy float32 ones on two threads when the
+    compiled kernel is built: the tensors are dealt to two threads by size (largest first, to the less
+    loaded), each reducing its tensors with one GIL-free kernel call apiece, so both cores stream memory
+    (GPT-2-sized set: 0.056 -> 0.036-0.043 s, torch foreach 0.042-0.052 s)."""
+    big = [k for k, t in enumerate(tensors) if type(t) is np.ndarray and t.dtype == _F32 and t.flags.c_contiguous
+           and t.size >= ROW]
+    if kernels.compiled_f32_summaries is None or len(big) < 2 or sum(tensors[k].nbytes for k in big) < 16 << 20:
+        return [tensor_norm(t, 2) for t in tensors]
+    groups: list[list[int]] = [[], []]
+    load = [0, 0]
+    for k in sorted(big, key=lambda k: -tensors[k].nbytes):
+        g = 0 if load[0] <= load[1] else 1
+        groups[g].append(k)
+        load[g] += tensors[k].nbytes
+    out: list[float | None] = [None] * len(tensors)
+
+    def run(group: list[int]) -> list[tuple[int, float]]:
+        return [(k, _norm(tensors[k], 2.0, None, threaded=False)) for k in group]
+
+    for part in _pool().map(run, groups):
+        for k, v in part:
+            out[k] = v
+    return [v if v is not None else tensor_norm(t, 2) for v, t in zip(out, tensors)]
 
 
 def slice_l2_norms(x: Any, axes: tuple[int, ...], xp: ModuleType) -> Any:

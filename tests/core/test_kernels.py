@@ -165,3 +165,24 @@ def test_big_tensor_norm_two_threads_equals_chunk_by_chunk(kind):
     assert got == pytest.approx(math.sqrt(math.fsum((d * d).tolist())), rel=1e-9)
     if kind != "huge chunk":  # beyond 1e18 the statistics take their own exact path (see above)
         assert repr(tensor_stats(a).norm) == repr(got)
+
+
+def test_many_big_tensors_on_two_threads_keep_each_norms_bits():
+    """global_norm deals big float32 tensors to two threads; every tensor's norm keeps tensor_norm's bits,
+    and non-float32 / non-contiguous ones take the ordinary path, in the caller's order."""
+    from gradtool import global_norm
+    from gradtool.core.norms import CHUNK_ELEMENTS, _l2_norms, combine_norms
+
+    rng = np.random.default_rng(5)
+    tensors = [rng.standard_normal(n).astype(np.float32) for n in (9 * CHUNK_ELEMENTS + 5, 3 * CHUNK_ELEMENTS,
+                                                                  CHUNK_ELEMENTS // 2, 7 * CHUNK_ELEMENTS + 1)]
+    tensors.append(rng.standard_normal((2000, 3000)).astype(np.float32).T)  # not C-contiguous
+    tensors.append(rng.standard_normal(2 * CHUNK_ELEMENTS))  # float64
+    tensors[3][17] = np.inf
+    got = _l2_norms(tensors)
+    assert [repr(v) for v in got] == [repr(tensor_norm(t)) for t in tensors]
+    del tensors[3]
+    total = global_norm(tensors)
+    assert repr(total) == repr(combine_norms([tensor_norm(t) for t in tensors]))
+    exact = math.sqrt(math.fsum(math.fsum((t.astype(np.float64).ravel() ** 2).tolist()) for t in tensors))
+    assert total == pytest.approx(exact, rel=1e-9)
