@@ -16,6 +16,7 @@ from .backend import dtype_name, is_floating_dtype, is_numpy_namespace, to_devic
 from .core import kernels
 from .core.norms import combine_norms, parse_norm_type
 from .core.stats import STREAM_CHUNK, StatsAccumulator, TensorStats, tensor_stats
+from .errors import InputError
 from .io.base import DumpReader, TensorInfo
 
 
@@ -134,10 +135,29 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
 
     local = threading.local()  # one read buffer per worker thread (used for unaligned data only)
 
+    by_fd = kernels.compiled_f32_summaries_fd
+
     def work(piece: tuple[int, int, int]) -> StatsAccumulator:
         k, start, stop = piece
         info = infos[k]
         acc = StatsAccumulator(p)
+        if by_fd is not None and info.dtype == np.float32 and p != 1.0:
+            fd, offset = locations[k]
+            try:  # read and summarised chunk by chunk in C, through a cache-resident buffer, no GIL held
+                summaries = by_fd(fd, offset + start * 4, stop - start, STREAM_CHUNK)
+            except EOFError:
+                raise InputError(f"{reader.display_path}: tensor {info.name!r} is truncated") from None
+            except OSError as exc:
+                raise InputError(f"{reader.display_path}: cannot read tensor {info.name!r} "
+                                 f"({exc.strerror or exc})") from None
+
+            def chunk_at(i: int) -> np.ndarray:  # the rare chunk whose data is needed after all
+                a = start + i * STREAM_CHUNK
+                b = min(a + STREAM_CHUNK, stop)
+                return np.array(next(reader.range_window(locations[k], info, a, b)))
+
+            acc.update_summaries(summaries, STREAM_CHUNK, stop - start, chunk_at)
+            return acc
         buffer = getattr(local, "buffer", None)
         if buffer is None:
             buffer = local.buffer = np.empty(PIECE_BYTES // 8 + STREAM_CHUNK, np.float64).view(np.uint8)

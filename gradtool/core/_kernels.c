@@ -197,7 +197,85 @@ static PyObject *f32_summaries(PyObject *self, PyObject *args) {
     return list;
 }
 
+#ifndef _WIN32
+#include <errno.h>
+#include <unistd.h>
+
+/* f32_summaries_fd(fd, offset, count, chunk_elements) -> list of f32_summary tuples for the `count`
+ * float32 values at byte `offset` of file `fd`, one per chunk: each chunk is pread into a reused buffer
+ * (cache-resident, aligned, whatever the file offset's alignment) and summarised, all without the GIL.
+ * A file that ends early raises EOFError; a read error raises OSError. */
+static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
+    int fd;
+    long long offset;
+    Py_ssize_t count, chunk;
+    if (!PyArg_ParseTuple(args, "iLnn", &fd, &offset, &count, &chunk)) return NULL;
+    if (chunk <= 0 || count < 0 || offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad offset, count or chunk_elements");
+        return NULL;
+    }
+    Py_ssize_t nchunks = (count + chunk - 1) / chunk;
+    summary_t *out = PyMem_RawMalloc((size_t)(nchunks > 0 ? nchunks : 1) * sizeof(summary_t));
+    float *buf = PyMem_RawMalloc((size_t)(count < chunk ? (count > 0 ? count : 1) : chunk) * sizeof(float));
+    if (out == NULL || buf == NULL) {
+        PyMem_RawFree(out);
+        PyMem_RawFree(buf);
+        return PyErr_NoMemory();
+    }
+    int err = 0, eof = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < nchunks && !err && !eof; c++) {
+        Py_ssize_t len = count - c * chunk < chunk ? count - c * chunk : chunk;
+        size_t want = (size_t)len * sizeof(float), got = 0;
+        long long at = offset + (long long)c * chunk * (long long)sizeof(float);
+        while (got < want) {
+            ssize_t n = pread(fd, (char *)buf + got, want - got, (off_t)(at + (long long)got));
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                err = errno;
+                break;
+            }
+            if (n == 0) {
+                eof = 1;
+                break;
+            }
+            got += (size_t)n;
+        }
+        if (!err && !eof)
+            f32_summary_loop(buf, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(buf);
+    if (err || eof) {
+        PyMem_RawFree(out);
+        if (err) {
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        PyErr_SetString(PyExc_EOFError, "the file ends before the tensor does");
+        return NULL;
+    }
+    PyObject *list = PyList_New(nchunks);
+    for (Py_ssize_t c = 0; list != NULL && c < nchunks; c++) {
+        PyObject *t = Py_BuildValue("(ddddL)", (double)out[c].lo, (double)out[c].hi, out[c].sum, out[c].sumsq,
+                                    out[c].zeros);
+        if (t == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, c, t);
+    }
+    PyMem_RawFree(out);
+    return list;
+}
+#endif
+
 static PyMethodDef methods[] = {
+#ifndef _WIN32
+    {"f32_summaries_fd", f32_summaries_fd, METH_VARARGS,
+     "f32_summaries_fd(fd, offset, count, chunk_elements) -> f32_summary of each chunk of the count float32\n"
+     "values at byte offset of fd, read with pread into a cache-resident buffer, all without the GIL."},
+#endif
     {"f32_summaries", f32_summaries, METH_VARARGS,
      "f32_summaries(buffer, chunk_elements) -> [f32_summary(chunk) for each chunk of the buffer], in one call\n"
      "without the GIL."},

@@ -2,7 +2,9 @@
 
 ``compiled_f32_summary(chunk) -> (min, max, Σx, Σx², #zeros)`` of a C-contiguous float32 chunk in one
 pass, GIL released (see the C file for the exact arithmetic); ``compiled_f32_summaries(window, k)`` the
-same for every k-element chunk of a window in one call (one GIL round trip per window). It is None when the extension was not built
+same for every k-element chunk of a window in one call (one GIL round trip per window);
+``compiled_f32_summaries_fd(fd, offset, count, k)`` the same for float32 values read from a file with
+``pread`` into a cache-resident buffer inside that call. It is None when the extension was not built
 (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the callers in :mod:`.norms` and
 :mod:`.stats` then use NumPy passes. They look it up here at call time, so tests can switch it off.
 """
@@ -16,13 +18,18 @@ from typing import Any
 
 compiled_f32_summary: Callable[[Any], tuple[float, float, float, float, int]] | None
 compiled_f32_summaries: Callable[[Any, int], list[tuple[float, float, float, float, int]]] | None
+compiled_f32_summaries_fd: Callable[[int, int, int, int], list[tuple[float, float, float, float, int]]] | None
 try:
     from ._kernels import f32_summaries as compiled_f32_summaries
     from ._kernels import f32_summary as compiled_f32_summary
 except ImportError:  # built without a C compiler
     compiled_f32_summary = compiled_f32_summaries = None
+try:  # not on Windows (no pread)
+    from ._kernels import f32_summaries_fd as compiled_f32_summaries_fd
+except ImportError:
+    compiled_f32_summaries_fd = None
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
-    compiled_f32_summary = compiled_f32_summaries = None
+    compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = None
 
 BUILT = compiled_f32_summary is not None
 
@@ -30,10 +37,10 @@ BUILT = compiled_f32_summary is not None
 @contextmanager
 def disabled() -> Iterator[None]:
     """Within the block, the NumPy paths run as if the extension were not built (tests, benchmarks)."""
-    global compiled_f32_summary, compiled_f32_summaries
-    saved = compiled_f32_summary, compiled_f32_summaries
-    compiled_f32_summary = compiled_f32_summaries = None
+    global compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd
+    saved = compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd
+    compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = None
     try:
         yield
     finally:
-        compiled_f32_summary, compiled_f32_summaries = saved
+        compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd = saved

@@ -26,6 +26,7 @@ squares go to a :class:`~gradtool.core.norms.NormAccumulator`, so they can neith
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
@@ -153,7 +154,7 @@ class StatsAccumulator:
             return False
         if c.dtype != np.float32 or not c.flags.c_contiguous:
             c = np.ascontiguousarray(c, dtype=np.float32)
-        return self._accept(c, f32_summary(c))
+        return self._accept(c.shape[0], f32_summary(c), lambda: c)
 
     def update_window(self, window: np.ndarray, chunk_elements: int = STREAM_CHUNK) -> None:
         """``update`` with every ``chunk_elements`` slice of a 1-D window, in order: the same result, but a
@@ -166,36 +167,50 @@ class StatsAccumulator:
                 or not window.flags.c_contiguous):
             whole = 0
         else:
-            for i, summary in enumerate(kernel(window[:whole], chunk_elements)):
-                c = window[i * chunk_elements:(i + 1) * chunk_elements]
-                self.n += chunk_elements
-                lo, hi, s1, s2 = summary[:4]
-                finite = math.isfinite(s1) and math.isfinite(s2) and math.isfinite(lo) and math.isfinite(hi)
-                if not self._accept(c, summary if finite else None):
-                    self._generic(c, namespace_of(c))
+            self.update_summaries(kernel(window[:whole], chunk_elements), chunk_elements, whole,
+                                  lambda i: window[i * chunk_elements:(i + 1) * chunk_elements])
         for start in range(whole, n, chunk_elements):
             self.update(window[start:start + chunk_elements])
 
-    def _accept(self, c: np.ndarray, summary: tuple[float, float, float, float, int] | None) -> bool:
-        """Take a float32 chunk's (min, max, Σx, Σx², #zeros); False sends it to the exact path."""
+    def update_summaries(self, summaries: Sequence[tuple[float, float, float, float, int]], chunk_elements: int,
+                         total: int, chunk_at: Callable[[int], np.ndarray]) -> None:
+        """``update`` with ``total`` float32 elements in chunks of ``chunk_elements`` whose compiled-kernel
+        summaries are given; ``chunk_at(i)`` fetches chunk i's data when it is needed after all (a chunk
+        shorter than ROW, a non-finite or extreme one, a mean that dominates). The same result as
+        ``update`` chunk by chunk."""
+        for i, summary in enumerate(summaries):
+            size = min(chunk_elements, total - i * chunk_elements)
+            if size < ROW or self.p == 1.0:  # small chunks: Σx exactly, as update does; L1 needs the data
+                self.update(chunk_at(i))
+                continue
+            self.n += size
+            lo, hi, s1, s2 = summary[:4]
+            finite = math.isfinite(s1) and math.isfinite(s2) and math.isfinite(lo) and math.isfinite(hi)
+            if not self._accept(size, summary if finite else None, lambda i=i: chunk_at(i)):
+                c = chunk_at(i)
+                self._generic(c, namespace_of(c))
+
+    def _accept(self, n: int, summary: tuple[float, float, float, float, int] | None,
+                chunk: Callable[[], np.ndarray]) -> bool:
+        """Take the (min, max, Σx, Σx², #zeros) of a float32 chunk of n elements; False sends it to the exact
+        path. ``chunk()`` gives its data, read only in the rare cases that need it."""
         if summary is None:
             return False  # NaN or ±inf somewhere
         lo, hi, s1, s2, zeros = summary  # s2: the same bits as tensor_norm's chunk_sum_sq
         amax = max(-lo, hi)
         if amax > 1e18 or (0.0 < amax < 1e-18):
             return False  # float32 squares would overflow or underflow: exact path
-        n = c.shape[0]
         self.sumsq.parts.append((1.0, s2))
         self.zeros += zeros
         self.lo, self.hi, self.amax = min(self.lo, lo), max(self.hi, hi), max(self.amax, amax)
         mean = s1 / n
         m2 = s2 - n * mean * mean
         if not m2 > 1e-3 * s2:  # mean dominates: recentre exactly instead of cancelling
-            d = c.astype(np.float64) - mean
+            d = chunk().astype(np.float64) - mean
             m2 = float(np.dot(d, d))
         self.moments = _combine(self.moments, (n, mean, max(m2, 0.0)))
         if self.p == 1.0:
-            self.l1.append(float(np.abs(c).sum(dtype=np.float64)))
+            self.l1.append(float(np.abs(chunk()).sum(dtype=np.float64)))
         return True
 
     def _numpy_float64(self, c: np.ndarray) -> bool:

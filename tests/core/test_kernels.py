@@ -186,3 +186,27 @@ def test_many_big_tensors_on_two_threads_keep_each_norms_bits():
     assert repr(total) == repr(combine_norms([tensor_norm(t) for t in tensors]))
     exact = math.sqrt(math.fsum(math.fsum((t.astype(np.float64).ravel() ** 2).tolist()) for t in tensors))
     assert total == pytest.approx(exact, rel=1e-9)
+
+
+@needs_kernel
+def test_summaries_read_from_a_file_equal_those_of_the_array(tmp_path):
+    """f32_summaries_fd (pread into a cache-resident buffer, in C) gives f32_summaries' tuples, at any byte
+    offset; a file that ends early is an EOFError, a bad descriptor an OSError."""
+    if kernels.compiled_f32_summaries_fd is None:
+        pytest.skip("no pread on this platform")
+    a = np.random.default_rng(3).standard_normal(3 * 4096 + 77).astype(np.float32)
+    a[5000] = np.nan
+    path = tmp_path / "raw.bin"
+    path.write_bytes(b"abc" + a.tobytes())  # offset 3: unaligned for float32
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = kernels.compiled_f32_summaries_fd(fd, 3, a.size, 4096)
+        want = kernels.compiled_f32_summaries(a, 4096)
+        assert repr(got) == repr(want) and len(got) == 4
+        assert kernels.compiled_f32_summaries_fd(fd, 3, 0, 4096) == []
+        with pytest.raises(EOFError):
+            kernels.compiled_f32_summaries_fd(fd, 3, a.size + 1, 4096)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        kernels.compiled_f32_summaries_fd(fd, 0, 10, 4096)  # closed descriptor
