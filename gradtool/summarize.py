@@ -115,53 +115,56 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
     each piece summarised into its own :class:`StatsAccumulator` by a worker thread (reads and the compiled
     kernel release the GIL; one kernel call per piece), and the pieces of a tensor merged in order. Merging is exact
     for counts, extremes and the per-chunk sums of squares, so norms have the same bits as one thread;
-    mean and std are combined with Chan's formula. False (nothing done) when a selected tensor's bytes
-    cannot be read at an offset (:meth:`DumpReader.raw_location`), or the dump is too small to gain."""
+    mean and std are combined with Chan's formula. A sharded step's tensors are their shards' pieces in
+    order, as one thread streams them. False (nothing done) when a selected tensor's bytes cannot be read
+    at an offset (:meth:`DumpReader.raw_segments`), or the dump is too small to gain."""
     workers = min(STATS_WORKERS, os.cpu_count() or 1)
     infos = [i for i in reader.tensors if name_selected(i.name, select, exclude)]
     if workers < 2 or not _parallel_pays() or sum(i.size * i.dtype.itemsize for i in infos) < PARALLEL_MIN_BYTES:
         return False
-    locations = []
+    segments = []  # per tensor: the (reader, piece, location) runs of bytes that make it up, in order
     for info in infos:
-        loc = reader.raw_location(info) if info.size else (0, 0)
-        if loc is None:
+        segs = reader.raw_segments(info)
+        if segs is None:
             return False
-        locations.append(loc)
+        segments.append(segs)
+
     def piece_elements(info: TensorInfo) -> int:
         return max(1, PIECE_BYTES // (STREAM_CHUNK * info.dtype.itemsize)) * STREAM_CHUNK
 
-    pieces = [(k, start, min(start + piece_elements(info), info.size)) for k, info in enumerate(infos)
-              for start in range(0, info.size, piece_elements(info))]
+    pieces = [(k, j, start, min(start + piece_elements(seg[1]), seg[1].size))
+              for k, segs in enumerate(segments) for j, seg in enumerate(segs)
+              for start in range(0, seg[1].size, piece_elements(seg[1]))]
 
     local = threading.local()  # one read buffer per worker thread (used for unaligned data only)
 
     by_fd = kernels.compiled_f32_summaries_fd
 
-    def work(piece: tuple[int, int, int]) -> StatsAccumulator:
-        k, start, stop = piece
-        info = infos[k]
+    def work(piece: tuple[int, int, int, int]) -> StatsAccumulator:
+        k, j, start, stop = piece
+        source, info, location = segments[k][j]
         acc = StatsAccumulator(p)
         if by_fd is not None and info.dtype == np.float32 and p != 1.0:
-            fd, offset = locations[k]
+            fd, offset = location
             try:  # read and summarised chunk by chunk in C, through a cache-resident buffer, no GIL held
                 summaries = by_fd(fd, offset + start * 4, stop - start, STREAM_CHUNK)
             except EOFError:
-                raise InputError(f"{reader.display_path}: tensor {info.name!r} is truncated") from None
+                raise InputError(f"{source.display_path}: tensor {info.name!r} is truncated") from None
             except OSError as exc:
-                raise InputError(f"{reader.display_path}: cannot read tensor {info.name!r} "
+                raise InputError(f"{source.display_path}: cannot read tensor {info.name!r} "
                                  f"({exc.strerror or exc})") from None
 
             def chunk_at(i: int) -> np.ndarray:  # the rare chunk whose data is needed after all
                 a = start + i * STREAM_CHUNK
                 b = min(a + STREAM_CHUNK, stop)
-                return np.array(next(reader.range_window(locations[k], info, a, b)))
+                return np.array(next(source.range_window(location, info, a, b)))
 
             acc.update_summaries(summaries, STREAM_CHUNK, stop - start, chunk_at)
             return acc
         buffer = getattr(local, "buffer", None)
         if buffer is None:
             buffer = local.buffer = np.empty(PIECE_BYTES // 8 + STREAM_CHUNK, np.float64).view(np.uint8)
-        for window in reader.range_window(locations[k], info, start, stop, buffer):
+        for window in source.range_window(location, info, start, stop, buffer):
             if info.dtype == np.bool_:
                 window = window.view(np.int8)
             acc.update_window(window, STREAM_CHUNK)
@@ -172,7 +175,7 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
 
     accs = [StatsAccumulator(p) for _ in infos]
     left = [0] * len(infos)
-    for k, _, _ in pieces:
+    for k, *_ in pieces:
         left[k] += 1
     done = 0
 
@@ -185,7 +188,7 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
 
     pool = ThreadPoolExecutor(workers, thread_name_prefix="gradtool-stats")
     try:
-        for (k, _, _), acc in zip(pieces, pool.map(work, pieces)):  # results in submission order
+        for (k, *_), acc in zip(pieces, pool.map(work, pieces)):  # results in submission order
             while done < k:  # empty tensors (no pieces) before this one
                 finish(done)
                 done += 1

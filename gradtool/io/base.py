@@ -159,6 +159,15 @@ class DumpReader:
         threads at once, see :meth:`range_window`); None otherwise (compressed, chunked, sharded, stdin)."""
         return None
 
+    def raw_segments(self, info: TensorInfo) -> list[tuple[DumpReader, TensorInfo, tuple[int, int]]] | None:
+        """The runs of bytes a tensor is made of, in element order, as (reader, piece, raw_location):
+        one run here (none for an empty tensor); a sharded step's pieces in its shard files. None when a
+        run cannot be read at an offset."""
+        if info.size == 0:
+            return []
+        location = self.raw_location(info)
+        return None if location is None else [(self, info, location)]
+
     def range_window(self, location: tuple[int, int], info: TensorInfo, start: int, stop: int,
                      buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:
         """Yields once: elements [start, stop) of a tensor at ``raw_location`` as one 1-D array, a view of

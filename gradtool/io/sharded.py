@@ -62,6 +62,15 @@ class ShardedReader(DumpReader):
         for shard, piece in self._pieces[info.name]:
             yield from shard.iter_chunks(piece, chunk_elements)
 
+    def raw_segments(self, info: TensorInfo) -> list[tuple[DumpReader, TensorInfo, tuple[int, int]]] | None:
+        out: list[tuple[DumpReader, TensorInfo, tuple[int, int]]] = []
+        for shard, piece in self._pieces[info.name]:
+            segs = shard.raw_segments(piece)
+            if segs is None:
+                return None
+            out.extend(segs)
+        return out
+
     def _read(self, info: TensorInfo) -> np.ndarray:
         parts = self._pieces[info.name]
         if len(parts) == 1:

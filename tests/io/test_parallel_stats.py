@@ -157,3 +157,31 @@ def test_inflating_in_pieces_checks_size_and_crc(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="bad.npz"):
         with open_dump(bad) as reader:
             reader.read("a")
+
+
+def test_a_sharded_step_on_two_threads_equals_one(tmp_path):
+    """A sharded step's logical tensors are their pieces in the rank files, in order, on two threads."""
+    from gradtool.io.sharded import ShardedReader
+
+    t = _tensors()
+    paths = []
+    for r, ext in enumerate(("safetensors", "npz", "h5")):
+        piece = {name: np.array_split(a.reshape(-1), 3)[r] for name, a in t.items()}
+        paths.append(str(tmp_path / f"rank{r}.{ext}"))
+        save_dump(paths[-1], piece)
+    saved = (summarize_mod.STATS_WORKERS, summarize_mod.PARALLEL_MIN_BYTES, summarize_mod.PIECE_BYTES)
+    results = []
+    try:
+        for workers in (2, 1):
+            summarize_mod.STATS_WORKERS, summarize_mod.PARALLEL_MIN_BYTES = workers, 0
+            summarize_mod.PIECE_BYTES = 2 * STREAM_CHUNK * 4
+            reader = ShardedReader(paths, display_path=str(tmp_path))
+            try:
+                assert reader.raw_segments(reader.info("big")) is not None  # the two-thread path applies
+                results.append(summarize_dump(reader))
+            finally:
+                reader.close()
+    finally:
+        summarize_mod.STATS_WORKERS, summarize_mod.PARALLEL_MIN_BYTES, summarize_mod.PIECE_BYTES = saved
+    _same(*results)
+    assert dict(results[0].tensors)["big"].size == t["big"].size
