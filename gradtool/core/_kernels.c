@@ -154,6 +154,22 @@ typedef struct {
     long long zeros;
 } summary_t;
 
+/* A list of (min, max, sum, sumsq, zero_count) tuples from `count` summaries; frees `out`. */
+static PyObject *summaries_to_list(summary_t *out, Py_ssize_t count) {
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t c = 0; list != NULL && c < count; c++) {
+        PyObject *t = Py_BuildValue("(ddddL)", (double)out[c].lo, (double)out[c].hi, out[c].sum, out[c].sumsq,
+                                    out[c].zeros);
+        if (t == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, c, t);
+    }
+    PyMem_RawFree(out);
+    return list;
+}
+
 static PyObject *f32_summaries(PyObject *self, PyObject *args) {
     PyObject *obj;
     Py_ssize_t chunk;
@@ -183,18 +199,7 @@ static PyObject *f32_summaries(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    PyObject *list = PyList_New(count);
-    for (Py_ssize_t c = 0; list != NULL && c < count; c++) {
-        PyObject *t = Py_BuildValue("(ddddL)", (double)out[c].lo, (double)out[c].hi, out[c].sum, out[c].sumsq,
-                                    out[c].zeros);
-        if (t == NULL) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, c, t);
-    }
-    PyMem_RawFree(out);
-    return list;
+    return summaries_to_list(out, count);
 }
 
 #ifndef _WIN32
@@ -255,18 +260,7 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_EOFError, "the file ends before the tensor does");
         return NULL;
     }
-    PyObject *list = PyList_New(nchunks);
-    for (Py_ssize_t c = 0; list != NULL && c < nchunks; c++) {
-        PyObject *t = Py_BuildValue("(ddddL)", (double)out[c].lo, (double)out[c].hi, out[c].sum, out[c].sumsq,
-                                    out[c].zeros);
-        if (t == NULL) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, c, t);
-    }
-    PyMem_RawFree(out);
-    return list;
+    return summaries_to_list(out, nchunks);
 }
 #endif
 
