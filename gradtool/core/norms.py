@@ -202,6 +202,13 @@ def _pool() -> Any:
     return _POOL
 
 
+def _in_pool() -> bool:
+    """True on one of _pool's own threads, which must not wait on the pool (that could deadlock)."""
+    import threading
+
+    return threading.current_thread().name.startswith("gradtool-norm")
+
+
 def _whole_chunks_compiled(flat: np.ndarray, acc: NormAccumulator, threaded: bool = True) -> int:
     """Every whole chunk of a big float32 tensor through the compiled kernel, in one GIL-free call per half
     of the tensor on two threads (so no Python runs per chunk and both cores read memory): the same chunk
@@ -210,7 +217,7 @@ def _whole_chunks_compiled(flat: np.ndarray, acc: NormAccumulator, threaded: boo
     kernel = kernels.compiled_f32_summaries
     chunks = flat.shape[0] // CHUNK_ELEMENTS
     whole = chunks * CHUNK_ELEMENTS
-    if chunks >= 8 and threaded:
+    if chunks >= 8 and threaded and not _in_pool():
         mid = (chunks // 2) * CHUNK_ELEMENTS
         halves = [flat[:mid], flat[mid:whole]]
         results = [r for part in _pool().map(lambda h: kernel(h, CHUNK_ELEMENTS), halves) for r in part]

@@ -210,3 +210,11 @@ def test_summaries_read_from_a_file_equal_those_of_the_array(tmp_path):
         os.close(fd)
     with pytest.raises(OSError):
         kernels.compiled_f32_summaries_fd(fd, 0, 10, 4096)  # closed descriptor
+
+
+def test_big_norms_from_the_pools_own_threads_do_not_deadlock():
+    from gradtool.core.norms import CHUNK_ELEMENTS, _pool
+
+    a = np.ones(9 * CHUNK_ELEMENTS, np.float32)
+    futures = [_pool().submit(tensor_norm, a) for _ in range(4)]  # each would want both pool threads
+    assert [f.result(timeout=60) for f in futures] == [math.sqrt(a.size)] * 4
