@@ -97,8 +97,8 @@ def summarize_dump(reader: DumpReader, *, step: int | None = None, select: Seque
 
 
 STATS_WORKERS = 2  # this machine class has two cores; more threads only add hand-offs
-PIECE_BYTES = 16 << 20  # a piece of work: 16 MiB of stream chunks, one memory-map window (8 MiB measured
-# 0.77-0.88 of raw read, 16 MiB 0.82-0.88, 32 MiB 0.84-0.88; 4 MiB 0.64-0.73: GIL round trips)
+PIECE_BYTES = 16 << 20  # a piece of work: 16 MiB of stream chunks, one kernel call (8 MiB measured 0.77-0.88
+# of raw read, 16 MiB 0.82-0.88, 32 MiB 0.84-0.88; 4 MiB 0.64-0.73: GIL round trips)
 PARALLEL_MIN_BYTES = 32 << 20  # below this, thread start-up costs more than a second core gains
 
 
@@ -136,40 +136,11 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
               for k, segs in enumerate(segments) for j, seg in enumerate(segs)
               for start in range(0, seg[1].size, piece_elements(seg[1]))]
 
-    local = threading.local()  # one read buffer per worker thread (used for unaligned data only)
-
-    by_fd = kernels.compiled_f32_summaries_fd
+    local = threading.local()  # one read buffer per worker thread (for non-float32 unaligned data)
 
     def work(piece: tuple[int, int, int, int]) -> StatsAccumulator:
         k, j, start, stop = piece
-        source, info, location = segments[k][j]
-        acc = StatsAccumulator(p)
-        if by_fd is not None and info.dtype == np.float32 and p != 1.0:
-            fd, offset = location
-            try:  # read and summarised chunk by chunk in C, through a cache-resident buffer, no GIL held
-                summaries = by_fd(fd, offset + start * 4, stop - start, STREAM_CHUNK)
-            except EOFError:
-                raise InputError(f"{source.display_path}: tensor {info.name!r} is truncated") from None
-            except OSError as exc:
-                raise InputError(f"{source.display_path}: cannot read tensor {info.name!r} "
-                                 f"({exc.strerror or exc})") from None
-
-            def chunk_at(i: int) -> np.ndarray:  # the rare chunk whose data is needed after all
-                a = start + i * STREAM_CHUNK
-                b = min(a + STREAM_CHUNK, stop)
-                return np.array(next(source.range_window(location, info, a, b)))
-
-            acc.update_summaries(summaries, STREAM_CHUNK, stop - start, chunk_at)
-            return acc
-        buffer = getattr(local, "buffer", None)
-        if buffer is None:
-            buffer = local.buffer = np.empty(PIECE_BYTES // 8 + STREAM_CHUNK, np.float64).view(np.uint8)
-        for window in source.range_window(location, info, start, stop, buffer):
-            if info.dtype == np.bool_:
-                window = window.view(np.int8)
-            acc.update_window(window, STREAM_CHUNK)
-            del window
-        return acc
+        return _piece_accumulator(*segments[k][j], start, stop, p, local)
 
     from concurrent.futures import ThreadPoolExecutor
 
@@ -203,6 +174,38 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return True
+
+
+def _piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int, int], start: int, stop: int,
+                       p: float, local: threading.local) -> StatsAccumulator:
+    """Elements [start, stop) of one run of a tensor's bytes, summarised. float32: read and summarised
+    chunk by chunk in C through a cache-resident buffer, no GIL held (``f32_summaries_fd``); other dtypes:
+    one memory-map window (or a pread into this thread's buffer) and ``update_window``."""
+    acc = StatsAccumulator(p)
+    by_fd = kernels.compiled_f32_summaries_fd
+    if by_fd is not None and info.dtype == np.float32 and p != 1.0:
+        fd, offset = location
+        try:
+            summaries = by_fd(fd, offset + start * 4, stop - start, STREAM_CHUNK)
+        except EOFError:
+            raise InputError(f"{source.display_path}: tensor {info.name!r} is truncated") from None
+        except OSError as exc:
+            raise InputError(f"{source.display_path}: cannot read tensor {info.name!r} "
+                             f"({exc.strerror or exc})") from None
+
+        def chunk_at(i: int) -> np.ndarray:  # the rare chunk whose data is needed after all
+            a = start + i * STREAM_CHUNK
+            return np.array(next(source.range_window(location, info, a, min(a + STREAM_CHUNK, stop))))
+
+        acc.update_summaries(summaries, STREAM_CHUNK, stop - start, chunk_at)
+        return acc
+    buffer = getattr(local, "buffer", None)
+    if buffer is None:
+        buffer = local.buffer = np.empty(PIECE_BYTES // 8 + STREAM_CHUNK, np.float64).view(np.uint8)
+    for window in source.range_window(location, info, start, stop, buffer):
+        acc.update_window(window.view(np.int8) if info.dtype == np.bool_ else window, STREAM_CHUNK)
+        del window
+    return acc
 
 
 DECOMPRESS_WORKERS = 2
