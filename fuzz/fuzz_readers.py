@@ -38,6 +38,9 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
         p = os.path.join(tmp, f"seed.{ext}")
         gradtool.save_dump(p, t, {"step": 3})
         out.append((ext, open(p, "rb").read()))
+    p = os.path.join(tmp, "seed_deflated.npz")  # deflated members: the streaming inflate path
+    np.savez_compressed(p, w=t["w"], x=np.arange(5000.0))
+    out.append(("npz", open(p, "rb").read()))
     buf = io.BytesIO()
     np.save(buf, t["w"])
     out.append(("npy", buf.getvalue()))
