@@ -264,7 +264,61 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
 }
 #endif
 
+/* f32_sumsq_each(sequence of buffers) -> list of Σx² (float64), one per C-contiguous float32 buffer, computed
+ * with the GIL released after all buffers are taken (the same arithmetic as f32_summary's sumsq). For
+ * many small tensors: no Python runs per tensor. */
+static PyObject *f32_sumsq_each(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "f32_sumsq_each needs a sequence of float32 buffers");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer *views = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof(Py_buffer));
+    double *sums = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+    if (views == NULL || sums == NULL) {
+        PyMem_Free(views);
+        PyMem_Free(sums);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t taken = 0;
+    PyObject *result = NULL;
+    for (; taken < n; taken++) {
+        Py_buffer *v = &views[taken];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, taken), v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto done;
+        if (v->itemsize != 4 || !native_float32(v->format)) {
+            PyBuffer_Release(v);
+            PyErr_SetString(PyExc_TypeError, "f32_sumsq_each needs C-contiguous float32 buffers");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float lo, hi;
+        double sum;
+        long long zeros;
+        f32_summary_loop((const float *)views[i].buf, views[i].len / 4, &lo, &hi, &sum, &sums[i], &zeros);
+    }
+    Py_END_ALLOW_THREADS
+    result = PyList_New(n);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        PyObject *f = PyFloat_FromDouble(sums[i]);
+        if (f == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, f);
+    }
+done:
+    for (Py_ssize_t i = 0; i < taken; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(sums);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"f32_sumsq_each", f32_sumsq_each, METH_O,
+     "f32_sumsq_each(buffers) -> [sum of squares of each C-contiguous float32 buffer], GIL released."},
 #ifndef _WIN32
     {"f32_summaries_fd", f32_summaries_fd, METH_VARARGS,
      "f32_summaries_fd(fd, offset, count, chunk_elements) -> f32_summary of each chunk of the count float32\n"

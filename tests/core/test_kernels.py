@@ -2,6 +2,7 @@
 independent float64 reference (math.fsum), across SIMD-step (32), block (4096) and tail boundaries, with
 NaN, ±inf, ±0 and misaligned buffers; and tensor statistics with the kernel equal those without it."""
 
+import contextlib
 import math
 import os
 
@@ -218,3 +219,51 @@ def test_big_norms_from_the_pools_own_threads_do_not_deadlock():
     a = np.ones(9 * CHUNK_ELEMENTS, np.float32)
     futures = [_pool().submit(tensor_norm, a) for _ in range(4)]  # each would want both pool threads
     assert [f.result(timeout=60) for f in futures] == [math.sqrt(a.size)] * 4
+
+
+@pytest.mark.parametrize("kind", ["plain", "nan", "inf", "huge", "tiny"])
+@pytest.mark.parametrize("kernel", [True, False])
+def test_global_norm_of_many_small_tensors(kind, kernel):
+    """Many small float32 tensors (the compiled kernel on two threads, or np.vdot per tensor): near the
+    math.fsum reference, NaN/inf as the exact path says, and squares that overflow or underflow float32
+    sent to the exact path."""
+    from gradtool import global_norm
+
+    if kernel and not kernels.BUILT:
+        pytest.skip("compiled kernel not built")
+    rng = np.random.default_rng(8)
+    ts = [rng.standard_normal(int(rng.integers(1, 5000)), dtype=np.float32) for _ in range(300)]
+    if kind == "nan":
+        ts[123][0] = np.nan
+    elif kind == "inf":
+        ts[7][-1] = -np.inf
+    elif kind == "huge":
+        ts[50] *= np.float32(1e25)  # float32 squares overflow
+    elif kind == "tiny":
+        ts = [t * np.float32(1e-30) for t in ts]  # float32 squares underflow
+    with contextlib.nullcontext() if kernel else kernels.disabled():
+        got = global_norm(ts)
+    d = [t.astype(np.float64) for t in ts]
+    if kind == "nan":
+        assert math.isnan(got)
+    elif kind == "inf":
+        assert got == math.inf
+    else:
+        big = max(float(np.abs(x).max()) for x in d)
+        exact = big * math.sqrt(math.fsum(math.fsum(((x / big) ** 2).tolist()) for x in d))
+        assert got == pytest.approx(exact, rel=1e-7)
+
+
+@needs_kernel
+def test_sumsq_each_checks_every_buffer():
+    k = kernels.compiled_f32_sumsq_each
+    assert k([]) == []
+    a = np.arange(5000, dtype=np.float32)
+    got = k([a, a[:3]])
+    assert got[0] == pytest.approx(float((a.astype(np.float64) ** 2).sum()), rel=1e-7) and got[1] == 5.0
+    with pytest.raises(TypeError):
+        k([a, np.zeros(3)])  # float64
+    with pytest.raises((TypeError, ValueError)):
+        k([a[::2]])  # not contiguous
+    with pytest.raises(TypeError):
+        k(5)
