@@ -126,8 +126,12 @@ def _optional_column(values: Sequence[float | None] | None, n: int) -> tuple[np.
     """(float64 array with None as NaN, mask of the entries that were given), without a Python loop."""
     if values is None:
         return np.full(n, np.nan), np.zeros(n, dtype=bool)
-    if type(values) is list and None not in values:  # the common case: a C-speed scan, no object array
-        return np.asarray(values, dtype=np.float64), np.ones(n, dtype=bool)
+    if type(values) is list:  # the common cases by a C-speed count, without an object array
+        nones = values.count(None)
+        if nones == 0:
+            return np.asarray(values, dtype=np.float64), np.ones(n, dtype=bool)
+        if nones == len(values):
+            return np.full(n, np.nan), np.zeros(n, dtype=bool)
     obj = np.asarray(values, dtype=object)
     given = np.not_equal(obj, None)
     return obj.astype(np.float64) if given.all() else np.where(given, obj, np.nan).astype(np.float64), given
@@ -232,8 +236,9 @@ def _block_baseline(logs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            bm = np.nanmedian(blocks, axis=1)
-            bs = MAD_TO_SIGMA * np.nanmedian(np.abs(blocks - bm[:, None]), axis=1)
+            median = np.median if ok.all() and np.isfinite(blocks).all() else np.nanmedian  # nanmedian of
+            bm = median(blocks, axis=1)  # short rows goes through masked arrays: 0.1 s for 10^6 points
+            bs = MAD_TO_SIGMA * median(np.abs(blocks - bm[:, None]), axis=1)
     bm[~ok] = np.nan
     bs[~ok] = np.nan
     owner = np.arange(n) // BLOCK - 1  # the block before j's own block

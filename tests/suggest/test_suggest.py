@@ -175,3 +175,33 @@ def test_million_point_history_is_fast_enough_to_not_be_quadratic():
     x = np.exp(rng.normal(0, 0.3, 200_000))
     s = suggest_threshold(range(200_000), x)
     assert s.threshold is not None
+
+
+from hypothesis import given as _given, settings as _settings  # noqa: E402
+from hypothesis import strategies as _st  # noqa: E402
+
+
+@_settings(max_examples=60, deadline=None)
+@_given(n=_st.integers(0, 300), seed=_st.integers(0, 2**32 - 1), holes=_st.integers(0, 40))
+def test_block_baseline_equals_a_per_point_reference(n, seed, holes):
+    """The vectorised running baseline (median and robust sigma of the previous full block) against a plain
+    loop with numpy's nanmedian per block, with and without NaN holes (the fast np.median branch and the
+    nanmedian one)."""
+    from gradtool.suggest import BLOCK, MAD_TO_SIGMA, _block_baseline
+
+    rng = np.random.default_rng(seed)
+    logs = rng.standard_normal(n)
+    if n and holes:
+        logs[rng.integers(0, n, holes)] = np.nan
+    med, sig = _block_baseline(logs)
+    for j in range(n):
+        b = j // BLOCK - 1
+        if b < 0 or (b + 1) * BLOCK > n:
+            assert np.isnan(med[j]) and np.isnan(sig[j])
+            continue
+        block = logs[b * BLOCK:(b + 1) * BLOCK]
+        if np.isfinite(block).sum() < 8:
+            assert np.isnan(med[j])
+            continue
+        m = np.nanmedian(block)
+        assert med[j] == m and sig[j] == pytest.approx(MAD_TO_SIGMA * np.nanmedian(np.abs(block - m)), rel=1e-12)
