@@ -181,19 +181,28 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None,
         step_arr = np.arange(len(norms), dtype=np.int64) if steps is None else np.asarray(steps, dtype=np.int64)
     except (ValueError, TypeError, OverflowError):
         return None
-    order = np.arange(step_arr.size)
-    last = np.unique(step_arr[::-1], return_index=True)[1]
-    idx = order[::-1][last]
+    n = step_arr.size
+    in_order = n < 2 or bool(np.all(step_arr[1:] > step_arr[:-1]))  # the usual log: no step twice, sorted
+    if in_order:
+        idx = None  # every row kept, in place: lists of the right types are passed through, not converted
+    else:
+        idx = np.arange(n)[::-1][np.unique(step_arr[::-1], return_index=True)[1]]
+
+    def kept(col: list[Any], arr: Any, kind: type) -> list[Any]:
+        if idx is None and type(col) is list and set(map(type, col)) <= {kind}:
+            return col
+        return (arr if idx is None else arr[idx]).tolist()
 
     def pick(col: list[Any] | None) -> list[float | None] | None:
         if col is None:
-            return [None] * idx.size
-        try:  # numbers, or numeric strings: one NumPy conversion
-            return np.asarray(col, dtype=np.float64)[idx].tolist()
+            return [None] * (n if idx is None else idx.size)
+        try:  # numbers, or numeric strings: one NumPy conversion (which would turn None into NaN)
+            if not (type(col) is list and None in col):
+                return kept(col, np.asarray(col, dtype=np.float64), float)
         except (ValueError, TypeError, OverflowError):
             pass  # empty cells or None: element by element
         out = []
-        for i in idx.tolist():
+        for i in (range(n) if idx is None else idx.tolist()):
             v = _num(col[i])
             if v is None and col[i] not in (None, ""):
                 return None
@@ -203,7 +212,8 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None,
     loss_v, lr_v = pick(loss), pick(lr)
     if loss_v is None or lr_v is None:
         return None
-    return step_arr[idx].tolist(), norm_arr[idx].tolist(), loss_v, lr_v
+    steps_v = list(range(n)) if steps is None else kept(steps, step_arr, int)
+    return steps_v, kept(norms, norm_arr, float), loss_v, lr_v
 
 
 def _loads(text: str, source: str) -> Any:

@@ -176,3 +176,28 @@ def test_msgspec_decoder_is_used_and_falls_back_on_nan_tokens():
     assert math.isnan(out[0]["a"]) and out[0]["b"] == math.inf and out[0]["c"] == -math.inf
     with pytest.raises(ValueError):
         _decode_array('[{"a": 1,}')
+
+
+_num_or_none = st.one_of(st.floats(allow_nan=False, allow_infinity=False, width=64), st.integers(-10**6, 10**6),
+                         st.none())
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.fixed_dictionaries(
+    {"step": st.integers(0, 40), "grad_norm": st.one_of(st.floats(allow_nan=True, width=64), st.integers(0, 9))},
+    optional={"loss": _num_or_none, "learning_rate": _num_or_none}), min_size=1, max_size=40),
+    sort=st.booleans())
+def test_vectorised_columns_equal_the_general_loop(rows, sort):
+    """from_records' NumPy path (columns, last row of a step kept, rows passed through when already in
+    order) gives the general per-row loop's history."""
+    from gradtool.io import logs as logs_mod
+
+    if sort:  # the usual log: steps increasing, each once (the pass-through branch)
+        rows = list({r["step"]: r for r in rows}.values())
+        rows.sort(key=lambda r: r["step"])
+    fast = logs_mod.from_records(rows, "x", "jsonl")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(logs_mod, "_vectorised", lambda *a: None)
+        slow = logs_mod.from_records(rows, "x", "jsonl")
+    assert _as_tuple(fast) == _as_tuple(slow)
+    assert all(type(v) is float for v in fast.norms) and all(type(s) is int for s in fast.steps)
