@@ -185,17 +185,15 @@ class DumpReader:
         if offset % itemsize:  # unaligned (np.savez members): NumPy is many times slower on unaligned views
             if buffer is None or buffer.nbytes < nbytes:
                 buffer = np.empty(nbytes // 8 + 1, np.float64).view(np.uint8)
-            view = memoryview(buffer)[:nbytes]
-            pos = 0
-            while pos < nbytes:
-                n = os.preadv(fd, [view[pos:]], byte_start + pos)
-                if not n:
-                    raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
-                pos += n
+            self._fill(memoryview(buffer)[:nbytes], lambda view, pos: os.preadv(fd, [view], byte_start + pos), info)
             yield buffer[:nbytes].view(info.dtype)
             return
         base = byte_start - byte_start % mmap.ALLOCATIONGRANULARITY
         m = mmap.mmap(fd, byte_start - base + nbytes, access=mmap.ACCESS_READ, offset=base)
+        try:
+            m.madvise(mmap.MADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
         window = np.frombuffer(m, dtype=info.dtype, count=stop - start, offset=byte_start - base)
         yield window
         del window
@@ -203,6 +201,16 @@ class DumpReader:
             m.close()
         except BufferError:  # the caller kept a view: the map is released when that goes
             pass
+
+    def _fill(self, view: memoryview, read_into: Any, info: TensorInfo) -> None:
+        """Fill ``view`` by ``read_into(rest_of_view, position)`` calls, which return the bytes they read
+        (0 at a premature end: a truncated file)."""
+        pos = 0
+        while pos < len(view):
+            n = read_into(view[pos:], pos)
+            if not n or n < 0:
+                raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
+            pos += n
 
     def _checked_location(self, fd: int, offset: int, info: TensorInfo) -> tuple[int, int] | None:
         if not (info.dtype.isnative or info.dtype.itemsize == 1) or info.dtype.hasobject:
@@ -235,31 +243,15 @@ class DumpReader:
     def _mmap_chunks(self, fd: int, offset: int, info: TensorInfo, chunk_elements: int) -> Iterator[np.ndarray]:
         """Chunks as views of a read-only memory map, one window of MMAP_WINDOW_CHUNKS chunks at a time
         (so resident memory stays bounded by the window, not the tensor)."""
-        import mmap
-
-        itemsize = info.dtype.itemsize
         total = info.size
-        if offset + total * itemsize > os.fstat(fd).st_size:
+        if offset + total * info.dtype.itemsize > os.fstat(fd).st_size:
             raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
         per_window = chunk_elements * MMAP_WINDOW_CHUNKS
         for wstart in range(0, total, per_window):
-            count = min(per_window, total - wstart)
-            byte_start = offset + wstart * itemsize
-            base = byte_start - byte_start % mmap.ALLOCATIONGRANULARITY
-            length = byte_start - base + count * itemsize
-            m = mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=base)
-            try:
-                m.madvise(mmap.MADV_SEQUENTIAL)
-            except (AttributeError, OSError):
-                pass
-            window = np.frombuffer(m, dtype=info.dtype, count=count, offset=byte_start - base)
-            for s in range(0, count, chunk_elements):
-                yield window[s: s + chunk_elements]
-            del window
-            try:
-                m.close()
-            except BufferError:  # the caller kept a chunk: the map is released when that goes
-                pass
+            for window in self.range_window((fd, offset), info, wstart, min(wstart + per_window, total)):
+                for s in range(0, window.shape[0], chunk_elements):
+                    yield window[s: s + chunk_elements]
+                del window
 
     def _stream_chunks(self, f: Any, info: TensorInfo, chunk_elements: int) -> Iterator[np.ndarray]:
         """Chunks read sequentially from a file-like object (e.g. a compressed zip member)."""
@@ -275,13 +267,8 @@ class DumpReader:
         buf = self._buffer(min(total, chunk_elements) * itemsize)
         for start in range(0, total, chunk_elements):
             count = min(chunk_elements, total - start)
-            view = memoryview(buf)[: count * itemsize]
-            pos = 0
-            while pos < len(view):
-                n = read_into(view[pos:], start * itemsize + pos)
-                if not n or n < 0:
-                    raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
-                pos += n
+            self._fill(memoryview(buf)[: count * itemsize],
+                       lambda view, pos, at=start * itemsize: read_into(view, at + pos), info)
             chunk = buf[: count * itemsize].view(info.dtype)
             yield chunk if native else chunk.astype(info.dtype.newbyteorder("="))
 
