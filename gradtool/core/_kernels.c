@@ -126,14 +126,20 @@ static int native_float32(const char *fmt) {
     return strcmp(fmt, "f") == 0;
 }
 
+/* Take `obj`'s buffer into `view` if it is C-contiguous native float32; else set TypeError and return -1. */
+static int take_f32(PyObject *obj, Py_buffer *view, const char *who) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != 4 || !native_float32(view->format)) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_TypeError, "%s needs C-contiguous float32 buffers", who);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *f32_summary(PyObject *self, PyObject *arg) {
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    if (view.itemsize != 4 || !native_float32(view.format)) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_TypeError, "f32_summary needs a C-contiguous float32 buffer");
-        return NULL;
-    }
+    if (take_f32(arg, &view, "f32_summary") < 0) return NULL;
     Py_ssize_t n = view.len / 4;
     float lo = INFINITY, hi = -INFINITY;
     double total = 0.0, total_sq = 0.0;
@@ -179,12 +185,7 @@ static PyObject *f32_summaries(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    if (view.itemsize != 4 || !native_float32(view.format)) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_TypeError, "f32_summaries needs a C-contiguous float32 buffer");
-        return NULL;
-    }
+    if (take_f32(obj, &view, "f32_summaries") < 0) return NULL;
     Py_ssize_t n = view.len / 4, count = (n + chunk - 1) / chunk;
     summary_t *out = PyMem_RawMalloc((size_t)(count > 0 ? count : 1) * sizeof(summary_t));
     if (out == NULL) {
@@ -282,14 +283,7 @@ static PyObject *f32_sumsq_each(PyObject *self, PyObject *arg) {
     Py_ssize_t taken = 0;
     PyObject *result = NULL;
     for (; taken < n; taken++) {
-        Py_buffer *v = &views[taken];
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, taken), v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-            goto done;
-        if (v->itemsize != 4 || !native_float32(v->format)) {
-            PyBuffer_Release(v);
-            PyErr_SetString(PyExc_TypeError, "f32_sumsq_each needs C-contiguous float32 buffers");
-            goto done;
-        }
+        if (take_f32(PySequence_Fast_GET_ITEM(seq, taken), &views[taken], "f32_sumsq_each") < 0) goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
