@@ -159,3 +159,79 @@ def test_save_refuses_existing_file(tmp_path):
     save_dump(p, {"w": np.zeros(1)}, force=True)
     with open_dump(p) as r:
         assert r.read("w")[0] == 0
+
+
+def test_hdf5_every_storage_layout_reads_the_same(tmp_path):
+    """Contiguous datasets are indexed by file offset; chunked, compressed, compact and empty ones
+    through h5py. All read back exactly, with their dataset attributes."""
+    p = str(tmp_path / "layouts.h5")
+    a = np.arange(600, dtype=np.float32).reshape(20, 30) - 300.5
+    with h5py.File(p, "w", track_order=True) as f:
+        f.create_dataset("contig", data=a).attrs["units"] = 30
+        f.create_dataset("chunked", data=a, chunks=(3, 30))
+        f.create_dataset("gz", data=a, compression="gzip", compression_opts=7)
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        space = h5py.h5s.create_simple((4,))
+        h5py.h5d.create(f.id, b"compact", h5py.h5t.NATIVE_DOUBLE, space, dcpl=dcpl).write(
+            h5py.h5s.ALL, h5py.h5s.ALL, np.arange(4.0))
+        f.create_dataset("unallocated", shape=(5,), dtype="f4")
+        f.create_dataset("empty", shape=(0, 3), dtype="f4")
+    with open_dump(p) as r:
+        assert r.names == ["contig", "chunked", "gz", "compact", "unallocated", "empty"]
+        for n in ("contig", "chunked", "gz"):
+            np.testing.assert_array_equal(r.read(n), a)
+            np.testing.assert_array_equal(np.concatenate([c.copy() for c in r.iter_chunks(r.info(n), 64)]), a.ravel())
+        assert r.info("contig").attrs == {"units": 30} and r.info("chunked").attrs == {}
+        assert r.info("gz").compression == "gzip" and r.info("gz").compression_opts == 7
+        assert r.info("contig").compression is None
+        assert r.raw_location(r.info("contig")) is not None and r.raw_location(r.info("gz")) is None
+        assert r.read("compact").tolist() == [0, 1, 2, 3]
+        assert r.read("unallocated").tolist() == [0] * 5
+        assert r.read("empty").shape == (0, 3)
+
+
+def test_hdf5_nested_groups_hard_link_cycle_and_group_attrs(tmp_path):
+    p = str(tmp_path / "tree.h5")
+    with h5py.File(p, "w", track_order=True) as f:
+        g = f.create_group("a", track_order=True)
+        g.attrs["kind"] = "block"
+        g.create_dataset("w", data=np.ones(3))
+        g.create_group("b").create_dataset("v", data=np.zeros(2))
+        g["b"]["back"] = g  # a hard link cycle a/b/back -> a
+    with open_dump(p) as r:
+        assert r.names == ["a/w", "a/b/v"]
+        assert r.group_attrs["a"] == {"kind": "block"} and r.group_attrs["a/b"] == {}
+
+
+def test_hdf5_name_that_is_not_utf8_is_a_one_line_error(tmp_path):
+    from gradtool.errors import InputError
+
+    p = str(tmp_path / "latin1.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset(b"caf\xe9", data=np.ones(2))
+    with pytest.raises(InputError, match="latin1.h5.*not valid UTF-8"):
+        open_dump(p)
+
+
+def test_hdf5_history_file_is_refused_as_one_dump_and_read_as_history(tmp_path):
+    from gradtool.errors import InputError
+    from gradtool.io.hdf5 import open_h5, step_groups
+
+    p = str(tmp_path / "hist.h5")
+    with h5py.File(p, "w", track_order=True) as f:
+        f.create_dataset("loose", data=np.ones(1))
+        for s in (10, 20):
+            f.create_group(f"step_{s}").attrs["step"] = s
+            f[f"step_{s}"].create_dataset("w", data=np.full(2, s, np.float32))
+        f.create_group("notes").attrs["step"] = "ten"  # not an integer: not a step group
+        f["soft"] = h5py.SoftLink("/step_10")
+    with pytest.raises(InputError, match="several steps"):
+        open_dump(p)
+    f = open_h5(p, p)
+    try:
+        assert step_groups(f) == [("step_10", 10), ("step_20", 20)]
+    finally:
+        f.close()
+    with open_dump(p, group="step_20") as r:
+        assert r.read("w").tolist() == [20, 20]
