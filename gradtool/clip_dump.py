@@ -18,7 +18,7 @@ import numpy as np
 from .backend import to_device, to_host
 from .core import clipping
 from .core.stats import STREAM_CHUNK
-from .core.norms import NormAccumulator, combine_norms, parse_norm_type, tensor_norm
+from .core.norms import ROW, NormAccumulator, combine_norms, parse_norm_type, tensor_norm
 from .errors import NonFiniteError, UsageError
 from .io.base import DumpReader, DumpWriter, TensorInfo
 from .summarize import name_selected
@@ -297,11 +297,20 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
     acc = NormAccumulator(p)
     changed = 0
     out_buf = np.empty(min(info.size, STREAM_CHUNK), info.dtype.newbyteorder("=")) if info.size else None
+    fused = _fused_scale(info, scale, p) if lo is None else None
 
     def clipped_chunks() -> Any:
         nonlocal changed
         for chunk in reader.iter_chunks(info):
             src = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
+            if fused is not None and src is chunk and chunk.shape[0] >= ROW and chunk.dtype == np.float32 \
+                    and chunk.flags.c_contiguous:  # scale, count changes and measure in one pass
+                out = out_buf[: chunk.shape[0]]
+                sum_sq, n_changed = fused(chunk, scale, out)
+                changed += n_changed
+                acc.update_sum_sq(sum_sq, out)
+                yield out
+                continue
             if lo is not None:
                 out = clipping.clip_by_value(src, lo, threshold, nonfinite=policy, xp=np_xp)
             elif scale != 1.0:
@@ -320,6 +329,17 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
             pass
     after = acc.result()
     return TensorClip(name, before, after, changed > 0, changed, threshold)
+
+
+def _fused_scale(info: TensorInfo, scale: float | None, p: float) -> Callable[..., tuple[float, int]] | None:
+    """The compiled scale-and-measure kernel when it gives exactly what the NumPy steps would: a float32
+    tensor scaled by a factor ≠ 1 that is normal in float32 (else scale_tensor goes through float64), L2."""
+    from .core import kernels
+
+    if (kernels.compiled_f32_scale is None or scale is None or scale == 1.0 or p != 2.0
+            or info.dtype != np.float32 or clipping._subnormal_in_float32(scale, np)):
+        return None
+    return kernels.compiled_f32_scale
 
 
 def _clip_whole(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,

@@ -5,7 +5,8 @@ pass, GIL released (see the C file for the exact arithmetic); ``compiled_f32_sum
 same for every k-element chunk of a window in one call (one GIL round trip per window);
 ``compiled_f32_summaries_fd(fd, offset, count, k)`` the same for float32 values read from a file with
 ``pread`` into a cache-resident buffer inside that call; ``compiled_f32_sumsq_each(arrays)`` Σx² of each
-float32 array of a list, with no Python per array. It is None when the extension was not built
+float32 array of a list, with no Python per array; ``compiled_f32_scale(src, scale, out) -> (Σout²,
+#changed)`` writes out = src · float32(scale) and measures it in the same pass (global-norm clipping). It is None when the extension was not built
 (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the callers in :mod:`.norms` and
 :mod:`.stats` then use NumPy passes. They look it up here at call time, so tests can switch it off.
 """
@@ -30,12 +31,18 @@ try:
     from ._kernels import f32_sumsq_each as compiled_f32_sumsq_each
 except ImportError:
     compiled_f32_sumsq_each = None
+compiled_f32_scale: Callable[[Any, float, Any], tuple[float, int]] | None
+try:
+    from ._kernels import f32_scale as compiled_f32_scale
+except ImportError:
+    compiled_f32_scale = None
 try:  # not on Windows (no pread)
     from ._kernels import f32_summaries_fd as compiled_f32_summaries_fd
 except ImportError:
     compiled_f32_summaries_fd = None
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
+    compiled_f32_scale = None
 
 BUILT = compiled_f32_summary is not None
 
@@ -44,9 +51,13 @@ BUILT = compiled_f32_summary is not None
 def disabled() -> Iterator[None]:
     """Within the block, the NumPy paths run as if the extension were not built (tests, benchmarks)."""
     global compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each
-    saved = compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each
+    global compiled_f32_scale
+    saved = (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
+             compiled_f32_scale)
     compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
+    compiled_f32_scale = None
     try:
         yield
     finally:
-        compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each = saved
+        (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
+         compiled_f32_scale) = saved

@@ -269,3 +269,39 @@ def test_sumsq_each_checks_every_buffer():
         k([a[::2]])  # not contiguous
     with pytest.raises(TypeError):
         k(5)
+
+
+@needs_kernel
+@settings(max_examples=150, deadline=None)
+@given(chunks(), st.sampled_from([0.5, 0.3, 1e-4, 2.0, 1e30, 0.0, -0.7, np.nan, np.inf, 1 - 2**-24, 1e-39]))
+def test_fused_scale_equals_multiply_count_and_summary(a, scale):
+    """f32_scale: out = a · float32(scale) bit for bit (NumPy's float32 multiply, clipping.scale_tensor's
+    arithmetic), Σout² with the bits of f32_summary(out), and the number of changed elements counted
+    directly (NaN -> NaN unchanged, -0.0 == 0.0)."""
+    out = np.empty_like(a)
+    sum_sq, changed = kernels.compiled_f32_scale(a, scale, out)
+    with np.errstate(all="ignore"):
+        expected = a * np.float32(scale)
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+    reference = kernels.compiled_f32_summary(out)[3]
+    assert sum_sq == reference or (math.isnan(sum_sq) and math.isnan(reference))
+    differs = (expected != a) & ~(np.isnan(expected) & np.isnan(a))
+    assert changed == int(np.count_nonzero(differs))
+
+
+@needs_kernel
+def test_fused_scale_in_place_and_refusals():
+    a = np.arange(100, dtype=np.float32)
+    sum_sq, changed = kernels.compiled_f32_scale(a, 0.5, a)  # out may be the input
+    assert a[:3].tolist() == [0.0, 0.5, 1.0] and changed == 99
+    assert sum_sq == math.fsum((0.5 * i) ** 2 for i in range(100))
+    with pytest.raises(TypeError):
+        kernels.compiled_f32_scale(a, 0.5, np.empty(99, np.float32))  # lengths differ
+    with pytest.raises(TypeError):
+        kernels.compiled_f32_scale(a, 0.5, np.empty(100, np.float64))
+    with pytest.raises(TypeError):
+        kernels.compiled_f32_scale(a.astype(np.float64), 0.5, np.empty(100, np.float32))
+    frozen = np.empty(100, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises((TypeError, BufferError, ValueError)):
+        kernels.compiled_f32_scale(a, 0.5, frozen)
