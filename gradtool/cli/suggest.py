@@ -190,12 +190,13 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
             per_tensor_tables[mode] = per
             results.append(rec)
     hist = facts.as_dict()
-    hist.update({"first_step": steps[0], "last_step": steps[-1], "has_loss": any(v is not None for v in loss),
-                 "has_lr": any(v is not None for v in lr)})
+    has_loss = list(loss).count(None) != len(loss)  # list.count: no Python per step (10^6-step logs)
+    hist.update({"first_step": steps[0], "last_step": steps[-1], "has_loss": has_loss,
+                 "has_lr": list(lr).count(None) != len(lr)})
     return {"source": source, "method": cfg.method, "history": hist, "modes": results,
             "cannot_derive": {m: r for m, r in cannot.items() if m in wanted},
             "series": {"steps": list(steps), "global_norm": list(norms),
-                       "loss": list(loss) if any(v is not None for v in loss) else None}}
+                       "loss": list(loss) if has_loss else None}}
 
 
 def _mode_record(mode: str, s: Any) -> dict[str, Any]:
@@ -322,14 +323,20 @@ def ascii_chart(values: list[float], threshold: float | None, *, height: int = 8
     """A small log-scale chart of a series: '•' points, '─' the threshold, '!' non-finite columns."""
     if not values:
         return []
-    n = len(values)
+    import numpy as np
+
+    v = np.asarray(values, dtype=np.float64)
+    n = v.size
     cols = min(width, n)
-    buckets = [values[int(i * n / cols): max(int((i + 1) * n / cols), int(i * n / cols) + 1)] for i in range(cols)]
-    peaks = [math.nan if any(not math.isfinite(v) for v in b) else max(b) for b in buckets]
-    finite = [v for v in values if math.isfinite(v) and v > 0]
-    if not finite:
+    starts = [int(i * n / cols) for i in range(cols)]  # column c shows the peak of values[starts[c]:starts[c+1]]
+    with np.errstate(invalid="ignore"):
+        peaks = np.maximum.reduceat(v, starts).tolist()  # NaN anywhere in a bucket makes its peak NaN
+        bad = np.logical_or.reduceat(np.isinf(v), starts)  # and so does inf (drawn as '!')
+        finite = v[np.isfinite(v) & (v > 0)]
+    peaks = [math.nan if b else p for p, b in zip(peaks, bad.tolist())]
+    if not finite.size:
         return ["(no finite positive values to chart)"]
-    lo, hi = math.log10(min(finite)), math.log10(max(finite + ([threshold] if threshold else [])))
+    lo, hi = math.log10(float(finite.min())), math.log10(max(float(finite.max()), threshold or 0.0))
     if hi - lo < 1e-9:
         hi = lo + 1
 

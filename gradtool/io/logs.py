@@ -112,7 +112,9 @@ def _find_norm_key(keys: Iterable[str], explicit: str | None) -> str | None:
 
 def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key: str | None = None) -> NormHistory:
     """Build a history from dict records (HF log_history entries, JSONL lines, CSV rows)."""
-    rows = [r for r in records if type(r) is dict]
+    if type(records) is not list or set(map(type, records)) != {dict}:  # the type scan runs in C
+        records = [r for r in records if type(r) is dict]
+    rows = records
     seen = dict.fromkeys(chain.from_iterable(rows))  # every key, in first-seen order, without a loop per row
     all_keys = {k: None for k in seen if isinstance(k, str)}  # csv puts extra cells under the key None
     nkey = _find_norm_key(all_keys, key)
@@ -148,23 +150,34 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
     return hist
 
 
+def _column(rows: list[dict[str, Any]], key: str) -> list[Any]:
+    """``[r.get(key) for r in rows]`` without a Python call per row when every row has the key (the
+    usual log): ``map(itemgetter)`` runs in C, ~6x faster on 10^6 rows."""
+    from operator import itemgetter
+
+    try:
+        return list(map(itemgetter(key), rows))
+    except KeyError:
+        return [r.get(key) for r in rows]
+
+
 def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: str | None,
                 rkey: str | None) -> tuple[list[int], list[float], list[float | None], list[float | None]] | None:
     """The common case (plain numbers, integer steps, every row carries the norm) with NumPy instead of a
     Python loop per row. None sends the caller to the general loop."""
     number = {float, int}
-    norms = [r.get(nkey) for r in rows]
+    norms = _column(rows, nkey)
     if not norms or not set(map(type, norms)) <= number:
         return None
     extra: list[Any] = []
     for key in (lkey, rkey):
-        col = None if key is None else [r.get(key) for r in rows]
+        col = None if key is None else _column(rows, key)
         if col is not None and not set(map(type, col)) <= number | {type(None)}:
             return None
         extra.append(col)
     steps = None
     if skey is not None:
-        steps = [r.get(skey) for r in rows]
+        steps = _column(rows, skey)
         if not set(map(type, steps)) <= {int}:
             return None
     return _columns(steps, norms, extra[0], extra[1])
@@ -294,7 +307,7 @@ def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> No
     text = _read_text(path) if text is None else text
     decoded = _msgspec_lines(text)
     if decoded is not None:
-        records = [r for r in decoded if type(r) is dict]
+        records = decoded if set(map(type, decoded)) == {dict} else [r for r in decoded if type(r) is dict]
         if not records:
             raise InputError(f"{path}: no JSON objects found")
         return from_records(records, path, "jsonl", key)
