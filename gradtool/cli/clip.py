@@ -108,6 +108,10 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
               help="NaN/Inf: stop and write nothing; propagate as TensorFlow does; or zero them first.")
 @click.option("--force", is_flag=True, help="Replace an existing output file (never an input).")
 @click.option("--dry-run", is_flag=True, help="Report what would change; write nothing.")
+@click.option("--no-fsync", "no_fsync", is_flag=True,
+              help="Do not flush outputs to disk before renaming them into place (as cp does): faster on big "
+                   "dumps; an interrupted gradtool still leaves no partial file, but after a power failure "
+                   "or OS crash an output may be empty or incomplete.")
 @click.option("--per-tensor/--no-per-tensor", default=None,
               help="Tables: every dump's tensor table even for a history (default: only for one dump).")
 @format_option()
@@ -116,7 +120,7 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
 def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: float | None, min_: float | None,
                  axes: str | None, use_norm: float | None, norm_type: str, thresholds_file: str | None,
                  select: tuple[str, ...], exclude: tuple[str, ...], nonfinite: str, force: bool, dry_run: bool,
-                 per_tensor: bool | None, fmt: str, sharded: bool, backend: str | None) -> None:
+                 per_tensor: bool | None, fmt: str, sharded: bool, backend: str | None, no_fsync: bool = False) -> None:
     """Clip the gradients of DUMP with --mode and --max, write the clipped dump to -o, and report, per
     tensor, the norm before and after and whether it was clipped. Inputs are never modified."""
     from ..clip_dump import ClipSpec, clip_dump
@@ -135,7 +139,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     if any(r.shards is not None for r in refs):
         if xp is not None:
             raise UsageError("sharded steps are clipped on the NumPy backend")
-        reports = _clip_sharded(refs, output, spec, force, dry_run)
+        reports = _clip_sharded(refs, output, spec, force, dry_run, durable=not no_fsync)
         _render(reports, fmt, sys.stdout, per_tensor)
         return
     sources = list(dict.fromkeys(r.path for r in refs))
@@ -172,7 +176,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
                 continue
             out_fmt = output_format(target, fmt_in) if target != "-" else fmt_in
             final = target
-            with _output_file(target, force, all_inputs) as tmp:
+            with _output_file(target, force, all_inputs, durable=not no_fsync) as tmp:
                 compress = _compressed(src_refs[0])
                 history = any(r.group for r in src_refs)
                 first_meta = {} if history else None
@@ -205,8 +209,8 @@ def _compressed(ref: Any) -> bool:
 class _output_file:
     """atomic_output for a path, or a temp file copied to stdout for '-'."""
 
-    def __init__(self, target: str, force: bool, inputs: list[str]):
-        self.target, self.force, self.inputs = target, force, inputs
+    def __init__(self, target: str, force: bool, inputs: list[str], durable: bool = True):
+        self.target, self.force, self.inputs, self.durable = target, force, inputs, durable
 
     def __enter__(self) -> str:
         if self.target == "-":
@@ -215,7 +219,7 @@ class _output_file:
             return self.tmp
         from ..io.atomic import atomic_output
 
-        self._cm = atomic_output(self.target, force=self.force, inputs=self.inputs)
+        self._cm = atomic_output(self.target, force=self.force, inputs=self.inputs, durable=self.durable)
         return self._cm.__enter__()
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -292,7 +296,8 @@ def _render_history(reports: list[dict[str, Any]], out: Any) -> None:
                        out=out)
 
 
-def _clip_sharded(refs: list[Any], output: str | None, spec: Any, force: bool, dry_run: bool) -> list[dict[str, Any]]:
+def _clip_sharded(refs: list[Any], output: str | None, spec: Any, force: bool, dry_run: bool,
+                  durable: bool = True) -> list[dict[str, Any]]:
     """Each sharded step: the norms of its logical tensors over every shard, then each shard clipped by
     the same factors and written next to its own layout (OUT/STEPDIR/SHARDFILE)."""
     from ..clip_dump import clip_dump, shared_norms
@@ -327,7 +332,7 @@ def _clip_sharded(refs: list[Any], output: str | None, spec: Any, force: bool, d
                 if target is None:
                     res = clip_dump(reader, None, spec, step=ref.step, shared=shared)
                 else:
-                    with atomic_output(target, force=force, inputs=all_inputs) as tmp:
+                    with atomic_output(target, force=force, inputs=all_inputs, durable=durable) as tmp:
                         with make_writer(tmp, output_format(target, reader.format), reader.metadata,
                                          compress=bool(getattr(reader, "compressed", False))) as writer:
                             res = clip_dump(reader, writer, spec, step=ref.step, shared=shared)

@@ -1,7 +1,9 @@
 """Atomic output: write to a temporary file beside the target, fsync, then rename into place.
 
 An interrupted run (Ctrl-C, SIGKILL, a full disk) leaves either no output or the previous file, never a
-half-written one. Without ``force`` the final step is ``link()``, which fails if the target appeared in
+half-written one; the fsync before the rename extends that to a power failure or an OS crash. With
+``durable=False`` (``gradtool clip --no-fsync``) nothing is flushed, as ``cp`` does: still atomic for
+anything that happens to gradtool, but after a crash of the machine the output may be empty or partial. Without ``force`` the final step is ``link()``, which fails if the target appeared in
 the meantime, so two concurrent runs never clobber each other; with ``force`` it is ``rename()``, and the
 last complete file wins. An input is never an output, even with ``force``.
 """
@@ -55,17 +57,20 @@ def _fsync_dir(path: str) -> None:
 
 
 @contextmanager
-def atomic_output(target: str, *, force: bool = False, inputs: Sequence[str] = ()) -> Iterator[str]:
-    """Yield a temporary path in the target's directory; on success move it to ``target`` atomically."""
+def atomic_output(target: str, *, force: bool = False, inputs: Sequence[str] = (),
+                  durable: bool = True) -> Iterator[str]:
+    """Yield a temporary path in the target's directory; on success move it to ``target`` atomically
+    (flushed to disk first unless ``durable`` is False)."""
     check_output_path(target, force=force, inputs=inputs)
     directory = os.path.dirname(os.path.abspath(target))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=TMP_SUFFIX, dir=directory)
-    flusher = _EarlyWriteback(fd)
+    flusher: _EarlyWriteback | _NoFlush = _EarlyWriteback(fd) if durable else _NoFlush(fd)
     try:
         yield tmp
         flusher.stop()
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         if force:
             os.replace(tmp, target)
         else:
@@ -83,7 +88,8 @@ def atomic_output(target: str, *, force: bool = False, inputs: Sequence[str] = (
                 os.replace(tmp, target)
             else:
                 os.unlink(tmp)
-        _fsync_dir(directory)
+        if durable:
+            _fsync_dir(directory)
     except OSError as exc:
         flusher.stop()
         _remove(tmp)
@@ -126,6 +132,18 @@ class _EarlyWriteback:
                 os.close(self._fd)
             except OSError:
                 pass
+
+
+class _NoFlush:
+    """The non-durable stand-in for :class:`_EarlyWriteback`: only closes the descriptor."""
+
+    def __init__(self, fd: int):
+        self._fd: int | None = fd
+
+    def stop(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _remove(path: str) -> None:

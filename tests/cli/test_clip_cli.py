@@ -216,3 +216,23 @@ def test_report_formats(run, dump):
     assert r.stdout.splitlines()[0].startswith("input,group,step,output,name,norm_before")
     r = run("clip", dump, "--dry-run", "--mode", "norm", "--max", "1")
     assert "attn[weight]" in r.stdout and "global norm" in r.stdout
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-fsync"]])
+def test_no_fsync_skips_only_the_flush(run, dump, tmp_path, monkeypatch, flag):
+    """By default the output is flushed to disk before the rename; --no-fsync skips every flush (as cp)
+    and writes the same bytes, still through a temporary file renamed into place."""
+    import gradtool.io.atomic as atomic
+
+    flushes = []
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: flushes.append("fsync"))
+    monkeypatch.setattr(atomic.os, "fdatasync", lambda fd: flushes.append("fdatasync"))
+    out = str(tmp_path / "out.npz")
+    r = run("clip", dump, "-o", out, "--mode", "global-norm", "--max", "1", *flag)
+    assert r.exit_code == 0, r.stderr
+    assert ("fsync" in flushes) == (not flag) and (not flushes) == bool(flag)
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".gradtool-tmp")]  # no temporary file left
+    ref = str(tmp_path / "ref" / "out.npz")
+    os.makedirs(os.path.dirname(ref))
+    assert run("clip", dump, "-o", ref, "--mode", "global-norm", "--max", "1").exit_code == 0
+    assert sha(out) == sha(ref)
