@@ -198,7 +198,11 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
     norms_before: dict[str, float] = {}
     used: float | None = None
     if spec.mode == "global-norm":
+        fast = _norms_in_parallel(reader, chosen, p, spec.nonfinite, xp, on_tensor)
         for name in chosen:
+            if name in fast:
+                norms_before[name] = fast[name]
+                continue
             norms_before[name] = _norm_of(reader, reader.info(name), p, spec.nonfinite, xp)
             if on_tensor:
                 on_tensor(1)
@@ -254,6 +258,21 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
             (t.norm_before for t in result.tensors if t.norm_before is not None), p)
     result.global_norm_after = combine_norms(norms_after.values(), p)
     return result
+
+
+def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite: str, xp: ModuleType | None,
+                       on_tensor: Callable[[int], None] | None) -> dict[str, float]:
+    """The L2 norms of pass 1 for the float32 tensors, on two cores, from the statistics path (the same
+    per-chunk kernel sums, so the same bits as :func:`_norm_of`); empty where that path does not apply:
+    other norms, other dtypes (their exact sums are taken differently), the "zero" policy (zeroing comes
+    first), device backends, small dumps, no compiled kernel."""
+    if xp is not None or p != 2.0 or nonfinite == "zero":
+        return {}
+    from .summarize import stats_in_parallel
+
+    infos = [i for i in map(reader.info, names) if i.dtype == np.float32]
+    stats = stats_in_parallel(reader, infos, p, on_tensor) if infos else None
+    return {} if stats is None else {name: s.norm for name, s in stats}
 
 
 def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp: ModuleType | None) -> float:

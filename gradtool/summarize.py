@@ -109,8 +109,19 @@ def _parallel_pays() -> bool:
     return kernels.compiled_f32_summaries is not None
 
 
+def stats_in_parallel(reader: DumpReader, infos: Sequence[TensorInfo], norm_type: float = 2.0,
+                      on_tensor: Callable[[int], None] | None = None) -> list[tuple[str, TensorStats]] | None:
+    """Statistics of exactly these tensors on two cores (see :func:`_summarize_parallel`), or None when
+    that path does not apply (no compiled kernel, too small, bytes not at a file offset): then stream them."""
+    summary = DumpSummary(reader.display_path, reader.format, reader.group, reader.step, parse_norm_type(norm_type), {})
+    if not _summarize_parallel(reader, summary, (), (), summary.norm_type, on_tensor, infos=list(infos)):
+        return None
+    return summary.tensors
+
+
 def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequence[str], exclude: Sequence[str],
-                        p: float, on_tensor: Callable[[int], None] | None) -> bool:
+                        p: float, on_tensor: Callable[[int], None] | None,
+                        infos: list[TensorInfo] | None = None) -> bool:
     """Statistics on two cores: every tensor is cut into pieces of about PIECE_BYTES (whole stream chunks),
     each piece summarised into its own :class:`StatsAccumulator` by a worker thread (reads and the compiled
     kernel release the GIL; one kernel call per piece), and the pieces of a tensor merged in order. Merging is exact
@@ -119,7 +130,8 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
     order, as one thread streams them. False (nothing done) when a selected tensor's bytes cannot be read
     at an offset (:meth:`DumpReader.raw_segments`), or the dump is too small to gain."""
     workers = min(STATS_WORKERS, os.cpu_count() or 1)
-    infos = [i for i in reader.tensors if name_selected(i.name, select, exclude)]
+    if infos is None:
+        infos = [i for i in reader.tensors if name_selected(i.name, select, exclude)]
     if workers < 2 or not _parallel_pays() or sum(i.size * i.dtype.itemsize for i in infos) < PARALLEL_MIN_BYTES:
         return False
     segments = []  # per tensor: the (reader, piece, location) runs of bytes that make it up, in order

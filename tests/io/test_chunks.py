@@ -194,3 +194,51 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
     assert bool(calls) == (max_ < 1e30 or (mode == "global-norm" and nonfinite == "propagate"))
     if mode == "global-norm" and max_ == 1.0 and nonfinite == "zero":
         assert rep_a[0][3] and rep_a[0][4] > 200_000  # the big tensor really was scaled
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors", "h5"])
+@pytest.mark.parametrize("nonfinite", ["error", "propagate"])
+def test_clip_norm_pass_on_two_threads_equals_one(tmp_path, monkeypatch, ext, nonfinite):
+    """Global-norm clip's first pass through the parallel statistics path gives the norms (and so the
+    scale, the report and the output bytes) of the serial chunk-by-chunk pass, bit for bit."""
+    import dataclasses
+
+    import gradtool.summarize as summarize
+    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.errors import NonFiniteError
+    from gradtool.io.dump import make_writer
+
+    if not summarize._parallel_pays():
+        pytest.skip("the parallel path needs the compiled kernel")
+    monkeypatch.setattr(summarize, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(summarize, "PIECE_BYTES", 1 << 20)  # several pieces per tensor
+    rng = np.random.default_rng(7)
+    tensors = {"a": rng.standard_normal((700, 1000)).astype(np.float32),
+               "b": (rng.standard_normal(123_457) * 1e-3).astype(np.float32),
+               "ints": np.arange(10), "c": rng.standard_normal(3000), "empty": np.zeros((0, 4), np.float32),
+               "be": rng.standard_normal(5000).astype(">f4"), "half": rng.standard_normal(5000).astype(np.float16)}
+    if ext == "safetensors":
+        del tensors["be"]  # little-endian only
+    if nonfinite == "propagate":
+        tensors["b"][99_999] = np.inf
+    src = str(tmp_path / f"in.{ext}")
+    save_dump(src, tensors)
+    calls = []
+    real = summarize.stats_in_parallel
+    monkeypatch.setattr(summarize, "stats_in_parallel", lambda *a, **k: calls.append(1) or real(*a, **k))
+    outcomes = []
+    for parallel in (True, False):
+        if not parallel:
+            monkeypatch.setattr(summarize, "_parallel_pays", lambda: False)
+        out = str(tmp_path / f"out_{parallel}.{ext}")
+        with open_dump(src) as r:
+            try:
+                with make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata) as w:
+                    rep = clip_dump(r, w, ClipSpec(mode="global-norm", max=100.0, nonfinite=nonfinite))
+            except NonFiniteError as exc:
+                outcomes.append(("error", str(exc)))
+                continue
+        with open_dump(out) as r:
+            outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]), rep.scale,
+                             {n: r.read(n).tobytes() for n in r.names}))
+    assert calls and outcomes[0] == outcomes[1]
