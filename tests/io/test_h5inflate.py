@@ -1,0 +1,132 @@
+"""gzip HDF5 chunks inflated on worker threads (gradtool/io/h5inflate.py) give exactly the blocks h5py's
+one-core path gives, for any shape, chunking, dtype and shuffle; what it cannot read goes to h5py; bad
+bytes are one-line errors."""
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gradtool import open_dump
+from gradtool.errors import InputError
+from gradtool.io import h5inflate
+from gradtool.summarize import summarize_dump
+
+
+def blocks(reader, name, chunk_elements, parallel):
+    reader._plans = {} if parallel else {name: None}
+    return [c.copy() for c in reader.iter_chunks(reader.info(name), chunk_elements)]
+
+
+@st.composite
+def layouts(draw):
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 40)) for _ in range(ndim))
+    chunk = tuple(draw(st.integers(1, s)) for s in shape)
+    dtype = draw(st.sampled_from(["<f4", ">f4", "<f8", ">f8", "<f2", "<i2", "u1"]))
+    return shape, chunk, dtype, draw(st.booleans()), draw(st.integers(1, 3000)), draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layouts())
+def test_parallel_inflate_equals_h5py(tmp_path, layout):
+    shape, chunk, dtype, shuffle, chunk_elements, seed = layout
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(shape) * 100).astype(dtype)
+    p = str(tmp_path / "gz.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("x", data=a, chunks=chunk, compression="gzip", shuffle=shuffle)
+    with open_dump(p) as r:
+        plan = h5inflate.deflate_plan(r._dataset("x").id, shape, np.dtype(dtype).itemsize)
+        assert (plan is not None) == (np.prod([-(-s // c) for s, c in zip(shape, chunk)]) >= 2)
+        fast, slow = blocks(r, "x", chunk_elements, True), blocks(r, "x", chunk_elements, False)
+        assert [b.shape for b in fast] == [b.shape for b in slow]
+        for x, y in zip(fast, slow):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+        np.testing.assert_array_equal(np.concatenate(fast).reshape(shape), a)
+
+
+def test_stats_of_a_gzip_dump_are_the_same_bits_on_two_cores(tmp_path, monkeypatch):
+    rng = np.random.default_rng(1)
+    p = str(tmp_path / "gz.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("w", data=rng.standard_normal((3000, 300)).astype(np.float32), compression="gzip",
+                         chunks=(100, 64))
+        f.create_dataset("b", data=rng.standard_normal(30000), compression="gzip", chunks=(999,), shuffle=True)
+    with open_dump(p) as r:
+        fast = summarize_dump(r)
+    monkeypatch.setattr(h5inflate, "deflate_plan", lambda *a: None)
+    with open_dump(p) as r:
+        slow = summarize_dump(r)
+    assert repr(fast.tensors) == repr(slow.tensors)
+
+
+def test_what_it_cannot_read_goes_to_h5py(tmp_path):
+    p = str(tmp_path / "other.h5")
+    a = np.arange(4000, dtype=np.float32).reshape(40, 100)
+    with h5py.File(p, "w") as f:
+        f.create_dataset("fletcher", data=a, chunks=(10, 10), compression="gzip", fletcher32=True)
+        f.create_dataset("lzf", data=a, chunks=(10, 10), compression="lzf")
+        f.create_dataset("plain_chunks", data=a, chunks=(10, 10))
+        f.create_dataset("one_chunk", data=a, chunks=(40, 100), compression="gzip")
+        d = f.create_dataset("sparse", shape=(40, 100), dtype="f4", chunks=(10, 100), compression="gzip",
+                             fillvalue=7.0)
+        d[0:10] = 1.0  # three of four chunks never written: they read as the fill value
+    with open_dump(p) as r:
+        for name in r.names:
+            ds = r._dataset(name)
+            assert h5inflate.deflate_plan(ds.id, r.info(name).shape, 4) is None, name
+            got = np.concatenate([c.copy() for c in r.iter_chunks(r.info(name), 512)])
+            np.testing.assert_array_equal(got, r.read(name).ravel())
+        assert r.read("sparse")[20, 0] == 7.0
+
+
+def _gzip_file(tmp_path):
+    p = str(tmp_path / "gz.h5")
+    rng = np.random.default_rng(2)
+    with h5py.File(p, "w") as f:
+        f.create_dataset("x", data=rng.standard_normal((400, 100)).astype(np.float32), chunks=(50, 100),
+                         compression="gzip")
+    with h5py.File(p, "r") as f:
+        info = f["x"].id.get_chunk_info(3)
+    return p, info.byte_offset, info.size
+
+
+def test_corrupt_chunk_is_a_one_line_error(tmp_path):
+    p, offset, size = _gzip_file(tmp_path)
+    with open(p, "r+b") as f:
+        f.seek(offset + size // 2)
+        f.write(b"\xff" * 16)
+    with open_dump(p) as r:
+        with pytest.raises(InputError, match="gz.h5.*'x'.*(corrupt|inflates)"):
+            for _ in r.iter_chunks(r.info("x"), 4096):
+                pass
+
+
+def test_truncated_file_is_a_one_line_error(tmp_path):
+    p, offset, size = _gzip_file(tmp_path)
+    with open(p, "rb") as f:
+        data = f.read()
+    with h5py.File(p, "r") as f:
+        last = max(f["x"].id.get_chunk_info(i).byte_offset for i in range(8))
+    with open(p, "wb") as f:
+        f.write(data[: last + 10])
+    try:
+        r = open_dump(p)
+    except InputError:
+        return  # the metadata sits past the data: already refused on open, also fine
+    with r, pytest.raises(InputError, match="gz.h5"):
+        for _ in r.iter_chunks(r.info("x"), 4096):
+            pass
+
+
+def test_stopping_early_leaves_no_thread_behind(tmp_path):
+    import threading
+
+    p, _, _ = _gzip_file(tmp_path)
+    with open_dump(p) as r:
+        it = r.iter_chunks(r.info("x"), 1000)
+        next(it)
+        it.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("gradtool-inflate")]
