@@ -312,6 +312,9 @@ class Hdf5Writer(DumpWriter):
         check_writable_dtype(info.dtype, "HDF5", info.name)
         dtype = info.dtype if info.dtype.isnative else info.dtype.newbyteorder("=")
         parent, _, leaf = info.name.rpartition("/")
+        if info.compression != "gzip" and hasattr(os, "pwrite"):
+            self._add_contiguous(info, dtype, self._group(parent), leaf, chunks)
+            return
         kwargs: dict[str, Any] = {}
         if info.compression == "gzip":
             kwargs = {"compression": "gzip", "compression_opts": info.compression_opts}
@@ -341,6 +344,38 @@ class Hdf5Writer(DumpWriter):
             raise RuntimeError(f"tensor {info.name!r}: wrote {next_row} of {info.shape[0]} rows")
         self._set_attrs(ds, info.attrs)
 
+    def _add_contiguous(self, info: TensorInfo, dtype: np.dtype, group: Any, leaf: str, chunks: Any) -> None:
+        """An uncompressed tensor: its contiguous storage is allocated when the dataset is created (and never
+        filled: every byte is written here), then the chunks are written straight to those bytes with
+        ``pwrite`` on a second descriptor, as the safetensors and npz writers write theirs. HDF5's own
+        write path (a hyperslab selection per block) was measured at ~0.55 s of 0.8 s for a 500 MB dump."""
+        h5py = _h5py()
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        ds = group.create_dataset(leaf, shape=info.shape, dtype=dtype, dcpl=dcpl)
+        offset = ds.id.get_offset()
+        if offset is None:  # not allocated after all: let HDF5 write it
+            ds[...] = np.concatenate([np.asarray(c, dtype) for c in chunks]).reshape(info.shape)
+        else:
+            if getattr(self, "_data_fd", None) is None:
+                self._data_fd = os.open(self.path, os.O_WRONLY)
+            end = offset + info.size * dtype.itemsize
+            pos = offset
+            for c in chunks:
+                data = memoryview(np.ascontiguousarray(c, dtype=dtype)).cast("B")
+                if pos + len(data) > end:
+                    raise RuntimeError(f"tensor {info.name!r}: more elements than its shape holds")
+                while data:
+                    n = os.pwrite(self._data_fd, data, pos)
+                    data, pos = data[n:], pos + n
+            if pos != end:
+                raise RuntimeError(f"tensor {info.name!r}: wrote {(pos - offset) // dtype.itemsize} of {info.size} elements")
+        self._set_attrs(ds, info.attrs)
+
     def close(self) -> None:
+        if getattr(self, "_data_fd", None) is not None:
+            os.close(self._data_fd)
+            self._data_fd = None
         if self._own:
             self._f.close()
