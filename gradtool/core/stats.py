@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from types import ModuleType
 from typing import Any
 
@@ -101,7 +101,12 @@ class TensorStats:
         return self.nan_count + self.inf_count
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict (shallow: every value is immutable; dataclasses.asdict deep-copies, which
+        was a tenth of a second for an 8-step history's JSON)."""
+        return {name: getattr(self, name) for name in _TENSOR_STATS_FIELDS}
+
+
+_TENSOR_STATS_FIELDS = tuple(f.name for f in fields(TensorStats))
 
 
 def _combine(a: tuple[int, float, float], b: tuple[int, float, float]) -> tuple[int, float, float]:
