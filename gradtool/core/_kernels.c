@@ -39,6 +39,15 @@ static inline vf select_f(vi mask, vf a, vf b) { /* mask ? a : b, lane by lane *
     return (vf)(((vi)a & mask) | ((vi)b & ~mask));
 }
 
+/* A block's 16 float32 partial sums added into two float64 accumulators (lanes 0-7 and 8-15). */
+static inline void widen_add(vf v, vd *low, vd *high) {
+    vf8 h;
+    memcpy(&h, &v, sizeof h);
+    *low += __builtin_convertvector(h, vd);
+    memcpy(&h, (const char *)&v + sizeof h, sizeof h);
+    *high += __builtin_convertvector(h, vd);
+}
+
 /* Two independent sets of accumulators (2W = 32 elements a step), so that the loop is not bound by the
  * latency of one chain of vector additions (measured: 10 -> 39 GB/s on a 1 MiB chunk, AVX-512). Float32
  * partial sums run over BLOCK elements (BLOCK/32 = 32 per lane), then go to float64 lanes. Built with
@@ -73,16 +82,8 @@ static void f32_summary_loop(const float *x, Py_ssize_t n, float *lo_out, float 
             q0 += a * a;
             q1 += b * b;
         }
-        vf s = s0 + s1, q = q0 + q1;
-        vf8 h;
-        memcpy(&h, &s, sizeof h);
-        sum_a += __builtin_convertvector(h, vd);
-        memcpy(&h, (const char *)&s + sizeof h, sizeof h);
-        sum_b += __builtin_convertvector(h, vd);
-        memcpy(&h, &q, sizeof h);
-        sq_a += __builtin_convertvector(h, vd);
-        memcpy(&h, (const char *)&q + sizeof h, sizeof h);
-        sq_b += __builtin_convertvector(h, vd);
+        widen_add(s0 + s1, &sum_a, &sum_b);
+        widen_add(q0 + q1, &sq_a, &sq_b);
         vi zc = z0 + z1;
         for (int k = 0; k < W; k++) zeros += zc[k];
     }
@@ -345,12 +346,7 @@ static void f32_scale_loop(const float *x, float *y, Py_ssize_t n, float scale, 
             q0 += oa * oa;
             q1 += ob * ob;
         }
-        vf q = q0 + q1;
-        vf8 h;
-        memcpy(&h, &q, sizeof h);
-        sq_a += __builtin_convertvector(h, vd);
-        memcpy(&h, (const char *)&q + sizeof h, sizeof h);
-        sq_b += __builtin_convertvector(h, vd);
+        widen_add(q0 + q1, &sq_a, &sq_b);
         vi cc = c0 + c1;
         for (int k = 0; k < W; k++) changed += cc[k];
     }
