@@ -319,10 +319,10 @@ def _list(steps: list[int], limit: int = 10) -> str:
     return shown + (f", ... ({len(steps) - limit} more)" if len(steps) > limit else "")
 
 
-def ascii_chart(values: list[float], threshold: float | None, *, height: int = 8, width: int = 72) -> list[str]:
-    """A small log-scale chart of a series: '•' points, '─' the threshold, '!' non-finite columns."""
-    if not values:
-        return []
+def chart_columns(values: list[float], threshold: float | None, width: int) -> tuple[list[float], float, float] | None:
+    """What the chart draws: per column the peak of its bucket of values (NaN when the bucket holds NaN
+    or ±inf), and the log10 range from the smallest finite positive value to the largest (or the
+    threshold). None when nothing is finite and positive. NumPy reductions: a 10^6-step log in ~10 ms."""
     import numpy as np
 
     v = np.asarray(values, dtype=np.float64)
@@ -333,12 +333,23 @@ def ascii_chart(values: list[float], threshold: float | None, *, height: int = 8
         peaks = np.maximum.reduceat(v, starts).tolist()  # NaN anywhere in a bucket makes its peak NaN
         bad = np.logical_or.reduceat(np.isinf(v), starts)  # and so does inf (drawn as '!')
         finite = v[np.isfinite(v) & (v > 0)]
-    peaks = [math.nan if b else p for p, b in zip(peaks, bad.tolist())]
     if not finite.size:
-        return ["(no finite positive values to chart)"]
+        return None
     lo, hi = math.log10(float(finite.min())), math.log10(max(float(finite.max()), threshold or 0.0))
     if hi - lo < 1e-9:
         hi = lo + 1
+    return [math.nan if b else p for p, b in zip(peaks, bad.tolist())], lo, hi
+
+
+def ascii_chart(values: list[float], threshold: float | None, *, height: int = 8, width: int = 72) -> list[str]:
+    """A small log-scale chart of a series: '•' points, '─' the threshold, '!' non-finite columns."""
+    if not values:
+        return []
+    columns = chart_columns(values, threshold, width)
+    if columns is None:
+        return ["(no finite positive values to chart)"]
+    peaks, lo, hi = columns
+    cols = len(peaks)
 
     def row_of(v: float) -> int:
         return min(height - 1, max(0, int((math.log10(v) - lo) / (hi - lo) * (height - 1) + 0.5)))
