@@ -6,9 +6,9 @@ same for every k-element chunk of a window in one call (one GIL round trip per w
 ``compiled_f32_summaries_fd(fd, offset, count, k)`` the same for float32 values read from a file with
 ``pread`` into a cache-resident buffer inside that call; ``compiled_f32_sumsq_each(arrays)`` Σx² of each
 float32 array of a list, with no Python per array; ``compiled_f32_scale(src, scale, out) -> (Σout²,
-#changed)`` writes out = src · float32(scale) and measures it in the same pass (global-norm clipping). It is None when the extension was not built
-(no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the callers in :mod:`.norms` and
-:mod:`.stats` then use NumPy passes. They look it up here at call time, so tests can switch it off.
+#changed)`` writes out = src · float32(scale) and measures it in the same pass (clipping). Each is None
+when the extension was not built (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the
+callers in :mod:`.norms`, :mod:`.stats` and :mod:`gradtool.clip_dump` then use NumPy passes. They look it up here at call time, so tests can switch it off.
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
 An interrupted run (Ctrl-C, SIGKILL, a full disk) leaves either no output or the previous file, never a
 half-written one; the fsync before the rename extends that to a power failure or an OS crash. With
 ``durable=False`` (``gradtool clip --no-fsync``) nothing is flushed, as ``cp`` does: still atomic for
-anything that happens to gradtool, but after a crash of the machine the output may be empty or partial. Without ``force`` the final step is ``link()``, which fails if the target appeared in
-the meantime, so two concurrent runs never clobber each other; with ``force`` it is ``rename()``, and the
-last complete file wins. An input is never an output, even with ``force``.
+anything that happens to gradtool, but after a crash of the machine the output may be empty or partial.
+
+Without ``force`` the final step is ``link()``, which fails if the target appeared in the meantime, so
+two concurrent runs never clobber each other; with ``force`` it is ``rename()``, and the last complete
+file wins. An input is never an output, even with ``force``.
 """
 
 from __future__ import annotations

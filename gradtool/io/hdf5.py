@@ -370,7 +370,8 @@ class Hdf5Writer(DumpWriter):
                     n = os.pwrite(self._data_fd, data, pos)
                     data, pos = data[n:], pos + n
             if pos != end:
-                raise RuntimeError(f"tensor {info.name!r}: wrote {(pos - offset) // dtype.itemsize} of {info.size} elements")
+                written = (pos - offset) // dtype.itemsize
+                raise RuntimeError(f"tensor {info.name!r}: wrote {written} of {info.size} elements")
         self._set_attrs(ds, info.attrs)
 
     def close(self) -> None:
