@@ -125,6 +125,7 @@ class Hdf5Reader(DumpReader):
         self._root = root
         self.metadata = {k: _plain(v) for k, v in _attrs(root).items()}
         self._offsets: dict[str, int] = {}
+        self._plans: dict[str, h5inflate.DeflatePlan | None] = {}
         self._datasets: dict[str, Any] = {}
         seen: set[int] = set()
         p = self.display_path
@@ -145,7 +146,7 @@ class Hdf5Reader(DumpReader):
                     sub = h5g.open(gid, key)
                     if self.group is None and not prefix and _step_of(h5py, sub) is not None:
                         raise InputError(f"{p}: holds several steps; open one of its step groups")
-                    self.group_attrs[name] = _attrs(h5py.Group(sub)) if h5o.get_info(sub).num_attrs else {}
+                    self.group_attrs[name] = _attrs(h5py.Group(sub)) if info.num_attrs else {}
                     walk(sub, name + "/")
 
         walk(root.id, "")
@@ -194,18 +195,14 @@ class Hdf5Reader(DumpReader):
         offset = self._offsets.get(info.name)
         if offset is None:
             return None
-        if getattr(self, "_raw_fd", None) is None:
-            self._raw_fd = os.open(self.path, os.O_RDONLY)
-        return self._checked_location(self._raw_fd, offset, info)
+        return self._checked_location(self._fd(), offset, info)
 
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
         if info.size == 0:
             return
         offset = self._offsets.get(info.name)
         if offset is not None:  # contiguous: read the bytes at their file offset
-            if getattr(self, "_raw_fd", None) is None:
-                self._raw_fd = os.open(self.path, os.O_RDONLY)
-            yield from self._pread_chunks(self._raw_fd, offset, info, chunk_elements)
+            yield from self._pread_chunks(self._fd(), offset, info, chunk_elements)
             return
         if not info.shape:
             yield self._read(info).reshape(-1)
@@ -235,10 +232,9 @@ class Hdf5Reader(DumpReader):
         return self._raw_fd
 
     def _deflate_plan(self, info: TensorInfo, ds: Any) -> h5inflate.DeflatePlan | None:
-        plans = self.__dict__.setdefault("_plans", {})
-        if info.name not in plans:
-            plans[info.name] = h5inflate.deflate_plan(ds.id, info.shape, info.dtype.itemsize)
-        return plans[info.name]
+        if info.name not in self._plans:
+            self._plans[info.name] = h5inflate.deflate_plan(ds.id, info.shape, info.dtype.itemsize)
+        return self._plans[info.name]
 
     def close(self) -> None:
         if getattr(self, "_raw_fd", None) is not None:
