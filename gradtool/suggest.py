@@ -220,9 +220,21 @@ def analyze_history(steps: Sequence[int], norms: Sequence[float], loss: Sequence
                         reason, wstart, warnings)
 
 
+def _row_medians(a: np.ndarray) -> np.ndarray:
+    """``np.median(a, axis=1)`` of a 2-D array without NaN, by one ``np.partition`` at the middle: the same
+    bits (for an even row length, the mean of the two middle values, (a + b) / 2, as np.median takes it; the
+    lower one is the largest value left of the partition point) at a fifth of the cost."""
+    k = a.shape[1]
+    p = np.partition(a, k // 2, axis=1)  # one kth: partitioning at two is several times slower
+    if k % 2:
+        return p[:, k // 2]
+    return (p[:, : k // 2].max(axis=1) + p[:, k // 2]) / 2  # everything left of kth is <= it
+
+
 def _block_baseline(logs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For every index j: median and robust sigma of log x over the previous full block of BLOCK points
-    (NaN where there is none). O(n), vectorised: a history of 10^6 points takes well under a second."""
+    """For every index j: median and robust sigma (1.4826 * MAD) of log x over the previous full block of
+    BLOCK points, i.e. block j // BLOCK - 1 (NaN where there is none, or where that block holds fewer than 8
+    finite points). O(n), vectorised: a history of 10^6 points takes a few tens of milliseconds."""
     n = logs.size
     nb = n // BLOCK
     med = np.full(n, np.nan)
@@ -230,21 +242,25 @@ def _block_baseline(logs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if nb < 1:
         return med, sig
     blocks = logs[: nb * BLOCK].reshape(nb, BLOCK)
-    ok = np.isfinite(blocks).sum(axis=1) >= 8
-    with np.errstate(all="ignore"):
+    finite = np.isfinite(blocks)
+    if finite.all():
+        bm = _row_medians(blocks)
+        bs = MAD_TO_SIGMA * _row_medians(np.abs(blocks - bm[:, None]))
+    else:
+        ok = finite.sum(axis=1) >= 8
         import warnings
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            median = np.median if ok.all() and np.isfinite(blocks).all() else np.nanmedian  # nanmedian of
-            bm = median(blocks, axis=1)  # short rows goes through masked arrays: 0.1 s for 10^6 points
-            bs = MAD_TO_SIGMA * median(np.abs(blocks - bm[:, None]), axis=1)
-    bm[~ok] = np.nan
-    bs[~ok] = np.nan
-    owner = np.arange(n) // BLOCK - 1  # the block before j's own block
-    has = owner >= 0
-    med[has] = bm[owner[has].clip(max=nb - 1)]
-    sig[has] = bs[owner[has].clip(max=nb - 1)]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: masked below
+            bm = np.nanmedian(blocks, axis=1)
+            bs = MAD_TO_SIGMA * np.nanmedian(np.abs(blocks - bm[:, None]), axis=1)
+        bm[~ok] = np.nan
+        bs[~ok] = np.nan
+    # j in block b >= 1 reads block b - 1; the points after the last full block read the last full block
+    med[BLOCK: nb * BLOCK] = np.repeat(bm[:-1], BLOCK)
+    sig[BLOCK: nb * BLOCK] = np.repeat(bs[:-1], BLOCK)
+    med[nb * BLOCK:] = bm[-1]
+    sig[nb * BLOCK:] = bs[-1]
     return med, sig
 
 

@@ -205,3 +205,15 @@ def test_block_baseline_equals_a_per_point_reference(n, seed, holes):
             continue
         m = np.nanmedian(block)
         assert med[j] == m and sig[j] == pytest.approx(MAD_TO_SIGMA * np.nanmedian(np.abs(block - m)), rel=1e-12)
+
+
+@_settings(max_examples=80, deadline=None)
+@_given(rows=_st.integers(1, 40), width=_st.integers(1, 40), seed=_st.integers(0, 2**32 - 1),
+        ties=_st.booleans())
+def test_row_medians_equal_numpy_median(rows, width, seed, ties):
+    """The one-partition row median against np.median (odd and even widths, ties): equal values."""
+    from gradtool.suggest import _row_medians
+
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-3, 3, (rows, width)).astype(np.float64) if ties else rng.standard_normal((rows, width))
+    np.testing.assert_array_equal(_row_medians(a), np.median(a, axis=1))
