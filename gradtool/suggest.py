@@ -123,9 +123,14 @@ def _finite_loss(loss: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def _optional_column(values: Sequence[float | None] | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(float64 array with None as NaN, mask of the entries that were given), without a Python loop."""
+    """(float64 array with None as NaN, mask of the entries that were given), without a Python loop.
+    A masked array (see ``masked_column``) gives its mask; a plain array is given everywhere."""
     if values is None:
         return np.full(n, np.nan), np.zeros(n, dtype=bool)
+    if isinstance(values, np.ma.MaskedArray):
+        return values.filled(np.nan).astype(np.float64, copy=False), ~np.ma.getmaskarray(values)
+    if isinstance(values, np.ndarray):
+        return values.astype(np.float64, copy=False), np.ones(values.size, dtype=bool)
     if type(values) is list:  # the common cases by a C-speed count, without an object array
         nones = values.count(None)
         if nones == 0:
@@ -137,12 +142,37 @@ def _optional_column(values: Sequence[float | None] | None, n: int) -> tuple[np.
     return obj.astype(np.float64) if given.all() else np.where(given, obj, np.nan).astype(np.float64), given
 
 
+def masked_column(values: Sequence[float | None] | None, n: int | None = None) -> np.ma.MaskedArray:
+    """A logged column (loss, learning rate) as float64, masked where it was not logged (None): the array
+    form that ``analyze_history`` and ``suggest_threshold`` take without converting again."""
+    n = len(values) if n is None and values is not None else n or 0
+    data, given = _optional_column(values, n)
+    return np.ma.MaskedArray(data, mask=~given)
+
+
+def step_array(steps: Sequence[int]) -> np.ndarray:
+    """Steps as int64, or as Python ints in an object array when one does not fit (a log can say anything)."""
+    if isinstance(steps, np.ndarray):
+        return steps
+    try:
+        return np.asarray(steps, dtype=np.int64)
+    except OverflowError:
+        return np.asarray(list(steps), dtype=object)
+
+
 def logging_interval(steps: Sequence[int]) -> int | None:
+    """The median positive gap between logged steps (None for fewer than two)."""
     if len(steps) < 2:
         return None
-    d = np.diff(np.asarray(steps, dtype=np.int64))
+    d = np.diff(step_array(steps))
     d = d[d > 0]
-    return int(np.median(d)) if d.size else None
+    if not d.size:
+        return None
+    if d.dtype == object:  # Python ints beyond int64: exact, without a float conversion
+        import statistics
+
+        return int(statistics.median_low(d.tolist()))
+    return int(np.median(d))
 
 
 def _lr_warmup_end(lr: np.ndarray, end: int) -> int:
@@ -179,13 +209,15 @@ def _loss_diverged(loss: np.ndarray, given: np.ndarray, j: int, w: int) -> tuple
 def analyze_history(steps: Sequence[int], norms: Sequence[float], loss: Sequence[float | None] | None = None,
                     lr: Sequence[float | None] | None = None, *, burn_in: int | None = None,
                     window: int | None = None) -> HistoryFacts:
-    """Clean, find the divergence, the burn-in and the window of a (step-sorted) norm history."""
+    """Clean, find the divergence, the burn-in and the window of a (step-sorted) norm history. The columns
+    may be lists (None = not logged) or arrays (``step_array``, float64 norms, ``masked_column``): arrays
+    are used as they are, without another conversion (10^6-step logs)."""
     x = np.asarray(norms, dtype=np.float64)
     n = x.size
     L, given = _optional_column(loss, n)
     R, _ = _optional_column(lr, n)
     finite = np.isfinite(x)
-    st = list(steps)
+    st = steps.tolist() if isinstance(steps, np.ndarray) else list(steps)
     nonfinite = [st[i] for i in np.flatnonzero(~finite)]
     nonfinite_loss = [st[i] for i in np.flatnonzero(given & ~np.isfinite(L))]
     zeros = [st[i] for i in np.flatnonzero(finite & (x == 0))]
@@ -209,7 +241,7 @@ def analyze_history(steps: Sequence[int], norms: Sequence[float], loss: Sequence
     post = healthy_end - b
     size = window if window is not None else max(200, math.ceil(0.5 * post))
     wstart = max(b, healthy_end - size)
-    interval = logging_interval(st)
+    interval = logging_interval(steps if isinstance(steps, np.ndarray) else st)
     if interval and interval > 1:
         warnings.append(f"the norm is logged every {interval} steps: spikes between samples are unseen, so clip "
                         "rates are lower bounds")
@@ -410,7 +442,7 @@ def evidence(x: np.ndarray, steps: Sequence[int], loss: Sequence[float | None] |
     m = float(np.median(lv))
     s = MAD_TO_SIGMA * float(np.median(np.abs(lv - m)))
     mean, std = float(np.mean(wv)), float(np.std(wv))
-    L = None if loss is None else np.asarray(loss, dtype=np.float64)  # None -> NaN, in C
+    L = None if loss is None else _optional_column(loss, x.size)[0]  # None -> NaN
     spikes = []
     for i in np.flatnonzero(np.isfinite(x) & (x > tau)):
         change = None

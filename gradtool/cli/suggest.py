@@ -158,9 +158,11 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
             loss = [lmap.get(s, (lo, None))[0] if lo is None else lo for s, lo in zip(steps, loss)]
             lr = [lmap.get(s, (None, r))[1] if r is None else r for s, r in zip(steps, lr)]
         source = {"kind": "dumps", "inputs": dump_inputs + log_inputs, "key": "global L2 norm"}
+        columns = (steps, norms, loss, lr)
     else:
         log = _merge_logs(log_inputs, key)
         steps, norms, loss, lr = log.steps, log.norms, log.loss, log.lr
+        columns = log.arrays()  # what the analysis computes on, without converting the lists again
         source = {"kind": log.kind, "inputs": log_inputs, "key": log.key}
         for m in ("norm", "average-norm", "value"):
             cannot[m] = "a training log carries only the global norm; per-tensor modes need gradient dumps"
@@ -172,8 +174,8 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
     if not any(math.isfinite(v) for v in norms):
         raise InputError(f"{', '.join(source['inputs'])}: every one of the {len(norms)} gradient-norm values is "
                          "NaN/Inf: the run was broken from the start; there is nothing to recommend from")
-    facts = analyze_history(steps, norms, loss, lr, burn_in=cfg.burn_in, window=cfg.window)
-    g = suggest_threshold(steps, norms, loss, lr, config=cfg, facts=facts)
+    facts = analyze_history(*columns, burn_in=cfg.burn_in, window=cfg.window)
+    g = suggest_threshold(*columns, config=cfg, facts=facts)
     if "global-norm" in wanted:
         results.append(_mode_record("global-norm", g))
     if h is not None:

@@ -42,6 +42,7 @@ class NormHistory:
     source: str = ""
     key: str = ""
     kind: str = ""  # trainer_state, csv, jsonl, text, tensorboard, dumps
+    _arrays: tuple | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.steps)
@@ -49,6 +50,20 @@ class NormHistory:
             self.loss = [None] * n
         if not self.lr:
             self.lr = [None] * n
+
+    def arrays(self) -> tuple[Any, Any, Any, Any]:
+        """(steps, norms, loss, lr) as arrays: int64 steps, float64 norms, loss and learning rate as float64
+        masked where not logged, which the analysis takes without converting again. A reader that parsed
+        the columns with NumPy hands its arrays over; otherwise they are built here, once."""
+        if self._arrays is None:
+            import numpy as np
+
+            from ..suggest import masked_column, step_array
+
+            n = len(self.steps)
+            self._arrays = (step_array(self.steps), np.asarray(self.norms, dtype=np.float64),
+                            masked_column(self.loss, n), masked_column(self.lr, n))
+        return self._arrays
 
     @property
     def has_loss(self) -> bool:
@@ -127,8 +142,7 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
     rkey = _find_key(all_keys, LR_KEYS)
     fast = _vectorised(rows, nkey, skey, lkey, rkey)
     if fast is not None:
-        steps_v, norms_v, loss_v, lr_v = fast
-        return NormHistory(steps_v, norms_v, loss_v, lr_v, source, nkey, kind)
+        return NormHistory(*fast[:4], source, nkey, kind, fast[4])
     by_step: dict[int, tuple[float, float | None, float | None]] = {}
     order = 0
     last_loss: dict[int, float] = {}  # a loss logged in another row of the same step (Lightning, HF eval rows)
@@ -184,9 +198,10 @@ def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: s
 
 
 def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None,
-             lr: list[Any] | None) -> tuple[list[int], list[float], list[float | None], list[float | None]] | None:
+             lr: list[Any] | None) -> tuple[list[int], list[float], list[float | None], list[float | None], tuple] | None:
     """A history from columns (numbers, or numeric strings from a CSV): the last row of each step kept,
-    in step order. None when a column does not convert (empty cells, words): the general loop decides."""
+    in step order, as lists and as the arrays ``NormHistory.arrays`` gives. None when a column does not
+    convert (empty cells, words): the general loop decides."""
     import numpy as np
 
     try:
@@ -201,17 +216,20 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None,
     else:
         idx = np.arange(n)[::-1][np.unique(step_arr[::-1], return_index=True)[1]]
 
-    def kept(col: list[Any], arr: Any, kind: type) -> list[Any]:
+    def kept(col: list[Any], arr: Any, kind: type) -> tuple[list[Any], Any]:
+        arr = arr if idx is None else arr[idx]
         if idx is None and type(col) is list and set(map(type, col)) <= {kind}:
-            return col
-        return (arr if idx is None else arr[idx]).tolist()
+            return col, arr
+        return arr.tolist(), arr
 
-    def pick(col: list[Any] | None) -> list[float | None] | None:
+    def pick(col: list[Any] | None) -> tuple[list[float | None], Any] | None:
+        m = n if idx is None else idx.size
         if col is None:
-            return [None] * (n if idx is None else idx.size)
+            return [None] * m, np.ma.MaskedArray(np.full(m, np.nan), mask=np.ones(m, dtype=bool))
         try:  # numbers, or numeric strings: one NumPy conversion (which would turn None into NaN)
             if not (type(col) is list and None in col):
-                return kept(col, np.asarray(col, dtype=np.float64), float)
+                values, arr = kept(col, np.asarray(col, dtype=np.float64), float)
+                return values, np.ma.MaskedArray(arr, mask=np.zeros(m, dtype=bool))
         except (ValueError, TypeError, OverflowError):
             pass  # empty cells or None: element by element
         out = []
@@ -220,13 +238,19 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None,
             if v is None and col[i] not in (None, ""):
                 return None
             out.append(v)
-        return out
+        from ..suggest import masked_column
 
-    loss_v, lr_v = pick(loss), pick(lr)
-    if loss_v is None or lr_v is None:
+        return out, masked_column(out)
+
+    loss_p, lr_p = pick(loss), pick(lr)
+    if loss_p is None or lr_p is None:
         return None
-    steps_v = list(range(n)) if steps is None else kept(steps, step_arr, int)
-    return steps_v, kept(norms, norm_arr, float), loss_v, lr_v
+    if steps is None:
+        steps_v, step_arr = list(range(n)), step_arr
+    else:
+        steps_v, step_arr = kept(steps, step_arr, int)
+    norms_v, norm_arr = kept(norms, norm_arr, float)
+    return steps_v, norms_v, loss_p[0], lr_p[0], (step_arr, norm_arr, loss_p[1], lr_p[1])
 
 
 def _loads(text: str, source: str) -> Any:
@@ -303,8 +327,58 @@ def _msgspec_lines(text: str) -> list[Any] | None:
         return None
 
 
+JSONL_SAMPLE_LINES = 1000
+
+
+def _msgspec_typed(text: str, path: str, key: str | None) -> NormHistory | None:
+    """JSON Lines decoded by msgspec straight into typed rows, without a dict per line: the keys come from
+    the first ``JSONL_SAMPLE_LINES`` lines, and a row type with exactly those keys is declared, the norm a
+    required float, the step a required int, loss and learning rate optional floats, unknown keys
+    forbidden. A line the row type does not fit (a key the sample did not show, a missing norm, a string,
+    NaN tokens) makes it give up: None, and the general path (which sees every key of every line) decides,
+    so the result is always the general path's. About 2x faster on a 10^6-line log."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+    cut = -1
+    for _ in range(JSONL_SAMPLE_LINES):
+        cut = text.find("\n", cut + 1)
+        if cut < 0:
+            break
+    try:
+        sample = msgspec.json.Decoder().decode_lines(text if cut < 0 else text[:cut + 1])
+    except msgspec.DecodeError:
+        return None
+    if not sample or any(type(r) is not dict for r in sample):
+        return None
+    keys = list(dict.fromkeys(chain.from_iterable(sample)))
+    nkey = _find_norm_key(keys, key)
+    if nkey is None:
+        return None
+    skey, lkey, rkey = _find_key(keys, STEP_KEYS), _find_key(keys, LOSS_KEYS), _find_key(keys, LR_KEYS)
+    kinds = {nkey: (float,), skey: (int,), lkey: (float | None, None), rkey: (float | None, None)}
+    fields = [(f"f{i}", *kinds.get(k, (msgspec.Raw, msgspec.UNSET))) for i, k in enumerate(keys)]
+    row = msgspec.defstruct("LogRow", fields, rename={f"f{i}": k for i, k in enumerate(keys)},
+                            forbid_unknown_fields=True, kw_only=True)
+    try:
+        rows = msgspec.json.Decoder(row).decode_lines(text)
+    except msgspec.DecodeError:  # ValidationError included
+        return None
+    from operator import attrgetter
+
+    def column(k: str | None) -> list[Any] | None:
+        return None if k is None else list(map(attrgetter(f"f{keys.index(k)}"), rows))
+
+    fast = _columns(column(skey), column(nkey), column(lkey), column(rkey))
+    return None if fast is None else NormHistory(*fast[:4], path, nkey, "jsonl", fast[4])
+
+
 def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
     text = _read_text(path) if text is None else text
+    typed = _msgspec_typed(text, path, key)
+    if typed is not None:
+        return typed
     decoded = _msgspec_lines(text)
     if decoded is not None:
         records = decoded if set(map(type, decoded)) == {dict} else [r for r in decoded if type(r) is dict]
@@ -348,7 +422,7 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
         raise InputError(f"{path}: empty CSV (no header)")
     fast = _csv_fast(text, header, delim, key)
     if fast is not None:
-        return NormHistory(*fast[0], source=path, key=fast[1], kind="csv")
+        return NormHistory(*fast[0][:4], source=path, key=fast[1], kind="csv", _arrays=fast[0][4])
     try:
         table = list(csv.reader(io.StringIO(text), delimiter=delim))
     except csv.Error as exc:

@@ -2,6 +2,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 from gradtool.errors import InputError, UsageError
@@ -201,3 +202,90 @@ def test_vectorised_columns_equal_the_general_loop(rows, sort):
         slow = logs_mod.from_records(rows, "x", "jsonl")
     assert _as_tuple(fast) == _as_tuple(slow)
     assert all(type(v) is float for v in fast.norms) and all(type(s) is int for s in fast.steps)
+
+
+# --- the typed msgspec path (keys from a sample, a row type with those keys, unknown keys forbidden) ------
+_any_value = st.one_of(_value, st.booleans(), st.text(max_size=3), st.just([1, 2]), st.just({"a": 1}),
+                       st.integers(2**63, 2**64))
+_keys = st.sampled_from(["step", "grad_norm", "gnorm", "loss", "learning_rate", "epoch", "eval_loss", "Grad_Norm"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.one_of(
+    st.fixed_dictionaries({"step": st.integers(0, 60), "grad_norm": _value},
+                          optional={"loss": _value, "learning_rate": _value, "epoch": _any_value}),
+    st.dictionaries(_keys, _any_value, max_size=4)), min_size=1, max_size=25),
+    sample=st.integers(1, 4))
+def test_typed_jsonl_path_equals_the_general_reader(lines, sample):
+    """read_jsonl's typed path (keys from the first ``sample`` lines only) gives what the line-by-line
+    reference gives, or the same error, whatever later lines hold: new keys, other types, no norm."""
+    pytest.importorskip("msgspec")
+    from gradtool.io import logs as logs_mod
+
+    text = "\n".join(json.dumps(x) for x in lines)
+    try:
+        ref = _as_tuple(_plain_jsonl_history(text))
+    except (InputError, UsageError) as exc:
+        ref = type(exc)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(logs_mod, "JSONL_SAMPLE_LINES", sample)
+        try:
+            h = logs_mod.read_jsonl("x.jsonl", text=text)
+            got = _as_tuple(h)
+        except (InputError, UsageError) as exc:
+            got, h = type(exc), None
+    assert got == ref
+    if h is not None:
+        _assert_arrays_match_lists(h)
+
+
+def _assert_arrays_match_lists(h):
+    steps, norms, loss, lr = h.arrays()
+    assert steps.tolist() == h.steps
+    np.testing.assert_array_equal(norms, np.asarray(h.norms, dtype=np.float64))
+    for arr, values in ((loss, h.loss), (lr, h.lr)):
+        assert np.ma.getmaskarray(arr).tolist() == [v is None for v in values]
+        np.testing.assert_array_equal(arr.filled(np.nan), [np.nan if v is None else v for v in values])
+
+
+def test_typed_jsonl_path_is_taken_for_a_plain_log(tmp_path):
+    """A usual log is decoded without a dict per line (the slower dict path is not reached)."""
+    pytest.importorskip("msgspec")
+    from gradtool.io import logs as logs_mod
+
+    text = "".join(json.dumps({"step": i, "grad_norm": 1.0 + i, "loss": 2, "epoch": 0.1 * i}) + "\n"
+                   for i in range(50))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(logs_mod, "_msgspec_lines", lambda t: pytest.fail("the dict path was used"))
+        h = logs_mod.read_jsonl("x.jsonl", text=text)
+    assert h.steps == list(range(50)) and h.norms == [1.0 + i for i in range(50)] and h.loss == [2.0] * 50
+    assert h._arrays is not None  # the reader's arrays are handed over, not rebuilt
+    _assert_arrays_match_lists(h)
+
+
+@pytest.mark.parametrize("content", [
+    "step,grad_norm,loss\n1,0.5,2\n2,0.7,\n3,nan,1.5\n",  # CSV, general path (an empty cell)
+    "step,grad_norm,loss\n1,0.5,2\n3,0.7,2.5\n2,0.6,1\n",  # CSV, NumPy path, out of order
+    '{"step": 2, "grad_norm": 1}\n{"step": 1, "grad_norm": 2, "loss": null}\n{"step": 2, "grad_norm": 3}\n',
+])
+def test_history_arrays_match_its_lists(tmp_path, content):
+    from gradtool.io.logs import read_norm_log
+
+    p = tmp_path / ("log.csv" if content.startswith("step,") else "log.jsonl")
+    p.write_text(content)
+    _assert_arrays_match_lists(read_norm_log(str(p)))
+
+
+def test_steps_beyond_int64_are_analysed_not_crashed(tmp_path):
+    """A step number too large for int64 (a float like 1e30 in a log) once crashed the analysis with
+    OverflowError; it is now kept as a Python int."""
+    from gradtool.io.logs import read_norm_log
+    from gradtool.suggest import analyze_history
+
+    p = tmp_path / "huge.jsonl"
+    p.write_text("".join(json.dumps({"step": float(i) * 1e30, "grad_norm": 1.0 + i % 3}) + "\n" for i in range(40)))
+    h = read_norm_log(str(p))
+    assert h.steps[1] == int(1e30)
+    facts = analyze_history(*h.arrays())
+    gaps = sorted(b - a for a, b in zip(h.steps, h.steps[1:]))
+    assert facts.logging_interval == gaps[(len(gaps) - 1) // 2] and facts.steps == h.steps

@@ -217,3 +217,31 @@ def test_row_medians_equal_numpy_median(rows, width, seed, ties):
     rng = np.random.default_rng(seed)
     a = rng.integers(-3, 3, (rows, width)).astype(np.float64) if ties else rng.standard_normal((rows, width))
     np.testing.assert_array_equal(_row_medians(a), np.median(a, axis=1))
+
+
+_norm_value = _st.one_of(_st.floats(1e-3, 1e3), _st.sampled_from([math.nan, math.inf, 0.0]))
+_logged = _st.one_of(_st.none(), _st.floats(0.1, 10.0), _st.sampled_from([math.nan, math.inf]))
+
+
+@_settings(max_examples=60, deadline=None)
+@_given(data=_st.data(), n=_st.integers(1, 300), method=_st.sampled_from(["robust", "percentile", "zscore", "pascanu"]))
+def test_array_columns_give_the_list_columns_results(data, n, method):
+    """analyze_history and suggest_threshold on arrays (int64 steps, float64 norms, masked loss and lr, as
+    NormHistory.arrays() hands them over) say exactly what they say on lists with None holes."""
+    from gradtool.suggest import SuggestConfig, masked_column, step_array
+
+    rng = np.random.default_rng(data.draw(_st.integers(0, 2**32 - 1)))
+    norms = np.exp(rng.normal(0, 0.5, n)).tolist()
+    for i in data.draw(_st.lists(_st.integers(0, n - 1), max_size=5)):
+        norms[i] = data.draw(_norm_value)
+    steps = sorted(set(rng.integers(0, 10 * n, n).tolist()))
+    norms = norms[:len(steps)]
+    loss = [data.draw(_logged) if i % 17 == 0 else 2.0 - i / n for i in range(len(steps))]
+    lr = data.draw(_st.one_of(_st.none(), _st.just([None if i % 5 else 1e-3 for i in range(len(steps))])))
+    cfg = SuggestConfig(method=method, current=1.5)
+    as_lists = (steps, norms, loss, lr)
+    as_arrays = (step_array(steps), np.asarray(norms), masked_column(loss), None if lr is None else masked_column(lr))
+    f1, f2 = analyze_history(*as_lists), analyze_history(*as_arrays)
+    assert repr(f1.as_dict()) == repr(f2.as_dict())
+    s1, s2 = suggest_threshold(*as_lists, config=cfg, facts=f1), suggest_threshold(*as_arrays, config=cfg, facts=f2)
+    assert (repr(s1.threshold), s1.reason, repr(s1.evidence)) == (repr(s2.threshold), s2.reason, repr(s2.evidence))
