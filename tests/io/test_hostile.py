@@ -147,3 +147,37 @@ def test_corrupt_member_data(tmp_path):
     with pytest.raises(InputError, match="c.npz"):
         with open_dump(p) as r:
             r.read("a")
+
+
+def test_npz_local_header_naming_another_file_is_refused(tmp_path):
+    """The stored members' headers are read at the offsets of their local headers (not through zipfile):
+    a local header whose file name differs from the central directory's is refused as zipfile does."""
+    p = tmp_path / "swapped.npz"
+    np.savez(p, alpha=np.ones(3, np.float32))
+    data = bytearray(p.read_bytes())
+    data[data.index(b"alpha.npy")] = ord("b")  # the first occurrence is the local header's copy
+    p.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="swapped.npz.*local header names another file"):
+        open_dump(str(p))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.text(min_size=1, max_size=12))
+def test_control_character_check_is_its_definition(name):
+    """The regex check refuses exactly the names with a character below 32 or DEL."""
+    from gradtool.io.base import check_tensor_name
+
+    control = any(ord(c) < 32 or ord(c) == 127 for c in name)
+    try:
+        check_tensor_name(name, "f")
+        refused = None
+    except UnsafeInputError as exc:
+        refused = str(exc)
+    if control:
+        assert refused is not None
+    elif refused is not None:
+        assert "control" not in refused

@@ -1,0 +1,75 @@
+"""The .npy header fast path (a regex for the form NumPy writes) against ``ast.literal_eval``, which
+NumPy itself uses: the same dict for every header NumPy writes, and None (so literal_eval decides) for
+anything else, including near-misses made by mutating real headers."""
+
+import ast
+import io
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradtool.errors import InputError
+from gradtool.io.npy import _canonical_header, read_npy_header
+
+DTYPES = ["<f4", ">f4", "<f8", "<f2", "|u1", "|i1", "<i8", ">u2", "|b1", "<c8", "<V2", "<M8[ns]", "<U3"]
+
+
+def _header(shape, descr, fortran, version):
+    b = io.BytesIO()
+    write = np.lib.format.write_array_header_1_0 if version == 1 else np.lib.format.write_array_header_2_0
+    write(b, {"descr": descr, "fortran_order": fortran, "shape": shape})
+    return b.getvalue()
+
+
+_shapes = st.lists(st.integers(0, 2**40), max_size=5).map(tuple)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=_shapes, descr=st.sampled_from(DTYPES), fortran=st.booleans(), version=st.sampled_from([1, 2]))
+def test_numpy_written_headers_parse_as_literal_eval_does(shape, descr, fortran, version):
+    raw = _header(shape, descr, fortran, version)
+    text = raw[10 if version == 1 else 12:].decode("latin1")
+    fast = _canonical_header(text)
+    ref = ast.literal_eval(text)
+    assert fast is None or fast == ref
+    if "[" not in descr:  # the plain dtypes a dump holds always take the fast path
+        assert fast == ref and type(fast["shape"]) is tuple
+
+
+@settings(max_examples=500, deadline=None)
+@given(shape=_shapes, descr=st.sampled_from(DTYPES), fortran=st.booleans(), data=st.data())
+def test_mutated_headers_are_never_read_differently(shape, descr, fortran, data):
+    """A header changed at a few places: the fast path either declines or agrees with literal_eval; it
+    never accepts what literal_eval rejects (e.g. leading zeros) or reads it differently."""
+    text = bytearray(_header(shape, descr, fortran, 1)[10:])
+    for _ in range(data.draw(st.integers(1, 3))):
+        pos = data.draw(st.integers(0, len(text) - 1))
+        text[pos] = data.draw(st.sampled_from(b"0123456789, ()'{}:TrueFalse<>|fx\n "))
+    header = text.decode("latin1")
+    fast = _canonical_header(header)
+    try:
+        ref = ast.literal_eval(header)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        assert fast is None
+        return
+    assert fast is None or fast == ref
+
+
+@pytest.mark.parametrize("shape_text", ["(007,)", "(1, 02)", "(-1,)", "(1 ,)", "(1,2)"])
+def test_near_misses_go_to_literal_eval(shape_text):
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_text + ", }"
+    assert _canonical_header(header) is None
+
+
+def test_read_npy_header_takes_both_paths():
+    """Headers read through read_npy_header with the right lengths; a broken shape is malformed."""
+    for descr, expect in (("<f4", np.dtype("<f4")), ("<i2", np.dtype("<i2"))):
+        raw = _header((3, 4), descr, False, 1)
+        shape, dtype, fortran, hlen = read_npy_header(io.BytesIO(raw + b"\0" * 24), "t", "f.npz")
+        assert (shape, dtype, fortran, hlen) == ((3, 4), expect, False, len(raw))
+    bad = bytearray(_header((3,), "<f4", False, 1))
+    bad[bad.index(b"(3,)") + 1] = ord("x")
+    with pytest.raises(InputError, match="malformed"):
+        read_npy_header(io.BytesIO(bytes(bad)), "t", "f.npz")
