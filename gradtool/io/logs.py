@@ -197,8 +197,8 @@ def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: s
     return _columns(steps, norms, extra[0], extra[1])
 
 
-def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None,
-             lr: list[Any] | None) -> tuple[list[int], list[float], list[float | None], list[float | None], tuple] | None:
+def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None, lr: list[Any] | None
+             ) -> tuple[list[int], list[float], list[float | None], list[float | None], tuple] | None:
     """A history from columns (numbers, or numeric strings from a CSV): the last row of each step kept,
     in step order, as lists and as the arrays ``NormHistory.arrays`` gives. None when a column does not
     convert (empty cells, words): the general loop decides."""
@@ -245,10 +245,7 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None,
     loss_p, lr_p = pick(loss), pick(lr)
     if loss_p is None or lr_p is None:
         return None
-    if steps is None:
-        steps_v, step_arr = list(range(n)), step_arr
-    else:
-        steps_v, step_arr = kept(steps, step_arr, int)
+    steps_v, step_arr = (list(range(n)), step_arr) if steps is None else kept(steps, step_arr, int)
     norms_v, norm_arr = kept(norms, norm_arr, float)
     return steps_v, norms_v, loss_p[0], lr_p[0], (step_arr, norm_arr, loss_p[1], lr_p[1])
 

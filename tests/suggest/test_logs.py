@@ -207,7 +207,8 @@ def test_vectorised_columns_equal_the_general_loop(rows, sort):
 # --- the typed msgspec path (keys from a sample, a row type with those keys, unknown keys forbidden) ------
 _any_value = st.one_of(_value, st.booleans(), st.text(max_size=3), st.just([1, 2]), st.just({"a": 1}),
                        st.integers(2**63, 2**64))
-_keys = st.sampled_from(["step", "grad_norm", "gnorm", "loss", "learning_rate", "epoch", "eval_loss", "Grad_Norm"])
+_keys = st.sampled_from(["step", "grad_norm", "gnorm", "loss", "learning_rate", "epoch", "eval_loss",
+                         "Grad_Norm"])
 
 
 @settings(max_examples=200, deadline=None)
@@ -283,7 +284,8 @@ def test_steps_beyond_int64_are_analysed_not_crashed(tmp_path):
     from gradtool.suggest import analyze_history
 
     p = tmp_path / "huge.jsonl"
-    p.write_text("".join(json.dumps({"step": float(i) * 1e30, "grad_norm": 1.0 + i % 3}) + "\n" for i in range(40)))
+    p.write_text("".join(json.dumps({"step": float(i) * 1e30, "grad_norm": 1.0 + i % 3}) + "\n"
+                         for i in range(40)))
     h = read_norm_log(str(p))
     assert h.steps[1] == int(1e30)
     facts = analyze_history(*h.arrays())

@@ -224,7 +224,8 @@ _logged = _st.one_of(_st.none(), _st.floats(0.1, 10.0), _st.sampled_from([math.n
 
 
 @_settings(max_examples=60, deadline=None)
-@_given(data=_st.data(), n=_st.integers(1, 300), method=_st.sampled_from(["robust", "percentile", "zscore", "pascanu"]))
+@_given(data=_st.data(), n=_st.integers(1, 300),
+        method=_st.sampled_from(["robust", "percentile", "zscore", "pascanu"]))
 def test_array_columns_give_the_list_columns_results(data, n, method):
     """analyze_history and suggest_threshold on arrays (int64 steps, float64 norms, masked loss and lr, as
     NormHistory.arrays() hands them over) say exactly what they say on lists with None holes."""
@@ -240,8 +241,11 @@ def test_array_columns_give_the_list_columns_results(data, n, method):
     lr = data.draw(_st.one_of(_st.none(), _st.just([None if i % 5 else 1e-3 for i in range(len(steps))])))
     cfg = SuggestConfig(method=method, current=1.5)
     as_lists = (steps, norms, loss, lr)
-    as_arrays = (step_array(steps), np.asarray(norms), masked_column(loss), None if lr is None else masked_column(lr))
+    as_arrays = (step_array(steps), np.asarray(norms), masked_column(loss),
+                 None if lr is None else masked_column(lr))
     f1, f2 = analyze_history(*as_lists), analyze_history(*as_arrays)
     assert repr(f1.as_dict()) == repr(f2.as_dict())
-    s1, s2 = suggest_threshold(*as_lists, config=cfg, facts=f1), suggest_threshold(*as_arrays, config=cfg, facts=f2)
-    assert (repr(s1.threshold), s1.reason, repr(s1.evidence)) == (repr(s2.threshold), s2.reason, repr(s2.evidence))
+    s1 = suggest_threshold(*as_lists, config=cfg, facts=f1)
+    s2 = suggest_threshold(*as_arrays, config=cfg, facts=f2)
+    assert (repr(s1.threshold), s1.reason, repr(s1.evidence)) == (repr(s2.threshold), s2.reason,
+                                                                   repr(s2.evidence))
