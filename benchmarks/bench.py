@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -295,6 +296,23 @@ def main() -> None:
         rows.append(("stats on gzip HDF5: CPU time / wall time (2 = both cores)", f"{cpu / w:.2f}", f"{w:.2f} s",
                      f"peak RSS {rss_g:.0f} MiB"))
         print(f"gzip hdf5: cpu/wall {cpu / w:.2f}, {w:.2f} s, peak RSS {rss_g:.0f} MiB")
+
+        # ... and the inflate library: python-isal (the [speedups] extra) against the standard zlib, in turns
+        from gradtool.io import inflate
+
+        if inflate.fast_zlib() is not zlib:
+            def stats_with(path: str, use_isal: bool) -> float:
+                inflate.USE_ISAL = use_isal
+                try:
+                    return timeit(lambda: in_process(path), 1)
+                finally:
+                    inflate.USE_ISAL = True
+
+            for label, path in (("savez_compressed", cpath), ("gzip HDF5", gpath)):
+                t_isal, t_zlib = alternate(lambda: stats_with(path, True), lambda: stats_with(path, False), rep)
+                add(f"stats {label} in-process: python-isal vs zlib", t_isal, t_zlib, "zlib")
+        else:
+            print("(python-isal not installed: the inflate comparison is skipped)")
 
         # 6. CLI start-up
         tiny = os.path.join(tmp, "tiny.npz")

@@ -43,6 +43,8 @@ def test_entry_point_installed():
     from importlib.util import find_spec
 
     assert ("compiled stats kernel: built" in r.stdout) == (find_spec("gradtool.core._kernels") is not None)
+    assert ("python-isal" in r.stdout) == (find_spec("isal") is not None)
+    assert ("msgspec" in r.stdout) == (find_spec("msgspec") is not None)
 
 
 def test_nan_dump_fails_stats(workdir):

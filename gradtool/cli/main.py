@@ -43,13 +43,16 @@ class LazyGroup(click.Group):
 
 
 def _version_message() -> str:
-    """`gradtool --version`: the version, and whether the optional compiled kernel was built (a look-up of
-    the extension module's file, no import: --version stays as fast as --help)."""
+    """`gradtool --version`: the version, whether the optional compiled kernel was built and which of the
+    ``[speedups]`` libraries are installed (look-ups of module files, no imports: --version stays as fast
+    as --help)."""
     from importlib.util import find_spec
 
     built = find_spec("gradtool.core._kernels") is not None
-    return "%(prog)s, version %(version)s (compiled stats kernel: " + ("built" if built else
-                                                                       "not built, NumPy passes instead") + ")"
+    speedups = [name for name, module in (("msgspec", "msgspec"), ("python-isal", "isal")) if find_spec(module)]
+    return ("%(prog)s, version %(version)s (compiled stats kernel: "
+            + ("built" if built else "not built, NumPy passes instead")
+            + "; speedups: " + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
 
 
 @click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})

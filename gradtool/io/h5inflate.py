@@ -2,9 +2,10 @@
 
 h5py inflates a chunked dataset's chunks one after another on one core. Every HDF5 chunk is its own
 deflate stream, so here each chunk's stored bytes are read with ``pread`` at the file offset HDF5 reports
-and inflated by ``zlib`` (which releases the GIL) on worker threads, a few bands of chunk rows ahead of
-the consumer. The consumer gets exactly the blocks of whole first-axis rows the h5py path yields (the
-same boundaries, the same values), so statistics and clipping give the same bits either way.
+and inflated (by zlib, or python-isal's faster zlib when installed: :mod:`.inflate`; both release the
+GIL) on worker threads, a few bands of chunk rows ahead of the consumer. The consumer gets exactly the
+blocks of whole first-axis rows the h5py path yields (the same boundaries, the same values), so
+statistics and clipping give the same bits either way.
 
 Only the plain pipelines are taken: deflate, optionally after shuffle, every chunk written, no filter
 skipped, a band of chunk rows of at most ``MAX_BAND_BYTES``. Anything else (fletcher32, szip, lzf,
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .inflate import decompress
 
 WORKERS = 2
 MAX_BAND_BYTES = 16 << 20  # one band of chunk rows, inflated (bigger bands: h5py's path)
@@ -91,7 +93,7 @@ def inflate_chunk(fd: int, plan: DeflatePlan, key: tuple[int, ...], dtype: np.dt
     if len(data) != size:
         raise InputError(f"{where}: truncated (a compressed chunk ends past the end of the file)")
     try:
-        raw = zlib.decompress(data)
+        raw = decompress(data)
     except zlib.error as exc:
         raise InputError(f"{where}: corrupt compressed chunk ({exc})") from None
     nbytes = math.prod(plan.chunk) * dtype.itemsize

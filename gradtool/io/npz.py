@@ -120,8 +120,21 @@ class NpzReader(DumpReader):
         """A deflated member inflated straight into its array, INFLATE_PIECE at a time: memory is the
         array plus a few pieces (not the compressed member, the inflated bytes and the array at once),
         and every zlib call releases the GIL, so several members inflate in parallel threads (zipfile's
-        own reader inflates in small GIL-holding steps). Size and CRC-32 are checked, as zipfile would;
-        a member that inflates to more than it declares is corrupt."""
+        own reader inflates in small GIL-holding steps); python-isal's faster zlib when installed
+        (:mod:`.inflate`). Size and CRC-32 are checked, as zipfile would; a member that inflates to more
+        than it declares is corrupt."""
+        from . import inflate
+
+        mod = inflate.fast_zlib()
+        if mod is not zlib:
+            try:
+                return self._inflate_whole_with(mod, zi, info, fortran)
+            except mod.error:
+                pass  # isal refused these bytes: zlib judges them, in its words
+        return self._inflate_whole_with(zlib, zi, info, fortran)
+
+    def _inflate_whole_with(self, mod: Any, zi: zipfile.ZipInfo, info: TensorInfo, fortran: bool) -> np.ndarray:
+        """_inflate_whole with ``mod`` (zlib, or isal_zlib whose errors the caller takes back to zlib)."""
         p = self.display_path
         piece = self.INFLATE_PIECE
         start = self._local_data_start(zi)
@@ -129,7 +142,7 @@ class NpzReader(DumpReader):
         shape = info.shape[::-1] if fortran else info.shape
         out = allocate(TensorInfo(info.name, shape, info.dtype), p)
         dest = out.reshape(-1).view(np.uint8)
-        d = zlib.decompressobj(-15)
+        d = mod.decompressobj(-15)
         fd = self._fd()
         produced = crc = 0
         expected = zi.file_size
@@ -140,7 +153,7 @@ class NpzReader(DumpReader):
                 return
             if produced + len(data) > expected:
                 raise InputError(f"{p}: member {zi.filename!r} is corrupt (inflates to more than its size)")
-            crc = zlib.crc32(data, crc)
+            crc = mod.crc32(data, crc)
             lo, hi = produced, produced + len(data)  # positions in the member: header, then array bytes
             a, b = max(lo, hlen), min(hi, hlen + info.nbytes)
             if a < b:
