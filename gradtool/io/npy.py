@@ -16,14 +16,16 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import InputError, UnsafeInputError
+from .atomic import open_output
 from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER = 1 << 16
 
 
+_DIM = r"(?:0|[1-9]\d*)"  # as Python reads an int literal: no leading zeros
 _CANONICAL = re.compile(r"\{'descr': '([<>|=]?[A-Za-z]\d*)', 'fortran_order': (True|False), "
-                        r"'shape': \(((?:(?:0|[1-9]\d*), )*(?:0|[1-9]\d*),?|)\), \}[ ]*\n?")
+                        rf"'shape': \((|{_DIM},|{_DIM}(?:, {_DIM})+,?)\), \}}[ ]*\n?")  # (), (n,), (n, m)
 
 
 def _canonical_header(header: str) -> dict[str, Any] | None:
@@ -175,7 +177,7 @@ class NpyWriter(DumpWriter):
         if self._written:
             raise InputError(f"a .npy file holds one tensor; {info.name!r} would be the second: write .npz instead")
         check_writable_dtype(array.dtype, "npy", info.name)
-        with open(self.path, "wb") as f:
+        with open_output(self.path) as f:
             write_npy(f, array)
         self._written = True
 
@@ -183,6 +185,6 @@ class NpyWriter(DumpWriter):
         if self._written:
             raise InputError(f"a .npy file holds one tensor; {info.name!r} would be the second: write .npz instead")
         check_writable_dtype(info.dtype, "npy", info.name)
-        with open(self.path, "wb") as f:
+        with open_output(self.path) as f:
             write_npy_chunks(f, info, chunks)
         self._written = True
