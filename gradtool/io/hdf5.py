@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import h5inflate
+from .atomic import settle_truncation
 from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -256,6 +257,8 @@ class Hdf5Writer(DumpWriter):
         super().__init__(path, metadata)
         self._own = file is None
         self._f = _h5py().File(path, "w", track_order=True) if file is None else file
+        if file is None:
+            settle_truncation(path)  # h5py's "w" truncated the empty temporary file: see the function
         self._root = self._f
         if self._own:
             self._set_attrs(self._f, self.metadata)

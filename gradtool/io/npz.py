@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GradtoolError, InputError, UnsafeInputError
+from .atomic import open_output
 from .base import DumpReader, DumpWriter, TensorInfo, allocate
 from .npy import check_writable_dtype, read_npy_data, read_npy_header, write_npy, write_npy_chunks
 
@@ -249,8 +250,13 @@ class NpzWriter(DumpWriter):
 
     def __init__(self, path: str, metadata: dict[str, Any] | None = None, *, compress: bool = False):
         super().__init__(path, metadata)
-        self._zip = zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED,
-                                    allowZip64=True)
+        self._file = open_output(path)
+        try:
+            self._zip = zipfile.ZipFile(self._file, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED,
+                                        allowZip64=True)
+        except BaseException:
+            self._file.close()
+            raise
 
     def add(self, info: TensorInfo, array: np.ndarray) -> None:
         check_writable_dtype(array.dtype, "npz", info.name)
@@ -275,6 +281,9 @@ class NpzWriter(DumpWriter):
         return zi
 
     def close(self) -> None:
-        if self.metadata:
-            self._zip.writestr(METADATA_MEMBER, json.dumps(self.metadata, allow_nan=True))
-        self._zip.close()
+        try:
+            if self.metadata:
+                self._zip.writestr(METADATA_MEMBER, json.dumps(self.metadata, allow_nan=True))
+            self._zip.close()
+        finally:
+            self._file.close()  # zipfile leaves a file object it was given open

@@ -23,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import InputError, UnsafeInputError
+from .atomic import open_output
 from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_shape
 
 MAX_HEADER = 100 * 1024 * 1024
@@ -154,7 +155,7 @@ class SafetensorsWriter(DumpWriter):
 
     def __init__(self, path: str, metadata: dict[str, Any] | None = None):
         super().__init__(path, metadata)
-        self._f = open(path, "wb")
+        self._f = open_output(path)
         self._planned: list[TensorInfo] | None = None
         self._next = 0
 
