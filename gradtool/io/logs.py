@@ -356,8 +356,11 @@ def _msgspec_typed(text: str, path: str, key: str | None) -> NormHistory | None:
     skey, lkey, rkey = _find_key(keys, STEP_KEYS), _find_key(keys, LOSS_KEYS), _find_key(keys, LR_KEYS)
     kinds = {nkey: (float,), skey: (int,), lkey: (float | None, None), rkey: (float | None, None)}
     fields = [(f"f{i}", *kinds.get(k, (msgspec.Raw, msgspec.UNSET))) for i, k in enumerate(keys)]
-    row = msgspec.defstruct("LogRow", fields, rename={f"f{i}": k for i, k in enumerate(keys)},
-                            forbid_unknown_fields=True, kw_only=True)
+    try:
+        row = msgspec.defstruct("LogRow", fields, rename={f"f{i}": k for i, k in enumerate(keys)},
+                                forbid_unknown_fields=True, kw_only=True)
+    except (ValueError, TypeError):  # a key msgspec cannot name a field (quotes, backslashes, control
+        return None  # characters: found by fuzzing): the dict path reads it
     try:
         rows = msgspec.json.Decoder(row).decode_lines(text)
     except msgspec.DecodeError:  # ValidationError included

@@ -291,3 +291,25 @@ def test_steps_beyond_int64_are_analysed_not_crashed(tmp_path):
     facts = analyze_history(*h.arrays())
     gaps = sorted(b - a for a, b in zip(h.steps, h.steps[1:]))
     assert facts.logging_interval == gaps[(len(gaps) - 1) // 2] and facts.steps == h.steps
+
+
+@settings(max_examples=150, deadline=None)
+@given(extra=st.text(min_size=1, max_size=8), junk=st.text(max_size=4),
+       norm_key=st.sampled_from(["grad_norm", "gnorm", "x_grad_norm"]))
+def test_typed_jsonl_path_takes_any_key_names(extra, norm_key, junk):
+    """Keys with quotes, backslashes or control characters (msgspec cannot name a field so; found by
+    fuzzing) leave the typed path to the dict path, with the same history, never an exception."""
+    pytest.importorskip("msgspec")
+    from gradtool.io import logs as logs_mod
+
+    lines = [{"step": i, norm_key + junk: 1.0 + i, extra: i} for i in range(5)]
+    text = "\n".join(json.dumps(x) for x in lines)
+    try:
+        ref = _as_tuple(_plain_jsonl_history(text))
+    except (InputError, UsageError) as exc:
+        ref = type(exc)
+    try:
+        got = _as_tuple(logs_mod.read_jsonl("x.jsonl", text=text))
+    except (InputError, UsageError) as exc:
+        got = type(exc)
+    assert got == ref
