@@ -292,9 +292,15 @@ class DumpReader:
         self.close()
 
     def _validate_index(self) -> None:
-        for t in self.tensors:
-            check_tensor_name(t.name, self.display_path)
-        check_unique(self.names, self.display_path)
+        """Refuse path-like, control-character and duplicate tensor names; a refused file is closed first,
+        so a reader that refuses a file leaves no descriptor open."""
+        try:
+            for t in self.tensors:
+                check_tensor_name(t.name, self.display_path)
+            check_unique(self.names, self.display_path)
+        except BaseException:
+            self.close()
+            raise
 
 
 class DumpWriter:

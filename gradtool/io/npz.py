@@ -42,15 +42,15 @@ class NpzReader(DumpReader):
             self._zip = zipfile.ZipFile(path, "r")
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
             raise InputError(f"{self.display_path}: not a readable .npz archive ({exc})") from None
-        try:
+        try:  # a refused file closes what opening it opened (the archive and the raw descriptor)
             self._index()
         except ZIP_ERRORS as exc:
-            self._zip.close()
+            self.close()
             if isinstance(exc, GradtoolError):
                 raise
             raise InputError(f"{self.display_path}: corrupt .npz archive ({type(exc).__name__}: {exc})") from None
         except BaseException:
-            self._zip.close()
+            self.close()
             raise
         self._validate_index()
 

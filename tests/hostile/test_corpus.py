@@ -91,3 +91,25 @@ def test_corpus_size_is_reported(corpus):
     print(f"\ncorpus: {len(items)} bad inputs ({sum(b.kind == 'dump' for b in items)} dumps, "
           f"{sum(b.kind == 'log' for b in items)} logs)")
     assert len(items) >= 170
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
+def test_refused_dumps_leave_no_descriptor_open(corpus):
+    """Opening and reading every bad dump in one process (as a long-lived library user or the fuzzer
+    does) leaves the number of open descriptors where it was: a reader that refuses a file closes what
+    it opened. (The npz reader once kept its raw descriptor after refusing a file, and the safetensors
+    and HDF5 readers theirs after refusing a tensor name; the fuzzer ran out of descriptors.)"""
+    from gradtool import open_dump
+    from gradtool.errors import GradtoolError
+
+    d, marker, items = corpus
+    dumps = [b for b in items if b.kind == "dump"]
+    before = len(os.listdir("/proc/self/fd"))
+    for bad in dumps:
+        try:
+            with open_dump(bad.path) as r:
+                for name in r.names:
+                    r.read(name)
+        except GradtoolError:
+            pass
+    assert len(os.listdir("/proc/self/fd")) == before
