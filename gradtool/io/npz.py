@@ -251,6 +251,9 @@ class NpzWriter(DumpWriter):
 
     def __init__(self, path: str, metadata: dict[str, Any] | None = None, *, compress: bool = False):
         super().__init__(path, metadata)
+        from .inflate import fast_zipfile_crc
+
+        fast_zipfile_crc()  # zipfile's CRC-32 of every member byte, by isal when installed
         self._file = open_output(path)
         try:
             self._zip = zipfile.ZipFile(self._file, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED,
