@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 USE_ISAL = True  # tests switch it off to run the zlib path with isal installed
 
@@ -31,15 +34,21 @@ def fast_zlib() -> ModuleType:
     return zlib
 
 
-def decompress(data: bytes, wbits: int = zlib.MAX_WBITS) -> Any:
-    """``zlib.decompress(data, wbits)``, by isal when it can; zlib decides whenever isal reports an error."""
+def judged_by_zlib(work: Callable[[ModuleType], T]) -> T:
+    """``work(fast_zlib())``; when isal reports an error (its own class, not a zlib.error), ``work(zlib)``
+    on the same bytes, whose result or error stands."""
     mod = fast_zlib()
     if mod is not zlib:
         try:
-            return mod.decompress(data, wbits)
-        except mod.error:  # isal's own error class (not a zlib.error): let zlib judge these bytes
+            return work(mod)
+        except mod.error:
             pass
-    return zlib.decompress(data, wbits)
+    return work(zlib)
+
+
+def decompress(data: bytes, wbits: int = zlib.MAX_WBITS) -> Any:
+    """``zlib.decompress(data, wbits)``, by isal when it can; zlib decides whenever isal reports an error."""
+    return judged_by_zlib(lambda mod: mod.decompress(data, wbits))
 
 
 def fast_zipfile_crc() -> None:

@@ -125,15 +125,9 @@ class NpzReader(DumpReader):
         own reader inflates in small GIL-holding steps); python-isal's faster zlib when installed
         (:mod:`.inflate`). Size and CRC-32 are checked, as zipfile would; a member that inflates to more
         than it declares is corrupt."""
-        from . import inflate
+        from .inflate import judged_by_zlib
 
-        mod = inflate.fast_zlib()
-        if mod is not zlib:
-            try:
-                return self._inflate_whole_with(mod, zi, info, fortran)
-            except mod.error:
-                pass  # isal refused these bytes: zlib judges them, in its words
-        return self._inflate_whole_with(zlib, zi, info, fortran)
+        return judged_by_zlib(lambda mod: self._inflate_whole_with(mod, zi, info, fortran))
 
     def _inflate_whole_with(self, mod: Any, zi: zipfile.ZipInfo, info: TensorInfo, fortran: bool) -> np.ndarray:
         """_inflate_whole with ``mod`` (zlib, or isal_zlib whose errors the caller takes back to zlib)."""
