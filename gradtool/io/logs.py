@@ -222,14 +222,16 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None, 
             return col, arr
         return arr.tolist(), arr
 
+    from ..suggest import masked_column
+
     def pick(col: list[Any] | None) -> tuple[list[float | None], Any] | None:
         m = n if idx is None else idx.size
         if col is None:
-            return [None] * m, np.ma.MaskedArray(np.full(m, np.nan), mask=np.ones(m, dtype=bool))
+            return [None] * m, masked_column(None, m)
         try:  # numbers, or numeric strings: one NumPy conversion (which would turn None into NaN)
             if not (type(col) is list and None in col):
                 values, arr = kept(col, np.asarray(col, dtype=np.float64), float)
-                return values, np.ma.MaskedArray(arr, mask=np.zeros(m, dtype=bool))
+                return values, masked_column(arr)  # an array: given everywhere
         except (ValueError, TypeError, OverflowError):
             pass  # empty cells or None: element by element
         out = []
@@ -238,8 +240,6 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None, 
             if v is None and col[i] not in (None, ""):
                 return None
             out.append(v)
-        from ..suggest import masked_column
-
         return out, masked_column(out)
 
     loss_p, lr_p = pick(loss), pick(lr)
