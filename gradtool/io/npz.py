@@ -57,6 +57,7 @@ class NpzReader(DumpReader):
     def _index(self) -> None:
         self._members: dict[str, tuple[zipfile.ZipInfo, bool]] = {}
         self._header_lengths: dict[str, int] = {}
+        self._data_starts: dict[str, int] = {}  # stored members: where the data begins (read while indexing)
         self.compressed = False
         p = self.display_path
         for zi in self._zip.infolist():
@@ -77,7 +78,8 @@ class NpzReader(DumpReader):
             try:
                 if zi.compress_type == zipfile.ZIP_STORED and not zi.flag_bits & 0x1:
                     # pread at the member's offset: zipfile's member objects cost ~3 ms a dump
-                    f = _MemberBytes(self._fd(), self._local_data_start(zi), zi.file_size)
+                    start = self._data_starts[name] = self._local_data_start(zi)
+                    f = _MemberBytes(self._fd(), start, zi.file_size)
                     shape, dtype, fortran, hlen = read_npy_header(f, name, p)
                 else:
                     with self._zip.open(zi) as f:
@@ -189,7 +191,7 @@ class NpzReader(DumpReader):
 
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
         zi, _ = self._members[info.name]
-        offset = self._stored_data_offset(zi, info)
+        offset = self._stored_data_offset(info)
         if offset is not None:
             yield from self._pread_chunks(self._fd(), offset, info, chunk_elements)
             return
@@ -202,7 +204,7 @@ class NpzReader(DumpReader):
 
     def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
         zi, _ = self._members[info.name]
-        offset = self._stored_data_offset(zi, info)
+        offset = self._stored_data_offset(info)
         return None if offset is None else self._checked_location(self._fd(), offset, info)
 
     def _fd(self) -> int:
@@ -210,13 +212,11 @@ class NpzReader(DumpReader):
             self._raw_fd = os.open(self.path, os.O_RDONLY)
         return self._raw_fd
 
-    def _stored_data_offset(self, zi: zipfile.ZipInfo, info: TensorInfo) -> int | None:
-        """Byte offset of a stored (uncompressed) member's array data, from its local header."""
-        if zi.compress_type != zipfile.ZIP_STORED or zi.flag_bits & 0x1:
-            return None
-        start = self._local_data_start(zi)
-        hlen = self._header_lengths.get(info.name)
-        return None if hlen is None else start + hlen
+    def _stored_data_offset(self, info: TensorInfo) -> int | None:
+        """Byte offset of a stored (uncompressed) member's array data (its local header was read while
+        indexing); None for a compressed or encrypted member."""
+        start, hlen = self._data_starts.get(info.name), self._header_lengths.get(info.name)
+        return None if start is None or hlen is None else start + hlen
 
     def close(self) -> None:
         self._zip.close()
