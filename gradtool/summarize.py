@@ -222,15 +222,20 @@ def _piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int
 
 DECOMPRESS_WORKERS = 2
 DECOMPRESS_SLACK = 64 << 20  # inflated bytes allowed in memory beyond the largest selected tensor
+INFLATE_WINDOW_BYTES = 8 << 20  # a streamed compressed member is summarised this many bytes at a time
 
 
 def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequence[str], exclude: Sequence[str],
                           p: float, on_tensor: Callable[[int], None] | None) -> DumpSummary:
-    """Deflated npz members are zlib-bound (~0.3 GB/s a core) and a member inflates on one core, so two
-    worker threads each inflate and summarise whole members (zlib and the kernel release the GIL),
+    """Deflated npz members are inflate-bound (~0.3 GB/s a core) and a member inflates on one core, so
+    two worker threads each inflate and summarise whole members (zlib and the kernel release the GIL),
     largest first so that one huge member overlaps all the others instead of finishing alone; results are
-    put back in file order. Memory: a worker starts a member only while the inflated bytes in flight stay
-    within the largest selected tensor + DECOMPRESS_SLACK (or when nothing else is in flight)."""
+    put back in file order. A member is inflated into its worker's INFLATE_WINDOW_BYTES buffer and
+    summarised a window at a time (the same chunks, so the same result, as :func:`tensor_stats` of the
+    whole array; no tensor-sized allocation, whose first-touch page faults cost more than the copy).
+    Members that cannot stream (Fortran order, other compressions) are read whole; a worker starts one
+    only while the bytes in flight stay within the largest such tensor + DECOMPRESS_SLACK (or when
+    nothing else is in flight)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -239,9 +244,27 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
     budget = max(sizes, default=0) + DECOMPRESS_SLACK
     cond = threading.Condition()
     in_flight = 0
+    local = threading.local()  # one window buffer per worker thread
+    chunked = getattr(reader, "inflated_chunks", None)
+
+    def streamed(info: TensorInfo) -> TensorStats | None:
+        window = max(1, INFLATE_WINDOW_BYTES // (STREAM_CHUNK * info.dtype.itemsize)) * STREAM_CHUNK
+        if getattr(local, "buffer", None) is None:
+            local.buffer = np.empty(INFLATE_WINDOW_BYTES // 8 + STREAM_CHUNK, np.float64).view(np.uint8)
+        chunks = chunked(info, window, local.buffer) if chunked is not None else None
+        if chunks is None:
+            return None
+        acc = StatsAccumulator(p)
+        is_bool = info.dtype == np.bool_
+        for c in chunks:
+            acc.update_window(c.view(np.int8) if is_bool else c, STREAM_CHUNK)
+        return acc.result(info.shape, dtype_name(info.dtype), is_floating_dtype(info.dtype))
 
     def work(k: int) -> TensorStats:
         nonlocal in_flight
+        result = streamed(infos[k])
+        if result is not None:
+            return result
         with cond:
             cond.wait_for(lambda: in_flight == 0 or in_flight + sizes[k] <= budget)
             in_flight += sizes[k]

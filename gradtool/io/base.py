@@ -261,14 +261,19 @@ class DumpReader:
         """Chunks read sequentially from a file-like object (e.g. a compressed zip member)."""
         return self._buffered_chunks(info, chunk_elements, lambda view, pos: f.readinto(view))
 
-    def _buffered_chunks(self, info: TensorInfo, chunk_elements: int,
-                         read_into: Any) -> Iterator[np.ndarray]:
-        """Chunks filled into the reused aligned buffer by ``read_into(view, byte_position)``, which
-        returns the number of bytes it read (0 at a premature end: a truncated file)."""
+    def _buffered_chunks(self, info: TensorInfo, chunk_elements: int, read_into: Any,
+                         buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:
+        """Chunks filled into ``buffer`` (8-byte aligned uint8), else the reader's reused aligned buffer,
+        by ``read_into(view, byte_position)``, which returns the number of bytes it read (0 at a premature
+        end: a truncated file)."""
         itemsize = info.dtype.itemsize
         native = info.dtype.isnative or itemsize == 1
         total = info.size
-        buf = self._buffer(min(total, chunk_elements) * itemsize)
+        nbytes = min(total, chunk_elements) * itemsize
+        if buffer is None:
+            buf = self._buffer(nbytes)
+        else:  # the caller's (its thread's): too small, a new one rather than the reader's shared buffer
+            buf = buffer if buffer.nbytes >= nbytes else np.empty(nbytes // 8 + 1, np.float64).view(np.uint8)
         for start in range(0, total, chunk_elements):
             count = min(chunk_elements, total - start)
             self._fill(memoryview(buf)[: count * itemsize],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -109,7 +110,7 @@ class NpzReader(DumpReader):
 
     def _read(self, info: TensorInfo) -> np.ndarray:
         zi, fortran = self._members[info.name]
-        if zi.compress_type == zipfile.ZIP_DEFLATED and not zi.flag_bits & 0x1:
+        if self._deflated(zi):
             return self._inflate_whole(zi, info, fortran)
         try:
             with self._zip.open(zi) as f:
@@ -120,60 +121,63 @@ class NpzReader(DumpReader):
 
     INFLATE_PIECE = 8 << 20  # compressed bytes read, and inflated bytes produced, per zlib call
 
-    def _inflate_whole(self, zi: zipfile.ZipInfo, info: TensorInfo, fortran: bool) -> np.ndarray:
-        """A deflated member inflated straight into its array, INFLATE_PIECE at a time: memory is the
-        array plus a few pieces (not the compressed member, the inflated bytes and the array at once),
-        and every zlib call releases the GIL, so several members inflate in parallel threads (zipfile's
-        own reader inflates in small GIL-holding steps); python-isal's faster zlib when installed
-        (:mod:`.inflate`). Size and CRC-32 are checked, as zipfile would; a member that inflates to more
-        than it declares is corrupt."""
-        from .inflate import judged_by_zlib
+    def _deflated(self, zi: zipfile.ZipInfo) -> bool:
+        return zi.compress_type == zipfile.ZIP_DEFLATED and not zi.flag_bits & 0x1
 
-        return judged_by_zlib(lambda mod: self._inflate_whole_with(mod, zi, info, fortran))
+    def _inflate_stream(self, zi: zipfile.ZipInfo) -> Any:
+        """The member's bytes (.npy header, then array data) as an :class:`~.inflate.InflateStream`:
+        inflated INFLATE_PIECE at a time by zlib calls that release the GIL (zipfile's own reader inflates
+        in small GIL-holding steps), by python-isal's faster zlib when installed; size and CRC-32 are
+        checked at the end, as zipfile would."""
+        from .inflate import InflateStream
 
-    def _inflate_whole_with(self, mod: Any, zi: zipfile.ZipInfo, info: TensorInfo, fortran: bool) -> np.ndarray:
-        """_inflate_whole with ``mod`` (zlib, or isal_zlib whose errors the caller takes back to zlib)."""
-        p = self.display_path
-        piece = self.INFLATE_PIECE
-        start = self._local_data_start(zi)
-        hlen = self._header_lengths[info.name]
-        shape = info.shape[::-1] if fortran else info.shape
-        out = allocate(TensorInfo(info.name, shape, info.dtype), p)
-        dest = out.reshape(-1).view(np.uint8)
-        d = mod.decompressobj(-15)
-        fd = self._fd()
-        produced = crc = 0
-        expected = zi.file_size
+        return InflateStream(self._fd(), self._local_data_start(zi), zi.compress_size, zi.file_size, zi.CRC,
+                             self.INFLATE_PIECE)
 
-        def take(data: bytes) -> None:
-            nonlocal produced, crc
-            if not data:
-                return
-            if produced + len(data) > expected:
-                raise InputError(f"{p}: member {zi.filename!r} is corrupt (inflates to more than its size)")
-            crc = mod.crc32(data, crc)
-            lo, hi = produced, produced + len(data)  # positions in the member: header, then array bytes
-            a, b = max(lo, hlen), min(hi, hlen + info.nbytes)
-            if a < b:
-                dest[a - hlen:b - hlen] = np.frombuffer(data, np.uint8, b - a, a - lo)
-            produced = hi
-
+    def _worded(self, zi: zipfile.ZipInfo, call: Any) -> Any:
+        """``call()``, its stream errors worded for this file and member."""
         try:
-            for offset in range(0, zi.compress_size, piece):
-                raw = os.pread(fd, min(piece, zi.compress_size - offset), start + offset)
-                if not raw:
-                    raise InputError(f"{p}: member {zi.filename!r} is truncated")
-                while raw:
-                    take(d.decompress(raw, piece))
-                    raw = d.unconsumed_tail
-            take(d.flush())
-        except zlib.error as exc:
-            raise InputError(f"{p}: member {zi.filename!r} is corrupt ({exc})") from None
-        if produced != expected or crc != zi.CRC:
-            raise InputError(f"{p}: member {zi.filename!r} is corrupt (size or CRC-32 mismatch)")
+            return call()
+        except ValueError as exc:
+            raise InputError(f"{self.display_path}: member {zi.filename!r} is {exc}") from None
+
+    def _inflate_whole(self, zi: zipfile.ZipInfo, info: TensorInfo, fortran: bool) -> np.ndarray:
+        """A deflated member inflated straight into its array: memory is the array plus a few pieces (not
+        the compressed member, the inflated bytes and the array at once), and several members inflate
+        in parallel threads."""
+        shape = info.shape[::-1] if fortran else info.shape
+        out = allocate(TensorInfo(info.name, shape, info.dtype), self.display_path)
+        stream = self._inflate_stream(zi)
+
+        def inflate() -> None:
+            stream.skip(self._header_lengths[info.name])
+            stream.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+            stream.finish()  # a short stream fails here: size mismatch
+
+        self._worded(zi, inflate)
         if not out.dtype.isnative:
             out = out.astype(out.dtype.newbyteorder("="))
         return out.T if fortran else out
+
+    def inflated_chunks(self, info: TensorInfo, chunk_elements: int,
+                        buffer: np.ndarray | None = None) -> Iterator[np.ndarray] | None:
+        """A deflated member's elements in 1-D chunks of ``chunk_elements`` (the last shorter), in file
+        order (as :meth:`iter_chunks` gives a stored member's: a Fortran-order member's too), inflated a
+        piece at a time into ``buffer`` (uint8; each chunk is a view of it, valid until the next is asked
+        for; give every thread its own) or the reader's buffer: memory does not grow with the tensor.
+        The size and CRC-32 are checked after the last chunk. None for a member that is not deflated."""
+        zi, _ = self._members[info.name]
+        if not self._deflated(zi):
+            return None
+        return self._inflated_chunks(zi, info, chunk_elements, buffer)
+
+    def _inflated_chunks(self, zi: zipfile.ZipInfo, info: TensorInfo, chunk_elements: int,
+                         buffer: np.ndarray | None) -> Iterator[np.ndarray]:
+        stream = self._inflate_stream(zi)
+        self._worded(zi, lambda: stream.skip(self._header_lengths[info.name]))
+        yield from self._buffered_chunks(info, chunk_elements,
+                                         lambda view, pos: self._worded(zi, lambda: stream.readinto(view)), buffer)
+        self._worded(zi, stream.finish)
 
     def _local_data_start(self, zi: zipfile.ZipInfo) -> int:
         """Where a member's data starts, from its local header, checked as ``zipfile.open`` checks it:
@@ -195,9 +199,11 @@ class NpzReader(DumpReader):
         if offset is not None:
             yield from self._pread_chunks(self._fd(), offset, info, chunk_elements)
             return
+        if self._deflated(zi):  # inflate as we go, one chunk at a time (in file order)
+            yield from self._inflated_chunks(zi, info, chunk_elements, None)
+            return
         try:
-            with self._zip.open(zi) as f:  # compressed: decompress as we go, one chunk at a time
-                read_npy_header(f, info.name, self.display_path)
+            with self._zip.open(zi) as f:  # another compression: zipfile decompresses as we go
                 yield from self._stream_chunks(f, info, chunk_elements)
         except ZIP_ERRORS as exc:
             raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
@@ -207,9 +213,14 @@ class NpzReader(DumpReader):
         offset = self._stored_data_offset(info)
         return None if offset is None else self._checked_location(self._fd(), offset, info)
 
+    _fd_lock = threading.Lock()
+
     def _fd(self) -> int:
+        """The raw descriptor for pread, opened once (worker threads may ask for it at the same moment)."""
         if getattr(self, "_raw_fd", None) is None:
-            self._raw_fd = os.open(self.path, os.O_RDONLY)
+            with self._fd_lock:
+                if getattr(self, "_raw_fd", None) is None:
+                    self._raw_fd = os.open(self.path, os.O_RDONLY)
         return self._raw_fd
 
     def _stored_data_offset(self, info: TensorInfo) -> int | None:

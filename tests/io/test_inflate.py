@@ -2,6 +2,7 @@
 exactly what the standard zlib gives; where isal reports an error, zlib judges the same bytes, so corrupt
 files fail the same way with or without the extra."""
 
+import os
 import sys
 import zlib
 
@@ -123,3 +124,109 @@ def test_npz_written_with_isal_crc_passes_zlibs_check(tmp_path, use_isal, monkey
         assert z.testzip() is None  # every member's CRC-32 recomputed by zlib matches the stored one
     got = _read_all(p)
     assert all(got[k].tobytes() == v.tobytes() for k, v in t.items())
+
+
+def _stream_over(tmp_path, payload, piece, crc=None, expected=None, prefix=b"junk"):
+    """An InflateStream over ``payload`` deflated (raw) and stored after ``prefix`` in a file."""
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)
+    packed = c.compress(payload) + c.flush()
+    p = tmp_path / "s.bin"
+    p.write_bytes(prefix + packed + b"trailer")
+    fd = os.open(p, os.O_RDONLY)
+    stream = inflate.InflateStream(fd, len(prefix), len(packed), len(payload) if expected is None else expected,
+                                   zlib.crc32(payload) if crc is None else crc, piece)
+    return stream, fd
+
+
+_payloads = st.one_of(st.binary(max_size=3000),
+                      st.builds(lambda n, seed: np.random.default_rng(seed).integers(0, 4, n, dtype=np.uint8).tobytes(),
+                                st.integers(0, 200_000), st.integers(0, 2**32 - 1)))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=_payloads, piece=st.integers(1, 5000), reads=st.lists(st.integers(0, 70_000), max_size=8),
+       skip=st.integers(0, 100), isal=st.booleans())
+def test_inflate_stream_hands_out_the_inflated_bytes_in_any_pieces(tmp_path, payload, piece, reads, skip, isal):
+    """skip + readinto of any sizes, any compressed piece size: the bytes zlib.decompress gives, in order;
+    finish() accepts the stream."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(inflate, "USE_ISAL", isal)
+        stream, fd = _stream_over(tmp_path, payload, piece)
+        try:
+            got = bytearray()
+            skip = min(skip, len(payload))
+            stream.skip(skip)
+            for n in reads + [len(payload)]:
+                buf = bytearray(n)
+                k = stream.readinto(memoryview(buf))
+                got += buf[:k]
+            stream.finish()
+        finally:
+            os.close(fd)
+    assert bytes(got) == payload[skip:]
+
+
+@pytest.mark.parametrize("fail_after", [0, 1, 3])
+def test_an_isal_error_mid_stream_hands_over_to_zlib_at_the_same_position(tmp_path, monkeypatch, fail_after):
+    """When isal errs after handing out some bytes, zlib re-inflates them and goes on: the reader sees one
+    unbroken stream; the CRC-32 is checked on zlib's bytes."""
+    payload = np.random.default_rng(5).integers(0, 3, 100_000, dtype=np.uint8).tobytes()
+
+    class Flaky:
+        error = type("IsalError", (Exception,), {})
+        crc32 = staticmethod(zlib.crc32)
+
+        def decompressobj(self, wbits):
+            real, calls = zlib.decompressobj(wbits), [0]
+
+            class Inflater:
+                def decompress(_, data, max_length=0):
+                    calls[0] += 1
+                    if calls[0] > fail_after:
+                        raise Flaky.error("isal says no")
+                    out = real.decompress(data, max_length)
+                    _.unconsumed_tail = real.unconsumed_tail
+                    return out
+
+                def flush(_):
+                    raise Flaky.error("isal says no")
+
+            return Inflater()
+
+    monkeypatch.setattr(inflate, "fast_zlib", lambda: Flaky())
+    stream, fd = _stream_over(tmp_path, payload, 997)
+    try:
+        got = bytearray()
+        buf = bytearray(4093)
+        while k := stream.readinto(memoryview(buf)):
+            got += buf[:k]
+        stream.finish()
+    finally:
+        os.close(fd)
+    assert bytes(got) == payload
+
+
+@pytest.mark.parametrize("case,message", [
+    ("crc", r"size or CRC-32 mismatch"),
+    ("short", r"size or CRC-32 mismatch"),  # the member claims more bytes than the stream holds
+    ("long", r"inflates to more than its size"),
+    ("garbage", r"corrupt \(Error -3"),
+])
+def test_inflate_stream_refuses_what_does_not_match_its_member(tmp_path, case, message):
+    payload = bytes(range(256)) * 300
+    kw = {"crc": zlib.crc32(payload) ^ 1} if case == "crc" else {}
+    kw |= {"expected": len(payload) + 1} if case == "short" else {}
+    kw |= {"expected": len(payload) - 1} if case == "long" else {}
+    stream, fd = _stream_over(tmp_path, payload, 4096, **kw)
+    if case == "garbage":
+        os.close(fd)
+        p = tmp_path / "g.bin"
+        p.write_bytes(b"\xff" * 5000)
+        fd = os.open(p, os.O_RDONLY)
+        stream = inflate.InflateStream(fd, 0, 5000, 10_000, 0, 4096)
+    try:
+        with pytest.raises(ValueError, match=message):
+            stream.readinto(memoryview(bytearray(len(payload))))
+            stream.finish()
+    finally:
+        os.close(fd)

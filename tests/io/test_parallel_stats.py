@@ -185,3 +185,41 @@ def test_a_sharded_step_on_two_threads_equals_one(tmp_path):
         summarize_mod.STATS_WORKERS, summarize_mod.PARALLEL_MIN_BYTES, summarize_mod.PIECE_BYTES = saved
     _same(*results)
     assert dict(results[0].tensors)["big"].size == t["big"].size
+
+
+@pytest.mark.parametrize("window_bytes", [1, 8 << 20])  # 1: one STREAM_CHUNK per window
+def test_compressed_members_stream_through_a_window(tmp_path, monkeypatch, window_bytes):
+    """Deflated members are summarised a window at a time, never read whole (so memory does not grow
+    with the tensor), with the same statistics as the stored dump (which streams in file order too, a
+    Fortran-order member included), across window, chunk and inflate-piece boundaries."""
+    from gradtool.io.npz import NpzReader
+
+    t = _tensors()
+    t["fortran"] = np.asfortranarray(np.random.default_rng(1).standard_normal((300, 1000)).astype(np.float32))
+    t["big_endian"] = np.random.default_rng(2).standard_normal(STREAM_CHUNK + 77).astype(">f4")
+    stored, packed = str(tmp_path / "s.npz"), str(tmp_path / "c.npz")
+    np.savez(stored, **t)
+    np.savez_compressed(packed, **t)
+    ser = _summaries(stored, 1)
+    read_whole = []
+    real_read = NpzReader._read
+    monkeypatch.setattr(NpzReader, "_read", lambda self, info: read_whole.append(info.name) or real_read(self, info))
+    monkeypatch.setattr(NpzReader, "INFLATE_PIECE", 1000)
+    monkeypatch.setattr(summarize_mod, "INFLATE_WINDOW_BYTES", window_bytes)
+    with open_dump(packed) as reader:
+        assert reader.compressed
+        par = summarize_dump(reader)
+    _same(par, ser)
+    assert read_whole == []
+
+
+def test_a_corrupt_streamed_member_fails_with_the_file_named(tmp_path):
+    p = str(tmp_path / "c.npz")
+    np.savez_compressed(p, a=np.random.default_rng(0).standard_normal(3 * STREAM_CHUNK).astype(np.float32))
+    raw = bytearray(open(p, "rb").read())
+    cd = raw.rfind(b"PK\x01\x02")
+    raw[cd + 16] ^= 0xFF  # the CRC-32 in the central directory: only the end of the stream can tell
+    open(p, "wb").write(bytes(raw))
+    with open_dump(p) as reader:
+        with pytest.raises(InputError, match=r"c.npz: member 'a.npy' is corrupt \(size or CRC-32 mismatch\)"):
+            summarize_dump(reader)
