@@ -19,7 +19,6 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import InputError, UnsafeInputError
@@ -30,13 +29,34 @@ MAX_HEADER = 100 * 1024 * 1024
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
     "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
 CODES = {v: k for k, v in DTYPES.items()}
+# ml_dtypes' types, by name: imported only when a file or an array has one (6 ms of every start-up else)
+ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def dtype_of(code: str) -> np.dtype | None:
+    """The NumPy dtype of a safetensors dtype code (BF16 and F8 through ml_dtypes); None if unknown."""
+    if code in DTYPES:
+        return DTYPES[code]
+    if code not in ML_DTYPES:
+        return None
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, ML_DTYPES[code]))
+
+
+def code_of(dtype: np.dtype) -> str | None:
+    """The safetensors code of a (little-endian) NumPy dtype; None if the format has none."""
+    if dtype in CODES:
+        return CODES[dtype]
+    for code, name in ML_DTYPES.items():  # an ml_dtypes array exists: ml_dtypes is imported already
+        if dtype.name == name and dtype_of(code) == dtype:
+            return code
+    return None
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -97,7 +117,8 @@ class SafetensorsReader(DumpReader):
             if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= set(spec):
                 raise InputError(f"{p}: tensor {name!r}: malformed header entry")
             code = spec["dtype"]
-            if code not in DTYPES:
+            dtype = dtype_of(code) if isinstance(code, str) else None
+            if dtype is None:
                 raise InputError(f"{p}: tensor {name!r}: unsupported dtype {code!r}")
             shape = check_shape(spec["shape"], name, p)
             offs = spec["data_offsets"]
@@ -105,7 +126,7 @@ class SafetensorsReader(DumpReader):
                     or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
                 raise InputError(f"{p}: tensor {name!r}: malformed data_offsets {offs!r}")
             begin, end = offs
-            info = TensorInfo(name, shape, DTYPES[code])
+            info = TensorInfo(name, shape, dtype)
             if not 0 <= begin <= end or end - begin != info.nbytes:
                 raise InputError(
                     f"{p}: tensor {name!r}: data_offsets {offs} do not match shape {list(shape)} x {code}"
@@ -169,7 +190,7 @@ class SafetensorsWriter(DumpWriter):
         offset = 0
         for info in infos:
             dt = np.dtype(info.dtype)
-            code = CODES.get(dt.newbyteorder("<") if dt.byteorder == ">" else dt)
+            code = code_of(dt.newbyteorder("<") if dt.byteorder == ">" else dt)
             if code is None:
                 raise InputError(f"cannot write tensor {info.name!r} of dtype {info.dtype} as safetensors")
             header[info.name] = {"dtype": code, "shape": list(info.shape), "data_offsets": [offset, offset + info.nbytes]}

@@ -50,3 +50,19 @@ def test_import_gradtool_does_not_import_click_rich_h5py_cupy():
             "bad=[m for m in ('click','rich','h5py','cupy') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_reading_a_float32_safetensors_dump_does_not_import_ml_dtypes(tmp_path):
+    """ml_dtypes (bfloat16, float8) is imported only for a file that has such a tensor."""
+    import gradtool
+
+    plain, bf16 = str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")
+    gradtool.save_dump(plain, {"w": np.ones(3, np.float32)})
+    import ml_dtypes
+
+    gradtool.save_dump(bf16, {"w": np.ones(3, ml_dtypes.bfloat16)})
+    code = ("import sys, gradtool; r = gradtool.open_dump(sys.argv[1]); r.read('w'); "
+            "print('ml_dtypes' in sys.modules, r.info('w').dtype)")
+    out = [subprocess.run([sys.executable, "-c", code, p], capture_output=True, text=True, check=True).stdout.split()
+           for p in (plain, bf16)]
+    assert out == [["False", "float32"], ["True", "bfloat16"]]
