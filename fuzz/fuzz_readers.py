@@ -5,7 +5,7 @@
     python fuzz/fuzz_readers.py --seconds 120 --atheris   # coverage-guided, if `pip install atheris`
 
 Inputs are valid files (every format, and logs) mutated by truncation, bit flips, byte splices and
-random header edits. The property: reading a file (open, index, every tensor, its statistics) either
+random header edits. The property: reading a file (open, index, every tensor whole and in chunks, its statistics) either
 succeeds or raises GradtoolError; anything else (IndexError, RecursionError, MemoryError, a segfault,
 a hang) is a bug. Each crasher is saved to tests/hostile/crashers/ and replayed by
 tests/hostile/test_crashers.py from then on.
@@ -71,6 +71,9 @@ def check(data: bytes, ext: str, tmp: str) -> None:
                 summarize_dump(r)
                 for name in r.names:
                     r.read(name)
+                for info in r.tensors:  # streamed reads too (clip's path): a deflated member's InflateStream
+                    for _ in r.iter_chunks(info, 1000):
+                        pass
     except GradtoolError:
         pass
 
