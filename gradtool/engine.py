@@ -19,7 +19,7 @@ from typing import Any
 from .backend import dtype_name, is_floating_dtype
 from .core.norms import parse_norm_type
 from .errors import UsageError
-from .io.history import DumpRef
+from .io.history import DumpRef, fallback_step
 from .summarize import DumpSummary, name_selected, summarize_dump
 
 ENGINES = ("local", "dask")
@@ -44,6 +44,12 @@ def file_partials(path: str, group: str | None, fmt: str | None, select: Sequenc
         return dict(reader.metadata), out, reader.format
 
 
+def _metadata_step(meta: dict[str, Any]) -> int | None:
+    """``step`` of a dump's metadata when it is an integer (as :attr:`DumpReader.step`)."""
+    s = meta.get("step")
+    return s if isinstance(s, int) and not isinstance(s, bool) else None
+
+
 def merge_partials(ref: DumpRef, parts: list[tuple[dict[str, Any], list, str]], norm_type: float) -> DumpSummary:
     """The summary of one step from its files' partials (several for a sharded step)."""
     meta: dict[str, Any] = {}
@@ -62,7 +68,7 @@ def merge_partials(ref: DumpRef, parts: list[tuple[dict[str, Any], list, str]], 
                 entry[1] = (entry[3].n,)  # several pieces: a flat logical tensor
             else:
                 merged[name] = [name, shape, dtype, acc]
-    step = ref.step if ref.step is not None else meta.get("step")
+    step = ref.step if ref.step is not None else _metadata_step(meta)
     fmt = "sharded" if ref.shards is not None else parts[0][2]
     summary = DumpSummary(ref.path, fmt, ref.group, step, norm_type, meta)
     if ref.shards is not None:
@@ -84,12 +90,22 @@ def summarize_refs(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclu
                 out.append(summarize_dump(reader, step=ref.step, select=select, exclude=exclude, norm_type=p, xp=xp))
             if on_dump:
                 on_dump(1)
-        return out
+        return with_fallback_steps(refs, out)
     if engine != "dask":
         raise UsageError(f"--engine must be one of {', '.join(ENGINES)}")
     if xp is not None:
         raise UsageError("--engine dask computes on the workers' CPUs; use --backend numpy with it")
-    return _summarize_dask(refs, select, exclude, p, scheduler, on_dump)
+    return with_fallback_steps(refs, _summarize_dask(refs, select, exclude, p, scheduler, on_dump))
+
+
+def with_fallback_steps(refs: Sequence[DumpRef], summaries: list[DumpSummary]) -> list[DumpSummary]:
+    """``summaries`` (of ``refs``, in order), each without a step (none given, none in its metadata)
+    given its file name's or its position's (:func:`~gradtool.io.history.fallback_step`): refs from
+    ``expand_inputs(resolve_steps=False)`` get the steps ``expand_inputs`` would have given them."""
+    for order, (ref, summary) in enumerate(zip(refs, summaries)):
+        if summary.step is None:
+            summary.step = fallback_step(ref, order)
+    return summaries
 
 
 def dask_client(scheduler: str | None) -> Any:

@@ -97,11 +97,14 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     from .common import xp_for
 
     xp = xp_for(backend)
-    refs = expand_inputs(list(dumps), sharded=sharded)
+    from ..engine import with_fallback_steps
+
+    refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False)  # each dump is opened once, below
     if engine == "local" and len(refs) == 1:  # one dump: the progress bar counts its tensors
         with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
-            summaries = [summarize_dump(reader, step=refs[0].step, select=select, exclude=exclude,
-                                        norm_type=norm_type, xp=xp, on_tensor=advance)]
+            summaries = with_fallback_steps(refs, [summarize_dump(reader, step=refs[0].step, select=select,
+                                                                  exclude=exclude, norm_type=norm_type, xp=xp,
+                                                                  on_tensor=advance)])
     else:
         from ..engine import summarize_refs
 

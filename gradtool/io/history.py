@@ -98,7 +98,9 @@ def _sharded_ref(directory: str) -> DumpRef:
 def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded: bool = False) -> list[DumpRef]:
     """Expand files/directories/multi-step HDF5 files into dump references with step numbers.
 
-    A directory of dump files is a history of one-file steps; a directory of directories is a history
+    ``resolve_steps=False`` leaves the steps of one-dump files unknown (None) instead of opening every
+    dump for its metadata: a caller that opens them anyway takes the metadata step then and
+    :func:`fallback_step` for the rest (an HDF5 file costs ~13 ms an open). A directory of dump files is a history of one-file steps; a directory of directories is a history
     of sharded steps (each subdirectory's files are one step's shards); with ``sharded`` every directory
     argument is itself one sharded step."""
     refs: list[DumpRef] = []
@@ -124,11 +126,18 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
         for order, ref in enumerate(refs):
             if ref.step is None:
                 ref.step = _metadata_step(ref)
-            if ref.step is None and ref.path != "-":
-                ref.step = step_from_filename(ref.path)
-            if ref.step is None and ref.path != "-":
-                ref.step = order
+            if ref.step is None:
+                ref.step = fallback_step(ref, order)
     return refs
+
+
+def fallback_step(ref: DumpRef, order: int) -> int | None:
+    """The step of a dump whose metadata has none: the first integer in its file name, else its position
+    ``order`` in the history (None for standard input)."""
+    if ref.path == "-":
+        return None
+    step = step_from_filename(ref.path)
+    return order if step is None else step
 
 
 def _metadata_step(ref: DumpRef) -> int | None:

@@ -26,12 +26,26 @@ def _reference(doc, indent):
 @settings(max_examples=300, deadline=None)
 @given(doc=_docs, indent=st.sampled_from([None, 2, 4]), msgspec=st.booleans())
 def test_dumps_json_is_the_simple_definition(doc, indent, msgspec):
+    """With msgspec laying out every document (threshold 0), and without it."""
     if msgspec:
         pytest.importorskip("msgspec")
     with pytest.MonkeyPatch.context() as m:
+        m.setattr(render, "MSGSPEC_LAYOUT_BYTES", 0)
         if not msgspec:
             m.setattr(render, "_msgspec_layout", lambda: None)
         assert render.dumps_json(doc, indent=indent) == _reference(doc, indent)
+
+
+def test_a_big_document_is_laid_out_by_msgspec_and_a_small_one_is_not(monkeypatch):
+    pytest.importorskip("msgspec")
+    calls = []
+    real = render._msgspec_layout
+    monkeypatch.setattr(render, "_msgspec_layout", lambda: calls.append(1) or real())
+    monkeypatch.delitem(__import__("sys").modules, "msgspec", raising=False)
+    small = {"tensors": [{"name": "w", "norm": 1.5}]}
+    big = {"tensors": [{"name": f"t{i}", "norm": i / 7, "shape": [i, 3]} for i in range(10_000)]}
+    assert render.dumps_json(small) == _reference(small, 2) and calls == []
+    assert render.dumps_json(big) == _reference(big, 2) and calls == [1]
 
 
 def test_non_finite_floats_and_numpy_scalars_are_still_strict():

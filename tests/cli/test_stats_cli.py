@@ -157,3 +157,31 @@ def test_every_format(run, tmp_path, ext):
     if ext != "npy":
         assert t["attn[weight]"]["nan_count"] == 1 and d["nonfinite_tensors"] == ["attn[weight]"]
         assert "attn[weight]" in run("stats", p).stdout
+
+
+@pytest.mark.parametrize("engine", ["local", "dask"])
+def test_history_steps_from_metadata_then_filename_then_order_with_each_dump_opened_once(run, tmp_path, monkeypatch,
+                                                                                         engine):
+    """stats takes each dump's step while it reads it (one open per dump, not one more to find the step),
+    by the rule expand_inputs documents: metadata, else the file name's number, else the position."""
+    if engine == "dask":
+        pytest.importorskip("dask.distributed")
+    from gradtool.io import history
+
+    files = [("a_step_00100.npz", None), ("b_named_7.h5", {"step": 3}), ("c_nonumber.safetensors", None),
+             ("d_final.npz", {"step": "not an int"})]
+    for name, meta in files:
+        save_dump(str(tmp_path / name), {"w": np.ones(2, np.float32)}, meta)
+    paths = [str(tmp_path / n) for n, _ in files]
+    expected = [r.step for r in history.expand_inputs(paths)]
+    assert expected == [100, 3, 2, 3]
+    opened = []
+    real_open = history.DumpRef.open
+    monkeypatch.setattr(history.DumpRef, "open", lambda self: opened.append(self.path) or real_open(self))
+    args = ["stats", *paths, "--format", "json"] + (["--engine", "dask"] if engine == "dask" else [])
+    d = run(*args).json()["dumps"]
+    assert [x["step"] for x in d] == expected
+    if engine == "local":
+        assert opened == paths
+    one = run("stats", paths[2], "--format", "json").json()["dumps"]  # one dump: the file's position, 0
+    assert [x["step"] for x in one] == [0]
