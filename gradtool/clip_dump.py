@@ -292,8 +292,9 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
     """One tensor, elementwise, chunk by chunk: pass A for its norm (per-tensor modes), pass B to clip
     and write. Raises NonFiniteError under the "error" policy before anything of it is written.
     ``logical``: (L2 norm, size) of the whole logical tensor when this is one shard's piece of it."""
-    import array_api_compat.numpy as np_xp
+    from .backend import host_namespace
 
+    np_xp = host_namespace()
     name = info.name
     threshold = spec.threshold_for(name)
     policy = spec.nonfinite

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from gradtool.cli.main import main
 
-BACKENDS = ["numpy", "array_api_strict"]
+BACKENDS = ["numpy", "numpy-main", "array_api_strict"]  # numpy-main: NumPy's own namespace (the host fast paths')
 if importlib.util.find_spec("cupy") is not None:  # pragma: no cover - only on GPU machines
     BACKENDS.append("cupy")
 
@@ -20,6 +20,12 @@ if importlib.util.find_spec("cupy") is not None:  # pragma: no cover - only on G
 def xp(request):
     if request.param == "numpy":
         import array_api_compat.numpy as m
+    elif request.param == "numpy-main":
+        from gradtool.backend import host_namespace
+
+        m = host_namespace()
+        if m is not np:
+            pytest.skip("NumPy 1.x: the host fast paths use array_api_compat.numpy (the 'numpy' case)")
     elif request.param == "array_api_strict":
         m = pytest.importorskip("array_api_strict")
     else:  # pragma: no cover

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import is_floating, is_floating_dtype, namespace_of
+from ..backend import host_namespace, is_floating, is_floating_dtype, namespace_of
 from ..errors import UsageError
 from . import kernels
 
@@ -171,10 +171,8 @@ _F32 = np.dtype(np.float32)
 
 def _numpy_xp() -> ModuleType:
     global _NUMPY_XP
-    import array_api_compat.numpy as np_xp
-
-    _NUMPY_XP = np_xp
-    return np_xp
+    _NUMPY_XP = host_namespace()
+    return _NUMPY_XP
 
 
 def _norm(x: Any, p: float, xp: ModuleType | None, threaded: bool = True) -> float:
