@@ -111,9 +111,13 @@ def _parallel_pays() -> bool:
 
 def stats_in_parallel(reader: DumpReader, infos: Sequence[TensorInfo], norm_type: float = 2.0,
                       on_tensor: Callable[[int], None] | None = None) -> list[tuple[str, TensorStats]] | None:
-    """Statistics of exactly these tensors on two cores (see :func:`_summarize_parallel`), or None when
-    that path does not apply (no compiled kernel, too small, bytes not at a file offset): then stream them."""
+    """Statistics of exactly these tensors on two cores (see :func:`_summarize_parallel`, and
+    :func:`_summarize_compressed` for a compressed npz), or None when that path does not apply (no
+    compiled kernel, too small, bytes not at a file offset): then stream them."""
     summary = DumpSummary(reader.display_path, reader.format, reader.group, reader.step, parse_norm_type(norm_type), {})
+    if getattr(reader, "compressed", False):  # deflated members: inflated two at a time
+        _summarize_compressed(reader, summary, (), (), summary.norm_type, on_tensor, infos=list(infos))
+        return summary.tensors
     if not _summarize_parallel(reader, summary, (), (), summary.norm_type, on_tensor, infos=list(infos)):
         return None
     return summary.tensors
@@ -226,7 +230,8 @@ INFLATE_WINDOW_BYTES = 8 << 20  # a streamed compressed member is summarised thi
 
 
 def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequence[str], exclude: Sequence[str],
-                          p: float, on_tensor: Callable[[int], None] | None) -> DumpSummary:
+                          p: float, on_tensor: Callable[[int], None] | None,
+                          infos: list[TensorInfo] | None = None) -> DumpSummary:
     """Deflated npz members are inflate-bound (~0.3 GB/s a core) and a member inflates on one core, so
     two worker threads each inflate and summarise whole members (zlib and the kernel release the GIL),
     largest first so that one huge member overlaps all the others instead of finishing alone; results are
@@ -239,7 +244,8 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
     import threading
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    infos = [i for i in reader.tensors if name_selected(i.name, select, exclude)]
+    if infos is None:
+        infos = [i for i in reader.tensors if name_selected(i.name, select, exclude)]
     sizes = [i.size * i.dtype.itemsize for i in infos]
     budget = max(sizes, default=0) + DECOMPRESS_SLACK
     cond = threading.Condition()
