@@ -32,6 +32,7 @@ ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OS
 ALIGN = 64
 PAD_EXTRA_ID = 0x6770  # an unregistered zip extra-field id holding padding
 ZIP64_LOCAL_EXTRA = 20  # zipfile writes a 20-byte ZIP64 extra in local headers when force_zip64=True
+DEFLATE_WORKERS = 2  # threads compressing the blocks of a deflated member
 
 
 class NpzReader(DumpReader):
@@ -259,6 +260,7 @@ class NpzWriter(DumpWriter):
         from .inflate import fast_zipfile_crc
 
         fast_zipfile_crc()  # zipfile's CRC-32 of every member byte, by isal when installed
+        self._pool: Any = None  # the deflate threads, started with the first compressed member
         self._file = open_output(path)
         try:
             self._zip = zipfile.ZipFile(self._file, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED,
@@ -269,13 +271,30 @@ class NpzWriter(DumpWriter):
 
     def add(self, info: TensorInfo, array: np.ndarray) -> None:
         check_writable_dtype(array.dtype, "npz", info.name)
-        with self._zip.open(self._aligned_info(info.name + ".npy"), "w", force_zip64=True) as f:
+        with self._member(info.name + ".npy") as f:
             write_npy(f, array)
 
     def add_chunks(self, info: TensorInfo, chunks: Any) -> None:
         check_writable_dtype(info.dtype, "npz", info.name)
-        with self._zip.open(self._aligned_info(info.name + ".npy"), "w", force_zip64=True) as f:
+        with self._member(info.name + ".npy") as f:
             write_npy_chunks(f, info, chunks)
+
+    def _member(self, filename: str) -> Any:
+        """zipfile's writer of a new member. A deflated member is compressed by a
+        :class:`~.deflate.ParallelDeflater` on this writer's two threads (and by python-isal when
+        installed) in place of zipfile's one-core zlib: zipfile hands every write to the member's
+        ``_compressor`` (``compress``, then ``flush`` at close), which the deflater stands in for. On a
+        Python whose zipfile has no such attribute, zipfile compresses as usual (slower, same format)."""
+        f = self._zip.open(self._aligned_info(filename), "w", force_zip64=True)
+        if self._zip.compression == zipfile.ZIP_DEFLATED and getattr(f, "_compressor", None) is not None:
+            from .deflate import ParallelDeflater
+
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(DEFLATE_WORKERS, thread_name_prefix="gradtool-deflate")
+            f._compressor = ParallelDeflater(self._pool)
+        return f
 
     def _aligned_info(self, filename: str) -> zipfile.ZipInfo:
         """A member whose array data starts on a 64-byte boundary (NumPy pads the .npy header to 64),
@@ -296,3 +315,5 @@ class NpzWriter(DumpWriter):
             self._zip.close()
         finally:
             self._file.close()  # zipfile leaves a file object it was given open
+            if self._pool is not None:
+                self._pool.shutdown()

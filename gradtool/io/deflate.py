@@ -1,0 +1,84 @@
+"""Deflate compression on several cores, for the compressed npz members gradtool writes.
+
+One member is one raw deflate stream, which zlib writes on one core (~20 MB/s for float gradients at
+zipfile's default level: a 270 MB dump took 13 s to clip). :class:`ParallelDeflater` cuts the input into
+BLOCK-byte blocks and compresses them on a thread pool, as pigz does: every block is compressed by its
+own compressor primed with the previous 32 KiB of input as its dictionary (so matches may reach back
+across the cut, as in one stream) and ends with a sync flush (an empty stored block, which ends on a
+byte boundary), the last with the final block; their concatenation is one valid deflate stream that
+any inflater reads. The bytes depend on the block size and level only, never on the threads.
+
+With python-isal (the ``[speedups]`` extra) the blocks are compressed by ISA-L at its default level:
+on float32 gradients 17x faster than zlib's default level, with a slightly better ratio (measured:
+0.923 vs 0.925 of the input on GPT-2-shaped random gradients).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from .inflate import fast_zlib
+
+BLOCK = 1 << 20  # input bytes per block (pigz uses 128 KiB; bigger blocks cost less per call here)
+WINDOW = 32 << 10  # deflate's history: the dictionary each block is primed with
+IN_FLIGHT = 4  # blocks compressed ahead of the writer, per stream (memory: ~2 x IN_FLIGHT x BLOCK)
+
+
+def default_level(mod: Any) -> int:
+    """ISA-L's default level (2) for isal_zlib, zlib's (6) otherwise."""
+    return getattr(mod, "ISAL_DEFAULT_COMPRESSION", zlib.Z_DEFAULT_COMPRESSION)
+
+
+def deflate_block(mod: Any, level: int, block: bytes, history: bytes, last: bool) -> bytes:
+    """``block`` as raw deflate: primed with ``history`` (the input just before it), ended by a sync
+    flush, or by the final block when ``last``."""
+    c = mod.compressobj(level, zlib.DEFLATED, -15, zdict=history) if history else mod.compressobj(level, zlib.DEFLATED, -15)
+    return c.compress(block) + c.flush(mod.Z_FINISH if last else mod.Z_SYNC_FLUSH)
+
+
+class ParallelDeflater:
+    """``compress(data) -> bytes`` and ``flush() -> bytes``, as ``zlib.compressobj(level, DEFLATED, -15)``,
+    with blocks compressed on ``pool`` (None: in this thread; the same bytes)."""
+
+    def __init__(self, pool: Executor | None = None, level: int | None = None, block: int = BLOCK):
+        self._mod = fast_zlib()
+        self._level = default_level(self._mod) if level is None else level
+        self._pool, self._block = pool, block
+        self._pending = bytearray()  # input not yet handed to a block
+        self._history = b""  # the last WINDOW bytes of the input handed to blocks
+        self._jobs: deque[Future[bytes] | bytes] = deque()
+
+    def _submit(self, block: bytes, last: bool) -> None:
+        args = (self._mod, self._level, block, self._history, last)
+        self._jobs.append(self._pool.submit(deflate_block, *args) if self._pool is not None else deflate_block(*args))
+        self._history = (self._history + block)[-WINDOW:]
+
+    def _collect(self, wait_for: int) -> bytes:
+        """The compressed blocks at the front that are done, in order; waits until at most ``wait_for``
+        remain in flight."""
+        out = []
+        while self._jobs:
+            job = self._jobs[0]
+            if isinstance(job, Future):
+                if len(self._jobs) <= wait_for and not job.done():
+                    break
+                job = job.result()
+            out.append(job)
+            self._jobs.popleft()
+        return b"".join(out)
+
+    def compress(self, data: Any) -> bytes:
+        self._pending += data
+        while len(self._pending) >= self._block:
+            block = bytes(self._pending[: self._block])
+            del self._pending[: self._block]
+            self._submit(block, last=False)
+        return self._collect(IN_FLIGHT)
+
+    def flush(self) -> bytes:
+        self._submit(bytes(self._pending), last=True)
+        self._pending.clear()
+        return self._collect(0)
