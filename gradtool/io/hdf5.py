@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -318,6 +319,9 @@ class Hdf5Writer(DumpWriter):
         if info.compression == "gzip":
             kwargs = {"compression": "gzip", "compression_opts": info.compression_opts}
         ds = self._group(parent).create_dataset(leaf, shape=info.shape, dtype=dtype, **kwargs)
+        if info.compression == "gzip" and self._add_gzip_chunks(info, dtype, ds, chunks):
+            self._set_attrs(ds, info.attrs)
+            return
         row = info.size // info.shape[0]
         rows_per_block = max(1, (1 << 20) // max(row * dtype.itemsize, 1))
         block = np.empty(rows_per_block * row, dtype)
@@ -342,6 +346,71 @@ class Hdf5Writer(DumpWriter):
         if next_row != info.shape[0]:
             raise RuntimeError(f"tensor {info.name!r}: wrote {next_row} of {info.shape[0]} rows")
         self._set_attrs(ds, info.attrs)
+
+    def _add_gzip_chunks(self, info: TensorInfo, dtype: np.dtype, ds: Any, chunks: Any) -> bool:
+        """A gzip dataset written chunk by chunk: the rows are gathered a band of chunk rows at a time,
+        the band is cut into HDF5 chunks (edge chunks padded with zeros, which HDF5 ignores), each is
+        compressed on this writer's two threads (:func:`~.deflate.compress_chunk`, which releases the
+        GIL) and written in order with ``write_direct_chunk``. HDF5 compresses the chunks of ``ds[a:b]
+        = block`` one after another on one core (~25 MB/s at gzip level 4 on float gradients: clip of a
+        270 MB gzip dump took 11 s). False (nothing written) when the dataset's filters are not gzip
+        alone, so h5py's own path writes it."""
+        h5py = _h5py()
+        dcpl = ds.id.get_create_plist()
+        if ds.chunks is None or dcpl.get_nfilters() != 1 or dcpl.get_filter(0)[0] != h5py.h5z.FILTER_DEFLATE:
+            return False
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .deflate import compress_chunk
+
+        level = dcpl.get_filter(0)[2][0] if dcpl.get_filter(0)[2] else 4
+        if getattr(self, "_pool", None) is None:
+            self._pool = ThreadPoolExecutor(2, thread_name_prefix="gradtool-deflate")
+        shape, cshape = info.shape, ds.chunks
+        grid = [range(0, n, c) for n, c in zip(shape[1:], cshape[1:])]  # chunk offsets along the other axes
+        band_rows = cshape[0]
+        row = info.size // shape[0]
+        band = np.zeros((band_rows * row,), dtype)
+        pending: list[tuple[tuple[int, ...], Any]] = []
+
+        def flush_band(r0: int, rows: int) -> None:
+            view = band.reshape((band_rows,) + shape[1:])
+            if rows < band_rows:
+                view[rows:] = 0
+            for offsets in itertools.product(*grid):
+                piece = view[(slice(None),) + tuple(slice(o, o + c) for o, c in zip(offsets, cshape[1:]))]
+                if piece.shape != cshape:  # an edge chunk: HDF5 stores it whole
+                    full = np.zeros(cshape, dtype)
+                    full[tuple(slice(0, n) for n in piece.shape)] = piece
+                    piece = full
+                data = np.ascontiguousarray(piece).tobytes()
+                pending.append(((r0,) + offsets, self._pool.submit(compress_chunk, data, level)))
+            while len(pending) > 8 or (pending and pending[0][1].done()):
+                at, fut = pending.pop(0)
+                ds.id.write_direct_chunk(at, fut.result(), 0)
+
+        filled = next_row = 0
+        for c in chunks:
+            pos = 0
+            while pos < c.shape[0]:
+                take = min(band.shape[0] - filled, c.shape[0] - pos)
+                if next_row * row + filled + take > info.size:
+                    raise RuntimeError(f"tensor {info.name!r}: more elements than its shape holds")
+                band[filled: filled + take] = c[pos: pos + take]
+                filled, pos = filled + take, pos + take
+                if filled == band.shape[0]:
+                    flush_band(next_row, band_rows)
+                    next_row, filled = next_row + band_rows, 0
+        if filled:
+            if filled % row:
+                raise RuntimeError(f"tensor {info.name!r}: {filled} elements do not make whole rows")
+            flush_band(next_row, filled // row)
+            next_row += filled // row
+        for at, fut in pending:
+            ds.id.write_direct_chunk(at, fut.result(), 0)
+        if next_row != shape[0]:
+            raise RuntimeError(f"tensor {info.name!r}: wrote {next_row} of {shape[0]} rows")
+        return True
 
     def _add_contiguous(self, info: TensorInfo, dtype: np.dtype, group: Any, leaf: str, chunks: Any) -> None:
         """An uncompressed tensor: its contiguous storage is allocated when the dataset is created (and never
@@ -374,6 +443,9 @@ class Hdf5Writer(DumpWriter):
         self._set_attrs(ds, info.attrs)
 
     def close(self) -> None:
+        if getattr(self, "_pool", None) is not None:
+            self._pool.shutdown()
+            self._pool = None
         if getattr(self, "_data_fd", None) is not None:
             os.close(self._data_fd)
             self._data_fd = None
