@@ -227,7 +227,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
                 if info.fortran:
                     writer.add(info, reader._read(info))
                 else:
-                    writer.add_chunks(info, reader.iter_chunks(info))
+                    writer.add_chunks(info, reader.iter_chunks_ahead(info))
             why = "not selected" if _float_info(info) else "not floating point"
             result.tensors.append(TensorClip(info.name, None, None, False, 0, skipped=why))
             continue
@@ -321,7 +321,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
 
     def clipped_chunks() -> Any:
         nonlocal changed
-        for chunk in reader.iter_chunks(info):
+        for chunk in reader.iter_chunks_ahead(info):  # a compressed member inflates on another thread
             src = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
             if fused is not None and src is chunk and chunk.shape[0] >= ROW and chunk.dtype == np.float32 \
                     and chunk.flags.c_contiguous:  # scale, count changes and measure in one pass

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import GradtoolError, InputError, UnsafeInputError
 from .atomic import open_output
-from .base import DumpReader, DumpWriter, TensorInfo, allocate
+from .base import DumpReader, DumpWriter, TensorInfo, allocate, read_ahead
 from .npy import check_writable_dtype, read_npy_data, read_npy_header, write_npy, write_npy_chunks
 
 METADATA_MEMBER = "__metadata__.json"
@@ -208,6 +208,14 @@ class NpzReader(DumpReader):
                 yield from self._stream_chunks(f, info, chunk_elements)
         except ZIP_ERRORS as exc:
             raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
+
+    def iter_chunks_ahead(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
+        """A deflated member inflated on a worker thread a few chunks ahead of the caller (:func:`read_ahead`;
+        clip scales, checksums and deflates again on the other threads meanwhile); others as iter_chunks."""
+        zi, _ = self._members[info.name]
+        if not self._deflated(zi) or info.size == 0:
+            return self.iter_chunks(info, chunk_elements)
+        return read_ahead(self.iter_chunks(info, chunk_elements))
 
     def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
         zi, _ = self._members[info.name]

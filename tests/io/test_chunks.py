@@ -3,6 +3,8 @@
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gradtool import open_dump, save_dump
 
@@ -289,3 +291,68 @@ def test_hdf5_writer_contiguous_fast_path_bytes_layout_and_errors(tmp_path):
         with pytest.raises(RuntimeError, match=bad):
             w.add_chunks(TensorInfo("x", (99,) if n == 99 else (100,), np.dtype(np.float32)), iter(stream))
         w.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 3000), max_size=12), depth=st.integers(1, 4), stop_after=st.integers(0, 15))
+def test_read_ahead_yields_the_chunks_in_order_and_stops_cleanly(sizes, depth, stop_after):
+    """Chunks that reuse one buffer (as readers' do) come out of a read-ahead thread equal and in order;
+    a caller that stops early stops the worker and closes the source."""
+    import threading
+
+    from gradtool.io.base import read_ahead
+
+    closed = []
+
+    def source():
+        buf = np.empty(max(sizes, default=0) + 1)
+        try:
+            for k, n in enumerate(sizes):
+                buf[:n] = np.arange(n) + 1000 * k
+                yield buf[:n]
+        finally:
+            closed.append(True)
+
+    before = threading.active_count()
+    got = []
+    gen = read_ahead(source(), depth)
+    for k, c in enumerate(gen):
+        if k == stop_after:
+            break
+        got.append(c.copy())
+    gen.close()
+    assert [g.tolist() for g in got] == [(np.arange(n) + 1000 * k).tolist() for k, n in enumerate(sizes[:len(got)])]
+    assert closed == [True] and threading.active_count() == before
+
+
+def test_read_ahead_raises_the_sources_error_in_the_caller():
+    from gradtool.errors import InputError
+    from gradtool.io.base import read_ahead
+
+    def source():
+        yield np.ones(3)
+        raise InputError("x.npz: member 'a.npy' is corrupt")
+
+    gen = read_ahead(source())
+    assert next(gen).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(InputError, match="corrupt"):
+        next(gen)
+
+
+def test_compressed_npz_chunks_ahead_equal_chunks(tmp_path):
+    """A deflated member read ahead gives iter_chunks' values (non-native byte order and bool included);
+    a stored member is not read ahead."""
+    rng = np.random.default_rng(3)
+    t = {"w": rng.standard_normal(300_001).astype(np.float32), "be": rng.standard_normal(7000).astype(">f8"),
+         "m": rng.random(5000) < 0.5, "e": np.zeros(0, np.float32)}
+    p = str(tmp_path / "c.npz")
+    np.savez_compressed(p, **t)
+    with open_dump(p) as r:
+        for info in r.tensors:
+            plain = np.concatenate([c.copy() for c in r.iter_chunks(info, 4096)] or [np.zeros(0, info.dtype)])
+            ahead = np.concatenate([c.copy() for c in r.iter_chunks_ahead(info, 4096)] or [np.zeros(0, info.dtype)])
+            assert ahead.tobytes() == plain.tobytes() == np.asarray(t[info.name], info.dtype.newbyteorder("=")).tobytes()
+    s = str(tmp_path / "s.npz")
+    save_dump(s, t)
+    with open_dump(s) as r:
+        assert type(r.iter_chunks_ahead(r.info("w"))) is type(r.iter_chunks(r.info("w")))  # no thread for page-cache reads
