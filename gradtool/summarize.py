@@ -260,11 +260,8 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
         chunks = chunked(info, window, local.buffer) if chunked is not None else None
         if chunks is None:
             return None
-        acc = StatsAccumulator(p)
-        is_bool = info.dtype == np.bool_
-        for c in chunks:
-            acc.update_window(c.view(np.int8) if is_bool else c, STREAM_CHUNK)
-        return acc.result(info.shape, dtype_name(info.dtype), is_floating_dtype(info.dtype))
+        return chunks_accumulator(chunks, info, p).result(info.shape, dtype_name(info.dtype),
+                                                           is_floating_dtype(info.dtype))
 
     def work(k: int) -> TensorStats:
         nonlocal in_flight
@@ -295,13 +292,19 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
     return summary
 
 
-def streamed_accumulator(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> StatsAccumulator:
-    """A tensor read chunk by chunk from its file into a :class:`StatsAccumulator`."""
+def chunks_accumulator(chunks: Any, info: TensorInfo, norm_type: float = 2.0) -> StatsAccumulator:
+    """A tensor's 1-D chunks (in order; each a whole number of STREAM_CHUNKs but the last) summarised
+    into one :class:`StatsAccumulator` (bools as int8, as :func:`tensor_stats` sums them)."""
     acc = StatsAccumulator(norm_type)
     is_bool = info.dtype == np.bool_
-    for chunk in reader.iter_chunks(info, STREAM_CHUNK):
-        acc.update(chunk.view(np.int8) if is_bool else chunk)
+    for chunk in chunks:
+        acc.update_window(chunk.view(np.int8) if is_bool else chunk, STREAM_CHUNK)
     return acc
+
+
+def streamed_accumulator(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> StatsAccumulator:
+    """A tensor read chunk by chunk from its file into a :class:`StatsAccumulator`."""
+    return chunks_accumulator(reader.iter_chunks(info, STREAM_CHUNK), info, norm_type)
 
 
 def streamed_stats(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> TensorStats:
