@@ -2,7 +2,7 @@
 writes.
 
 One member is one raw deflate stream, which zlib writes on one core (~20 MB/s for float gradients at
-zipfile's default level: a 270 MB dump took 13 s to clip). :class:`ParallelDeflater` cuts the input into
+zipfile's default level: clip of a 270 MB dump took 14 s). :class:`ParallelDeflater` cuts the input into
 BLOCK-byte blocks and compresses them on a thread pool, as pigz does: every block is compressed by its
 own compressor primed with the previous 32 KiB of input as its dictionary (so matches may reach back
 across the cut, as in one stream) and ends with a sync flush (an empty stored block, which ends on a
