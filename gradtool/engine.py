@@ -19,6 +19,7 @@ from typing import Any
 from .backend import dtype_name, is_floating_dtype
 from .core.norms import parse_norm_type
 from .errors import UsageError
+from .io.base import metadata_step
 from .io.history import DumpRef, fallback_step
 from .summarize import DumpSummary, name_selected, summarize_dump
 
@@ -44,12 +45,6 @@ def file_partials(path: str, group: str | None, fmt: str | None, select: Sequenc
         return dict(reader.metadata), out, reader.format
 
 
-def _metadata_step(meta: dict[str, Any]) -> int | None:
-    """``step`` of a dump's metadata when it is an integer (as :attr:`DumpReader.step`)."""
-    s = meta.get("step")
-    return s if isinstance(s, int) and not isinstance(s, bool) else None
-
-
 def merge_partials(ref: DumpRef, parts: list[tuple[dict[str, Any], list, str]], norm_type: float) -> DumpSummary:
     """The summary of one step from its files' partials (several for a sharded step)."""
     meta: dict[str, Any] = {}
@@ -68,7 +63,7 @@ def merge_partials(ref: DumpRef, parts: list[tuple[dict[str, Any], list, str]], 
                 entry[1] = (entry[3].n,)  # several pieces: a flat logical tensor
             else:
                 merged[name] = [name, shape, dtype, acc]
-    step = ref.step if ref.step is not None else _metadata_step(meta)
+    step = ref.step if ref.step is not None else metadata_step(meta)
     fmt = "sharded" if ref.shards is not None else parts[0][2]
     summary = DumpSummary(ref.path, fmt, ref.group, step, norm_type, meta)
     if ref.shards is not None:

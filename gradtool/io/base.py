@@ -109,6 +109,12 @@ def allocate(info: TensorInfo, path: str) -> np.ndarray:
 MMAP_WINDOW_CHUNKS = 16  # 16 MiB windows of float32 at the default chunk size
 
 
+def metadata_step(metadata: dict[str, Any]) -> int | None:
+    """A dump's ``step`` from its metadata when it is an integer (not a bool, string or float), else None."""
+    s = metadata.get("step")
+    return s if isinstance(s, int) and not isinstance(s, bool) else None
+
+
 class DumpReader:
     """A lazily read dump. Subclasses fill ``tensors`` and ``metadata`` on open and implement ``_read``."""
 
@@ -135,8 +141,7 @@ class DumpReader:
 
     @property
     def step(self) -> int | None:
-        s = self.metadata.get("step")
-        return s if isinstance(s, int) and not isinstance(s, bool) else None
+        return metadata_step(self.metadata)
 
     # -- data
     def read(self, name: str) -> np.ndarray:
