@@ -249,6 +249,35 @@ class Hdf5Reader(DumpReader):
                 pass
 
 
+def _row_blocks(info: TensorInfo, dtype: np.dtype, rows_per_block: int,
+                chunks: Any) -> Iterator[tuple[int, int, np.ndarray]]:
+    """A tensor's 1-D C-order chunks gathered into blocks of whole first-axis rows: ``(first row, rows,
+    block)``, ``rows_per_block`` rows a block (the last may have fewer); ``block`` is one flat buffer,
+    reused, its first ``rows`` rows valid until the next block is asked for. RuntimeError when the chunks
+    hold more or fewer elements than the shape."""
+    row = info.size // info.shape[0]
+    block = np.empty(rows_per_block * row, dtype)
+    filled = next_row = 0  # elements in the block; rows handed out
+    for c in chunks:
+        pos = 0
+        while pos < c.shape[0]:
+            take = min(block.shape[0] - filled, c.shape[0] - pos)
+            if next_row * row + filled + take > info.size:
+                raise RuntimeError(f"tensor {info.name!r}: more elements than its shape holds")
+            block[filled: filled + take] = c[pos: pos + take]
+            filled, pos = filled + take, pos + take
+            if filled == block.shape[0]:
+                yield next_row, rows_per_block, block
+                next_row, filled = next_row + rows_per_block, 0
+    if filled:
+        if filled % row:
+            raise RuntimeError(f"tensor {info.name!r}: {filled} elements do not make whole rows")
+        yield next_row, filled // row, block
+        next_row += filled // row
+    if next_row != info.shape[0]:
+        raise RuntimeError(f"tensor {info.name!r}: wrote {next_row} of {info.shape[0]} rows")
+
+
 class Hdf5Writer(DumpWriter):
     """Writes datasets in order (creation order tracked); ``begin_step`` starts a step group."""
 
@@ -319,32 +348,10 @@ class Hdf5Writer(DumpWriter):
         if info.compression == "gzip":
             kwargs = {"compression": "gzip", "compression_opts": info.compression_opts}
         ds = self._group(parent).create_dataset(leaf, shape=info.shape, dtype=dtype, **kwargs)
-        if info.compression == "gzip" and self._add_gzip_chunks(info, dtype, ds, chunks):
-            self._set_attrs(ds, info.attrs)
-            return
-        row = info.size // info.shape[0]
-        rows_per_block = max(1, (1 << 20) // max(row * dtype.itemsize, 1))
-        block = np.empty(rows_per_block * row, dtype)
-        filled = 0  # elements in block
-        next_row = 0
-        for c in chunks:
-            pos = 0
-            while pos < c.shape[0]:
-                take = min(block.shape[0] - filled, c.shape[0] - pos)
-                block[filled: filled + take] = c[pos: pos + take]
-                filled += take
-                pos += take
-                if filled == block.shape[0]:
-                    n = filled // row
-                    ds[next_row: next_row + n] = block.reshape((n,) + info.shape[1:])
-                    next_row += n
-                    filled = 0
-        if filled:
-            n = filled // row
-            ds[next_row: next_row + n] = block[:filled].reshape((n,) + info.shape[1:])
-            next_row += n
-        if next_row != info.shape[0]:
-            raise RuntimeError(f"tensor {info.name!r}: wrote {next_row} of {info.shape[0]} rows")
+        if info.compression != "gzip" or not self._add_gzip_chunks(info, dtype, ds, chunks):
+            row = info.size // info.shape[0]
+            for first, n, block in _row_blocks(info, dtype, max(1, (1 << 20) // max(row * dtype.itemsize, 1)), chunks):
+                ds[first: first + n] = block[: n * row].reshape((n,) + info.shape[1:])
         self._set_attrs(ds, info.attrs)
 
     def _add_gzip_chunks(self, info: TensorInfo, dtype: np.dtype, ds: Any, chunks: Any) -> bool:
@@ -369,11 +376,9 @@ class Hdf5Writer(DumpWriter):
         shape, cshape = info.shape, ds.chunks
         grid = [range(0, n, c) for n, c in zip(shape[1:], cshape[1:])]  # chunk offsets along the other axes
         band_rows = cshape[0]
-        row = info.size // shape[0]
-        band = np.zeros((band_rows * row,), dtype)
         pending: list[tuple[tuple[int, ...], Any]] = []
 
-        def flush_band(r0: int, rows: int) -> None:
+        def flush_band(r0: int, rows: int, band: np.ndarray) -> None:
             view = band.reshape((band_rows,) + shape[1:])
             if rows < band_rows:
                 view[rows:] = 0
@@ -389,27 +394,10 @@ class Hdf5Writer(DumpWriter):
                 at, fut = pending.pop(0)
                 ds.id.write_direct_chunk(at, fut.result(), 0)
 
-        filled = next_row = 0
-        for c in chunks:
-            pos = 0
-            while pos < c.shape[0]:
-                take = min(band.shape[0] - filled, c.shape[0] - pos)
-                if next_row * row + filled + take > info.size:
-                    raise RuntimeError(f"tensor {info.name!r}: more elements than its shape holds")
-                band[filled: filled + take] = c[pos: pos + take]
-                filled, pos = filled + take, pos + take
-                if filled == band.shape[0]:
-                    flush_band(next_row, band_rows)
-                    next_row, filled = next_row + band_rows, 0
-        if filled:
-            if filled % row:
-                raise RuntimeError(f"tensor {info.name!r}: {filled} elements do not make whole rows")
-            flush_band(next_row, filled // row)
-            next_row += filled // row
+        for first, n, band in _row_blocks(info, dtype, band_rows, chunks):
+            flush_band(first, n, band)
         for at, fut in pending:
             ds.id.write_direct_chunk(at, fut.result(), 0)
-        if next_row != shape[0]:
-            raise RuntimeError(f"tensor {info.name!r}: wrote {next_row} of {shape[0]} rows")
         return True
 
     def _add_contiguous(self, info: TensorInfo, dtype: np.dtype, group: Any, leaf: str, chunks: Any) -> None:
