@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 from .inflate import fast_zlib
@@ -29,6 +29,12 @@ from .inflate import fast_zlib
 BLOCK = 1 << 20  # input bytes per block (pigz uses 128 KiB; bigger blocks cost less per call here)
 WINDOW = 32 << 10  # deflate's history: the dictionary each block is primed with
 IN_FLIGHT = 4  # blocks compressed ahead of the writer, per stream (memory: ~2 x IN_FLIGHT x BLOCK)
+WORKERS = 2  # compressing threads of a writer (this machine class has two cores)
+
+
+def thread_pool() -> ThreadPoolExecutor:
+    """The threads a writer compresses on (one pool per writer, shut down when it closes)."""
+    return ThreadPoolExecutor(WORKERS, thread_name_prefix="gradtool-deflate")
 
 
 def default_level(mod: Any) -> int:

@@ -366,13 +366,10 @@ class Hdf5Writer(DumpWriter):
         dcpl = ds.id.get_create_plist()
         if ds.chunks is None or dcpl.get_nfilters() != 1 or dcpl.get_filter(0)[0] != h5py.h5z.FILTER_DEFLATE:
             return False
-        from concurrent.futures import ThreadPoolExecutor
-
-        from .deflate import compress_chunk
+        from .deflate import compress_chunk, thread_pool
 
         level = dcpl.get_filter(0)[2][0] if dcpl.get_filter(0)[2] else 4
-        if getattr(self, "_pool", None) is None:
-            self._pool = ThreadPoolExecutor(2, thread_name_prefix="gradtool-deflate")
+        self._pool = getattr(self, "_pool", None) or thread_pool()
         shape, cshape = info.shape, ds.chunks
         grid = [range(0, n, c) for n, c in zip(shape[1:], cshape[1:])]  # chunk offsets along the other axes
         band_rows = cshape[0]

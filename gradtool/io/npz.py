@@ -32,7 +32,6 @@ ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OS
 ALIGN = 64
 PAD_EXTRA_ID = 0x6770  # an unregistered zip extra-field id holding padding
 ZIP64_LOCAL_EXTRA = 20  # zipfile writes a 20-byte ZIP64 extra in local headers when force_zip64=True
-DEFLATE_WORKERS = 2  # threads compressing the blocks of a deflated member
 
 
 class NpzReader(DumpReader):
@@ -295,12 +294,9 @@ class NpzWriter(DumpWriter):
         Python whose zipfile has no such attribute, zipfile compresses as usual (slower, same format)."""
         f = self._zip.open(self._aligned_info(filename), "w", force_zip64=True)
         if self._zip.compression == zipfile.ZIP_DEFLATED and getattr(f, "_compressor", None) is not None:
-            from .deflate import ParallelDeflater
+            from .deflate import ParallelDeflater, thread_pool
 
-            if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._pool = ThreadPoolExecutor(DEFLATE_WORKERS, thread_name_prefix="gradtool-deflate")
+            self._pool = self._pool or thread_pool()
             f._compressor = ParallelDeflater(self._pool)
         return f
 
