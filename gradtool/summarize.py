@@ -238,9 +238,9 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
     put back in file order. A member is inflated into its worker's INFLATE_WINDOW_BYTES buffer and
     summarised a window at a time (the same chunks, so the same result, as :func:`tensor_stats` of the
     whole array; no tensor-sized allocation, whose first-touch page faults cost more than the copy).
-    Members that cannot stream (Fortran order, other compressions) are read whole; a worker starts one
-    only while the bytes in flight stay within the largest such tensor + DECOMPRESS_SLACK (or when
-    nothing else is in flight)."""
+    Members that are not deflated (stored beside deflated ones, or another compression) are read whole;
+    a worker starts one only while the bytes in flight stay within the largest selected tensor +
+    DECOMPRESS_SLACK (or when nothing else is in flight)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -251,21 +251,17 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
     cond = threading.Condition()
     in_flight = 0
     local = threading.local()  # one window buffer per worker thread
-    chunked = getattr(reader, "inflated_chunks", None)
 
     def streamed(info: TensorInfo) -> TensorStats | None:
-        window = max(1, INFLATE_WINDOW_BYTES // (STREAM_CHUNK * info.dtype.itemsize)) * STREAM_CHUNK
         if getattr(local, "buffer", None) is None:
             local.buffer = np.empty(INFLATE_WINDOW_BYTES // 8 + STREAM_CHUNK, np.float64).view(np.uint8)
-        chunks = chunked(info, window, local.buffer) if chunked is not None else None
-        if chunks is None:
-            return None
-        return chunks_accumulator(chunks, info, p).result(info.shape, dtype_name(info.dtype),
-                                                           is_floating_dtype(info.dtype))
+        window = max(1, INFLATE_WINDOW_BYTES // (STREAM_CHUNK * info.dtype.itemsize)) * STREAM_CHUNK
+        chunks = reader.inflated_chunks(info, window, local.buffer)
+        return None if chunks is None else chunks_stats(chunks, info, p)
 
     def work(k: int) -> TensorStats:
         nonlocal in_flight
-        result = streamed(infos[k])
+        result = streamed(infos[k]) if hasattr(reader, "inflated_chunks") else None
         if result is not None:
             return result
         with cond:
@@ -302,6 +298,12 @@ def chunks_accumulator(chunks: Any, info: TensorInfo, norm_type: float = 2.0) ->
     return acc
 
 
+def chunks_stats(chunks: Any, info: TensorInfo, norm_type: float = 2.0) -> TensorStats:
+    """:func:`tensor_stats` of a tensor given as its 1-D chunks (see :func:`chunks_accumulator`)."""
+    acc = chunks_accumulator(chunks, info, norm_type)
+    return acc.result(info.shape, dtype_name(info.dtype), is_floating_dtype(info.dtype))
+
+
 def streamed_accumulator(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> StatsAccumulator:
     """A tensor read chunk by chunk from its file into a :class:`StatsAccumulator`."""
     return chunks_accumulator(reader.iter_chunks(info, STREAM_CHUNK), info, norm_type)
@@ -309,8 +311,7 @@ def streamed_accumulator(reader: DumpReader, info: TensorInfo, norm_type: float 
 
 def streamed_stats(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> TensorStats:
     """:func:`tensor_stats` of a tensor read chunk by chunk from its file (the same accumulator)."""
-    acc = streamed_accumulator(reader, info, norm_type)
-    return acc.result(info.shape, dtype_name(info.dtype), is_floating_dtype(info.dtype))
+    return chunks_stats(reader.iter_chunks(info, STREAM_CHUNK), info, norm_type)
 
 
 @dataclass
