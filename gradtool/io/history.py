@@ -100,7 +100,9 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
 
     ``resolve_steps=False`` leaves the steps of one-dump files unknown (None) instead of opening every
     dump for its metadata: a caller that opens them anyway takes the metadata step then and
-    :func:`fallback_step` for the rest (an HDF5 file costs ~13 ms an open). A directory of dump files is a history of one-file steps; a directory of directories is a history
+    :func:`fallback_step` for the rest (an HDF5 file costs ~13 ms an open).
+
+    A directory of dump files is a history of one-file steps; a directory of directories is a history
     of sharded steps (each subdirectory's files are one step's shards); with ``sharded`` every directory
     argument is itself one sharded step."""
     refs: list[DumpRef] = []
