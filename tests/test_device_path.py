@@ -1,5 +1,7 @@
 """The device (CuPy) code path of the commands, run on the CPU through array-api-strict: the same
-summaries and clipped bytes as the NumPy host path."""
+summaries and clipped tensors as the NumPy host path. Value clipping gives the same bytes; the modes that
+scale by a norm agree to one ulp, since the two paths sum squares in different orders (a GPU's reduction
+order differs again), and a last-bit difference in the float64 norm can round the float32 scale apart."""
 
 import math
 
@@ -47,5 +49,10 @@ def test_clipped_bytes_match(dump, tmp_path, spec):
         outs[label] = (out, rep)
     with open_dump(outs["host"][0]) as a, open_dump(outs["device"][0]) as b:
         for n in a.names:
-            assert a.read(n).tobytes() == b.read(n).tobytes(), n
+            ha, da = a.read(n), b.read(n)
+            assert ha.dtype == da.dtype and ha.shape == da.shape, n
+            if spec.mode == "value" or not np.issubdtype(ha.dtype, np.floating):
+                assert ha.tobytes() == da.tobytes(), n
+            else:
+                np.testing.assert_array_max_ulp(ha, da, maxulp=1)
     assert [t.clipped for t in outs["host"][1].tensors] == [t.clipped for t in outs["device"][1].tensors]
