@@ -10,10 +10,12 @@
  *   zero_count #{x == 0} (-0.0 included).
  * tests/core/test_kernels.py checks it against a float64 reference (math.fsum) and against the fallback.
  *
- * Written with GCC/Clang vector extensions (16 float lanes; AVX-512 and AVX2 clones on x86-64 Linux, chosen
- * at run time), so it needs no intrinsics and builds on any architecture; the GIL is released during the
- * loop, so two threads run it on two cores. The extension is optional: if it does not build, gradtool uses
- * the NumPy passes (same statistics; norms differ in the last bits).
+ * Written with GCC/Clang vector extensions, so it needs no intrinsics and builds on any architecture: the
+ * loops (_kernels_loops.h) do the arithmetic of 16 logical float lanes with native vectors of the machine's
+ * width, one build per width on x86-64 (AVX-512, AVX2, SSE2) chosen when the module is imported, 128-bit
+ * vectors elsewhere; every width gives the same bits. The GIL is released during the loops, so two threads
+ * run them on two cores. The extension is optional: if it does not build, gradtool uses the NumPy passes
+ * (same statistics; norms differ in the last bits).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,98 +24,65 @@
 
 #define BLOCK 1024
 
-/* 16-lane vectors: one AVX-512 register, two AVX2 or four SSE/NEON registers, whatever the build has. */
-typedef float vf __attribute__((vector_size(64)));
-typedef int vi __attribute__((vector_size(64)));
-typedef float vf8 __attribute__((vector_size(32)));
-typedef double vd __attribute__((vector_size(64)));
-#define W 16
+#define W 16 /* logical lanes: the arithmetic, and so the bits, of every build */
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define GT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define GT_CLONES
+/* The loops, once per native vector width (see _kernels_loops.h). On x86-64 with GCC or Clang: AVX-512,
+ * AVX2 and SSE2 builds, the widest the CPU runs picked at import; elsewhere one portable 128-bit build. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define GT_X86_WIDTHS 1
+#define H 16
+#define VARIANT(name) name##_w16
+#define TARGET __attribute__((target("avx512f")))
+#include "_kernels_loops.h"
+#undef TARGET
+#undef VARIANT
+#undef H
+#define H 8
+#define VARIANT(name) name##_w8
+#define TARGET __attribute__((target("avx2")))
+#include "_kernels_loops.h"
+#undef TARGET
+#undef VARIANT
+#undef H
 #endif
+#define H 4
+#define VARIANT(name) name##_w4
+#define TARGET
+#include "_kernels_loops.h"
+#undef TARGET
+#undef VARIANT
+#undef H
 
-static inline vf select_f(vi mask, vf a, vf b) { /* mask ? a : b, lane by lane */
-    return (vf)(((vi)a & mask) | ((vi)b & ~mask));
+typedef void (*summary_loop_t)(const float *, Py_ssize_t, float *, float *, double *, double *, long long *);
+typedef void (*scale_loop_t)(const float *, float *, Py_ssize_t, float, double *, long long *);
+typedef struct {
+    int lanes;
+    const char *name;
+    summary_loop_t summary;
+    scale_loop_t scale;
+} width_t;
+
+/* Widest first; the portable build last (it runs everywhere). */
+static const width_t widths[] = {
+#ifdef GT_X86_WIDTHS
+    {16, "avx512f", f32_summary_loop_w16, f32_scale_loop_w16},
+    {8, "avx2", f32_summary_loop_w8, f32_scale_loop_w8},
+#endif
+    {4, "128-bit", f32_summary_loop_w4, f32_scale_loop_w4},
+};
+#define N_WIDTHS ((int)(sizeof widths / sizeof widths[0]))
+
+static int runs_here(const width_t *w) {
+#ifdef GT_X86_WIDTHS
+    if (w->lanes == 16) return __builtin_cpu_supports("avx512f");
+    if (w->lanes == 8) return __builtin_cpu_supports("avx2");
+#endif
+    return 1;
 }
 
-/* A block's 16 float32 partial sums added into two float64 accumulators (lanes 0-7 and 8-15). */
-static inline void widen_add(vf v, vd *low, vd *high) {
-    vf8 h;
-    memcpy(&h, &v, sizeof h);
-    *low += __builtin_convertvector(h, vd);
-    memcpy(&h, (const char *)&v + sizeof h, sizeof h);
-    *high += __builtin_convertvector(h, vd);
-}
-
-/* Two independent sets of accumulators (2W = 32 elements a step), so that the loop is not bound by the
- * latency of one chain of vector additions (measured: 10 -> 39 GB/s on a 1 MiB chunk, AVX-512). Float32
- * partial sums run over BLOCK elements (BLOCK/32 = 32 per lane), then go to float64 lanes. Built with
- * -ffp-contract=off: x*x and + are separate IEEE operations lane by lane, so every clone (AVX-512, AVX2,
- * SSE) gives the same bits. */
-GT_CLONES
-static void f32_summary_loop(const float *x, Py_ssize_t n, float *lo_out, float *hi_out, double *sum_out,
-                             double *sumsq_out, long long *zeros_out) {
-    vf pinf;
-    for (int k = 0; k < W; k++) pinf[k] = INFINITY;
-    vf lo0 = pinf, lo1 = pinf, hi0 = -pinf, hi1 = -pinf;
-    vd sum_a = {0}, sum_b = {0}, sq_a = {0}, sq_b = {0};
-    long long zeros = 0;
-    Py_ssize_t i = 0;
-    Py_ssize_t vec_end = n - n % (2 * W);
-    while (i < vec_end) {
-        Py_ssize_t end = i + BLOCK < vec_end ? i + BLOCK : vec_end;
-        vf s0 = {0}, s1 = {0}, q0 = {0}, q1 = {0};
-        vi z0 = {0}, z1 = {0};
-        for (; i < end; i += 2 * W) {
-            vf a, b;
-            memcpy(&a, x + i, sizeof a); /* unaligned loads */
-            memcpy(&b, x + i + W, sizeof b);
-            lo0 = select_f(a < lo0, a, lo0); /* NaN compares false: skipped */
-            lo1 = select_f(b < lo1, b, lo1);
-            hi0 = select_f(a > hi0, a, hi0);
-            hi1 = select_f(b > hi1, b, hi1);
-            z0 -= (a == 0); /* true is -1 */
-            z1 -= (b == 0);
-            s0 += a;
-            s1 += b;
-            q0 += a * a;
-            q1 += b * b;
-        }
-        widen_add(s0 + s1, &sum_a, &sum_b);
-        widen_add(q0 + q1, &sq_a, &sq_b);
-        vi zc = z0 + z1;
-        for (int k = 0; k < W; k++) zeros += zc[k];
-    }
-    double total = 0.0, total_sq = 0.0;
-    vd sum_v = sum_a + sum_b, sq_v = sq_a + sq_b;
-    for (int k = 0; k < W / 2; k++) {
-        total += sum_v[k];
-        total_sq += sq_v[k];
-    }
-    float slo = INFINITY, shi = -INFINITY;
-    for (int k = 0; k < W; k++) {
-        if (lo0[k] < slo) slo = lo0[k];
-        if (lo1[k] < slo) slo = lo1[k];
-        if (hi0[k] > shi) shi = hi0[k];
-        if (hi1[k] > shi) shi = hi1[k];
-    }
-    for (; i < n; i++) { /* the tail (< 32 elements), in float64 */
-        float v = x[i];
-        if (v < slo) slo = v;
-        if (v > shi) shi = v;
-        zeros += (v == 0.0f);
-        total += (double)v;
-        total_sq += (double)v * (double)v;
-    }
-    *lo_out = slo;
-    *hi_out = shi;
-    *sum_out = total;
-    *sumsq_out = total_sq;
-    *zeros_out = zeros;
-}
+static const width_t *chosen; /* set at import: the widest build this CPU runs */
+#define f32_summary_loop (chosen->summary)
+#define f32_scale_loop (chosen->scale)
 
 /* "f", "@f", "=f", or the explicit byte order of this machine ("<f" here; NumPy's '<f4' views say so). */
 static int native_float32(const char *fmt) {
@@ -138,7 +107,7 @@ static int take_f32(PyObject *obj, Py_buffer *view, const char *who) {
     return 0;
 }
 
-static PyObject *f32_summary(PyObject *self, PyObject *arg) {
+static PyObject *summary_with(PyObject *arg, const width_t *width) {
     Py_buffer view;
     if (take_f32(arg, &view, "f32_summary") < 0) return NULL;
     Py_ssize_t n = view.len / 4;
@@ -146,11 +115,13 @@ static PyObject *f32_summary(PyObject *self, PyObject *arg) {
     double total = 0.0, total_sq = 0.0;
     long long zeros = 0;
     Py_BEGIN_ALLOW_THREADS
-    f32_summary_loop((const float *)view.buf, n, &lo, &hi, &total, &total_sq, &zeros);
+    width->summary((const float *)view.buf, n, &lo, &hi, &total, &total_sq, &zeros);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     return Py_BuildValue("(ddddL)", (double)lo, (double)hi, total, total_sq, zeros);
 }
+
+static PyObject *f32_summary(PyObject *self, PyObject *arg) { return summary_with(arg, chosen); }
 
 /* f32_summaries(buffer, chunk_elements) -> list of f32_summary tuples, one per chunk of chunk_elements
  * (the last may be shorter), all computed in one call without the GIL: a 16 MiB window costs one GIL
@@ -311,64 +282,9 @@ done:
     return result;
 }
 
-/* The scale pass of global-norm clipping, fused: out[i] = x[i] * scale (one float32 multiply, as
- * clipping.scale_tensor does with a float32 scale), and in the same pass Σ out² with EXACTLY the arithmetic
- * of f32_summary_loop's sumsq (same lanes, blocks and order: the bits of f32_summary(out)[3]) and the number
- * of elements whose value changed (out != x, NaN -> NaN not counted). One read and one write of memory
- * instead of the five passes of multiply, compare, count, and norm. */
-GT_CLONES
-static void f32_scale_loop(const float *x, float *y, Py_ssize_t n, float scale, double *sumsq_out,
-                           long long *changed_out) {
-    vf sv;
-    for (int k = 0; k < W; k++) sv[k] = scale;
-    vd sq_a = {0}, sq_b = {0};
-    long long changed = 0;
-    Py_ssize_t i = 0;
-    Py_ssize_t vec_end = n - n % (2 * W);
-    while (i < vec_end) {
-        Py_ssize_t end = i + BLOCK < vec_end ? i + BLOCK : vec_end;
-        vf q0 = {0}, q1 = {0};
-        vi c0 = {0}, c1 = {0};
-        for (; i < end; i += 2 * W) {
-            vf a, b;
-            memcpy(&a, x + i, sizeof a);
-            memcpy(&b, x + i + W, sizeof b);
-            vf oa = a * sv, ob = b * sv;
-            memcpy(y + i, &oa, sizeof oa);
-            memcpy(y + i + W, &ob, sizeof ob);
-            /* differs, and not NaN on both sides: x NaN makes x*scale NaN, so "both NaN" is "x NaN" and
-             * changed = #(out != x) - #(x NaN). Two counters, not one masked AND: GCC 12 turns an AND of
-             * two comparisons into scalar code in the AVX-512 clone (measured 25x slower). */
-            c0 -= (oa != a);
-            c0 += (a != a);
-            c1 -= (ob != b);
-            c1 += (b != b);
-            q0 += oa * oa;
-            q1 += ob * ob;
-        }
-        widen_add(q0 + q1, &sq_a, &sq_b);
-        vi cc = c0 + c1;
-        for (int k = 0; k < W; k++) changed += cc[k];
-    }
-    double total_sq = 0.0;
-    vd sq_v = sq_a + sq_b;
-    for (int k = 0; k < W / 2; k++) total_sq += sq_v[k];
-    for (; i < n; i++) { /* the tail, in float64, as f32_summary_loop */
-        float v = x[i], o = v * scale;
-        y[i] = o;
-        changed += (o != v) && !(o != o && v != v);
-        total_sq += (double)o * (double)o;
-    }
-    *sumsq_out = total_sq;
-    *changed_out = changed;
-}
-
 /* f32_scale(src, scale, out) -> (sumsq of out, changed count); src and out C-contiguous float32 buffers of
  * the same length (out writable; it may be src itself), scale a Python float rounded to float32 here. */
-static PyObject *f32_scale(PyObject *self, PyObject *args) {
-    PyObject *src_obj, *out_obj;
-    double scale;
-    if (!PyArg_ParseTuple(args, "OdO", &src_obj, &scale, &out_obj)) return NULL;
+static PyObject *scale_with(PyObject *src_obj, double scale, PyObject *out_obj, const width_t *width) {
     Py_buffer src, out;
     if (take_f32(src_obj, &src, "f32_scale") < 0) return NULL;
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
@@ -385,14 +301,63 @@ static PyObject *f32_scale(PyObject *self, PyObject *args) {
     long long changed = 0;
     float s = (float)scale;
     Py_BEGIN_ALLOW_THREADS
-    f32_scale_loop((const float *)src.buf, (float *)out.buf, src.len / 4, s, &sumsq, &changed);
+    width->scale((const float *)src.buf, (float *)out.buf, src.len / 4, s, &sumsq, &changed);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     return Py_BuildValue("(dL)", sumsq, changed);
 }
 
+static PyObject *f32_scale(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *out_obj;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OdO", &src_obj, &scale, &out_obj)) return NULL;
+    return scale_with(src_obj, scale, out_obj, chosen);
+}
+
+/* For tests: the build of `lanes` native lanes, or None (ValueError set) if not built or not run by this CPU. */
+static const width_t *width_for(int lanes) {
+    for (int k = 0; k < N_WIDTHS; k++)
+        if (widths[k].lanes == lanes && runs_here(&widths[k])) return &widths[k];
+    PyErr_Format(PyExc_ValueError, "no %d-lane build runs on this machine", lanes);
+    return NULL;
+}
+
+static PyObject *widths_here(PyObject *self, PyObject *unused) {
+    PyObject *list = PyList_New(0);
+    for (int k = 0; list != NULL && k < N_WIDTHS; k++) {
+        if (!runs_here(&widths[k])) continue;
+        PyObject *v = PyLong_FromLong(widths[k].lanes);
+        if (v == NULL || PyList_Append(list, v) < 0) Py_CLEAR(list);
+        Py_XDECREF(v);
+    }
+    return list;
+}
+
+static PyObject *f32_summary_width(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    int lanes;
+    if (!PyArg_ParseTuple(args, "Oi", &obj, &lanes)) return NULL;
+    const width_t *width = width_for(lanes);
+    return width == NULL ? NULL : summary_with(obj, width);
+}
+
+static PyObject *f32_scale_width(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *out_obj;
+    double scale;
+    int lanes;
+    if (!PyArg_ParseTuple(args, "OdOi", &src_obj, &scale, &out_obj, &lanes)) return NULL;
+    const width_t *width = width_for(lanes);
+    return width == NULL ? NULL : scale_with(src_obj, scale, out_obj, width);
+}
+
 static PyMethodDef methods[] = {
+    {"widths_here", widths_here, METH_NOARGS,
+     "widths_here() -> the native vector widths (float lanes) built and runnable here, widest (the one used) first."},
+    {"f32_summary_width", f32_summary_width, METH_VARARGS,
+     "f32_summary_width(buffer, lanes) -> f32_summary(buffer) computed by the build of that width (for tests)."},
+    {"f32_scale_width", f32_scale_width, METH_VARARGS,
+     "f32_scale_width(src, scale, out, lanes) -> f32_scale(src, scale, out) by the build of that width (for tests)."},
     {"f32_scale", f32_scale, METH_VARARGS,
      "f32_scale(src, scale, out) -> (sum of squares of out, changed count): out = src * float32(scale) in one\n"
      "pass, GIL released; the sum of squares has the bits of f32_summary(out)[3]."},
@@ -416,4 +381,18 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gradtool.core._kernels",
                                     "Optional compiled kernels (see _kernels.c).", -1, methods};
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernels(void) {
+#ifdef GT_X86_WIDTHS
+    __builtin_cpu_init();
+#endif
+    chosen = &widths[N_WIDTHS - 1];
+    for (int k = 0; k < N_WIDTHS; k++) {
+        if (runs_here(&widths[k])) {
+            chosen = &widths[k];
+            break;
+        }
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "SIMD", chosen->name) < 0) Py_CLEAR(m);
+    return m;
+}

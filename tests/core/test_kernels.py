@@ -101,6 +101,48 @@ def test_compiled_kernel_refuses_other_buffers():
     assert k(np.zeros(0, np.float32)) == (math.inf, -math.inf, 0.0, 0.0, 0)
 
 
+def _widths() -> list[int]:
+    from gradtool.core import _kernels
+
+    return _kernels.widths_here()
+
+
+@needs_kernel
+@settings(max_examples=300, deadline=None)
+@given(chunks(), st.sampled_from([0.5, 1.0, 0.999, 3e-7, 1.7, 1e30]))
+def test_every_vector_width_gives_the_same_bits(a, scale):
+    """The loops are built once per native vector width (16 lanes AVX-512, 8 AVX2, 4 SSE2/NEON), each with the
+    arithmetic of the same 16 logical lanes: every build this CPU runs gives the same bits, and the one
+    used is the widest. (On a machine with one build this checks only that one against itself.)"""
+    from gradtool.core import _kernels
+
+    widths = _widths()
+    assert widths == sorted(widths, reverse=True) and widths[-1] == 4
+    assert repr(_kernels.f32_summary(a)) == repr(_kernels.f32_summary_width(a, widths[0]))
+    first = None
+    for lanes in widths:
+        out = np.empty_like(a)
+        got = (repr(_kernels.f32_summary_width(a, lanes)), repr(_kernels.f32_scale_width(a, scale, out, lanes)),
+               out.tobytes())
+        if first is None:
+            first = got
+        assert got == first, lanes
+    with pytest.raises(ValueError, match="no 7-lane build"):
+        _kernels.f32_summary_width(a, 7)
+
+
+@needs_kernel
+def test_the_widest_build_this_cpu_runs_is_used():
+    from gradtool.core import _kernels
+
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if " avx512f" in flags:
+        assert _kernels.SIMD == "avx512f" and _widths()[0] == 16
+    elif " avx2" in flags:
+        assert _kernels.SIMD == "avx2" and _widths()[0] == 8
+    assert _kernels.SIMD in ("avx512f", "avx2", "128-bit")
+
+
 @needs_kernel
 @settings(max_examples=60, deadline=None)
 @given(chunks())
