@@ -43,6 +43,10 @@ def test_entry_point_installed():
     from importlib.util import find_spec
 
     assert ("compiled stats kernel: built" in r.stdout) == (find_spec("gradtool.core._kernels") is not None)
+    if find_spec("gradtool.core._kernels") is not None and not os.environ.get("GRADTOOL_NO_KERNELS"):
+        from gradtool.core._kernels import SIMD
+
+        assert f"compiled stats kernel: built, {SIMD};" in r.stdout  # the SIMD build this CPU runs
     assert ("python-isal" in r.stdout) == (find_spec("isal") is not None)
     assert ("msgspec" in r.stdout) == (find_spec("msgspec") is not None)
 

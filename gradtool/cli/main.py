@@ -43,15 +43,24 @@ class LazyGroup(click.Group):
 
 
 def _version_message() -> str:
-    """`gradtool --version`: the version, whether the optional compiled kernel was built and which of the
-    ``[speedups]`` libraries are installed (look-ups of module files, no imports: --version stays as fast
-    as --help)."""
+    """`gradtool --version`: the version, whether the optional compiled kernel was built and which SIMD
+    build of it this CPU runs (AVX-512, AVX2 or 128-bit: a question worth asking when stats are slow), and
+    which of the ``[speedups]`` libraries are installed (module look-ups and the kernel's own import, a
+    few hundred microseconds without NumPy: --version stays as fast as --help)."""
     from importlib.util import find_spec
 
-    built = find_spec("gradtool.core._kernels") is not None
+    kernel = "not built, NumPy passes instead"
+    if find_spec("gradtool.core._kernels") is not None:
+        try:
+            from ..core._kernels import SIMD
+
+            kernel = f"built, {SIMD}"
+        except ImportError as exc:  # e.g. built for another Python
+            kernel = f"built but does not load ({exc}), NumPy passes instead"
+        if os.environ.get("GRADTOOL_NO_KERNELS"):
+            kernel += ", turned off by GRADTOOL_NO_KERNELS"
     speedups = [name for name, module in (("msgspec", "msgspec"), ("python-isal", "isal")) if find_spec(module)]
-    return ("%(prog)s, version %(version)s (compiled stats kernel: "
-            + ("built" if built else "not built, NumPy passes instead")
+    return ("%(prog)s, version %(version)s (compiled stats kernel: " + kernel
             + "; speedups: " + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
 
 
