@@ -10,7 +10,7 @@ setup(
             "gradtool.core._kernels",
             ["gradtool/core/_kernels.c"],
             depends=["gradtool/core/_kernels_loops.h"],
-            extra_compile_args=["-O3", "-ffp-contract=off"],  # the same bits from every SIMD clone
+            extra_compile_args=["-O3", "-ffp-contract=off"],  # the same bits from every SIMD build
             optional=True,
         )
     ]

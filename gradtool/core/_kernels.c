@@ -34,24 +34,15 @@
 #define VARIANT(name) name##_w16
 #define TARGET __attribute__((target("avx512f")))
 #include "_kernels_loops.h"
-#undef TARGET
-#undef VARIANT
-#undef H
 #define H 8
 #define VARIANT(name) name##_w8
 #define TARGET __attribute__((target("avx2")))
 #include "_kernels_loops.h"
-#undef TARGET
-#undef VARIANT
-#undef H
 #endif
 #define H 4
 #define VARIANT(name) name##_w4
 #define TARGET
 #include "_kernels_loops.h"
-#undef TARGET
-#undef VARIANT
-#undef H
 
 typedef void (*summary_loop_t)(const float *, Py_ssize_t, float *, float *, double *, double *, long long *);
 typedef void (*scale_loop_t)(const float *, float *, Py_ssize_t, float, double *, long long *);
@@ -81,8 +72,6 @@ static int runs_here(const width_t *w) {
 }
 
 static const width_t *chosen; /* set at import: the widest build this CPU runs */
-#define f32_summary_loop (chosen->summary)
-#define f32_scale_loop (chosen->scale)
 
 /* "f", "@f", "=f", or the explicit byte order of this machine ("<f" here; NumPy's '<f4' views say so). */
 static int native_float32(const char *fmt) {
@@ -168,7 +157,7 @@ static PyObject *f32_summaries(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t c = 0; c < count; c++) {
         Py_ssize_t start = c * chunk, len = n - start < chunk ? n - start : chunk;
-        f32_summary_loop(x + start, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
+        chosen->summary(x + start, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
@@ -220,7 +209,7 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
             got += (size_t)n;
         }
         if (!err && !eof)
-            f32_summary_loop(buf, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
+            chosen->summary(buf, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
     }
     Py_END_ALLOW_THREADS
     PyMem_RawFree(buf);
@@ -262,7 +251,7 @@ static PyObject *f32_sumsq_each(PyObject *self, PyObject *arg) {
         float lo, hi;
         double sum;
         long long zeros;
-        f32_summary_loop((const float *)views[i].buf, views[i].len / 4, &lo, &hi, &sum, &sums[i], &zeros);
+        chosen->summary((const float *)views[i].buf, views[i].len / 4, &lo, &hi, &sum, &sums[i], &zeros);
     }
     Py_END_ALLOW_THREADS
     result = PyList_New(n);

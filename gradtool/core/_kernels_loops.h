@@ -1,7 +1,8 @@
 /* The two hot loops of _kernels.c, written once for native vectors of H float lanes and included by
  * _kernels.c once per vector width: H = 16 (AVX-512), 8 (AVX2), 4 (SSE2, NEON, and any other build).
  * Before including, _kernels.c defines H, VARIANT(name) (a name suffix per width) and TARGET (the
- * instruction set the functions are compiled for; empty for the portable build).
+ * instruction set the functions are compiled for; empty for the portable build); this file undefines
+ * them at its end, ready for the next width.
  *
  * Every width does the arithmetic of the same W = 16 logical lanes, each logical vector held as P = W / H
  * native vectors: element i of a step of 2W goes to chain i / W, logical lane i % W, exactly as before the
@@ -157,3 +158,6 @@ TARGET static void VARIANT(f32_scale_loop)(const float *x, float *y, Py_ssize_t 
 #undef VI
 #undef VF
 #undef P
+#undef TARGET
+#undef VARIANT
+#undef H
