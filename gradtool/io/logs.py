@@ -435,9 +435,54 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
     return from_records(rows, path, "csv", key)
 
 
+_NEGATIVE_INTEGER_ZERO = re.compile(rb"-0(?![.\deE])")
+
+
+def csv_numbers_msgspec(body: str, delim: str, ncols: int) -> Any:
+    """The lines of a CSV body (the text after its header line) as a (lines, ncols) float64 array, every cell
+    parsed by msgspec's C JSON number parser: the body with its line breaks turned into commas is one JSON
+    array of numbers. About 2x faster than ``np.loadtxt`` on 10^6 rows, with the same values (both round
+    correctly). Every line must hold exactly ``ncols`` cells, counted per line with NumPy before anything is
+    decoded. None when msgspec (extra ``gradtool[speedups]``) is not installed or any cell is not a strict
+    JSON number (empty cells and blank lines, ``nan``, quotes, ``1.``, ``+1``, ``0x1``, out of float range)
+    or is an integer ``-0`` (which msgspec reads as +0.0): the caller's NumPy reader then decides."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+    import numpy as np
+
+    body = body.rstrip("\r\n")
+    if not body or ncols < 1:
+        return None
+    if delim != ",":
+        if "," in body:  # a comma inside a TSV cell would split it in the JSON array
+            return None
+        body = body.replace(delim, ",")
+    raw = body.encode("utf-8", "replace")
+    if b"-0" in raw and _NEGATIVE_INTEGER_ZERO.search(raw):
+        return None
+    chars = np.frombuffer(raw, np.uint8)
+    line_ends = np.flatnonzero(chars == ord("\n"))
+    commas = np.flatnonzero(chars == ord(","))
+    lines = line_ends.size + 1
+    if commas.size != lines * (ncols - 1):
+        return None
+    if ncols > 1 and line_ends.size:  # commas before the end of line i: exactly (i + 1)(ncols - 1)
+        before = np.searchsorted(commas, line_ends)
+        if not np.array_equal(before, np.arange(1, lines, dtype=before.dtype) * (ncols - 1)):
+            return None
+    try:
+        values = msgspec.json.decode(b"[" + raw.replace(b"\n", b",") + b"]", type=list[float])
+    except msgspec.DecodeError:  # ValidationError included
+        return None
+    return np.fromiter(values, np.float64, len(values)).reshape(lines, ncols)
+
+
 def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tuple[tuple, str] | None:
-    """A rectangular all-numeric CSV parsed by NumPy's C reader (10^6 rows in under a second); None
-    (empty cells, words, quotes) sends the caller to the general row-by-row path."""
+    """A rectangular all-numeric CSV parsed in C: by msgspec when the cells are strict JSON numbers
+    (:func:`csv_numbers_msgspec`), else by NumPy's ``loadtxt`` (10^6 rows in about a second); None (empty
+    cells, words, quotes) sends the caller to the general row-by-row path."""
     import numpy as np
 
     nkey = _find_norm_key(header, key)
@@ -447,13 +492,18 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
     wanted = [header.index(k) for k in keys if k is not None]
     import warnings
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "input contained no data": a header-only file, handled below
-            table = np.loadtxt(io.StringIO(text), delimiter=delim, skiprows=1, dtype=np.float64, usecols=wanted,
-                               ndmin=2, comments=None)
-    except (ValueError, IndexError, TypeError):
-        return None
+    cut = text.find("\n")
+    table = csv_numbers_msgspec(text[cut + 1:], delim, len(header)) if cut >= 0 else None
+    if table is not None:
+        table = table[:, wanted]
+    else:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "input contained no data": a header-only file, handled below
+                table = np.loadtxt(io.StringIO(text), delimiter=delim, skiprows=1, dtype=np.float64,
+                                   usecols=wanted, ndmin=2, comments=None)
+        except (ValueError, IndexError, TypeError):
+            return None
     if table.shape[0] == 0:
         return None
     cols = iter(table.T)

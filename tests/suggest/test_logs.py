@@ -313,3 +313,83 @@ def test_typed_jsonl_path_takes_any_key_names(extra, norm_key, junk):
     except (InputError, UsageError) as exc:
         got = type(exc)
     assert got == ref
+
+
+# --- the CSV fast paths (msgspec's number parser, NumPy's loadtxt) equal the general row-by-row reader ----
+_cell = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr),
+    st.integers(-10**6, 10**6).map(str), st.integers(2**63, 2**70).map(str),
+    st.sampled_from(["-0", "-0.0", "0", "1e400", "-1e-400", "2e-320", "1.", ".5", "+1", "1E3", "nan", "inf", "",
+                     " 1.5", "2 ", '"3"', "x", "0x10", "1,5", "01"]))
+_csv_header = st.sampled_from([["step", "grad_norm", "loss"], ["grad_norm"], ["step", "loss", "grad_norm", "lr"],
+                               ["epoch", "step", "grad_norm", "learning_rate"]])
+
+
+@settings(max_examples=300, deadline=None)
+@given(header=_csv_header, data=st.data(), delim=st.sampled_from([",", "\t"]), crlf=st.booleans(),
+       trailing=st.sampled_from(["", "\n", "\n\n"]), ragged=st.booleans())
+def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, trailing, ragged):
+    """read_csv with msgspec, and without it (NumPy's loadtxt), gives what the general csv-module path gives,
+    or the same error: for plain numbers (the fast paths), and for cells only the general path reads."""
+    from gradtool.io import logs as logs_mod
+
+    steps = st.integers(0, 30).map(str)
+    n = data.draw(st.integers(1, 12))
+    rows = []
+    for _ in range(n):
+        width = len(header) + (data.draw(st.integers(-1, 1)) if ragged else 0)
+        rows.append([data.draw(steps if h == "step" else _cell) for h in header[:width]]
+                    + [data.draw(_cell) for _ in range(width - len(header))])
+    nl = "\r\n" if crlf else "\n"
+    text = nl.join(delim.join(r) for r in [header, *rows]) + trailing
+
+    def read(**patches):
+        with pytest.MonkeyPatch.context() as m:
+            for name, value in patches.items():
+                if name == "msgspec":
+                    m.setitem(__import__("sys").modules, "msgspec", value)
+                else:
+                    m.setattr(logs_mod, name, value)
+            try:
+                return _as_tuple(logs_mod.read_csv("x.csv", text=text))
+            except (InputError, UsageError) as exc:
+                return type(exc)
+
+    ref = read(_csv_fast=lambda *a: None)
+    assert read() == ref
+    assert read(msgspec=None) == ref
+
+
+@settings(max_examples=300, deadline=None)
+@given(table=st.lists(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr),
+                                         st.integers(-2**80, 2**80).map(str),
+                                         st.sampled_from(["1E-5", "-0.0", "0e0", "123456789.123456789e-300"])),
+                               min_size=3, max_size=3), min_size=1, max_size=20),
+       delim=st.sampled_from([",", "\t"]), crlf=st.booleans())
+def test_msgspec_csv_numbers_are_pythons_floats(table, delim, crlf):
+    """Every cell of a plain numeric CSV is read, to the bit, as ``float(cell)`` reads it (an independent
+    reference), and the fast path is taken (not None) for such input."""
+    pytest.importorskip("msgspec")
+    from gradtool.io.logs import csv_numbers_msgspec
+
+    body = ("\r\n" if crlf else "\n").join(delim.join(r) for r in table) + "\n"
+    got = csv_numbers_msgspec(body, delim, 3)
+    assert got is not None and got.shape == (len(table), 3)
+    want = np.array([[float(c) for c in r] for r in table], dtype=np.float64)
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("body, why", [
+    ("1,2,3\n4,5\n6,7,8,9\n", "cells per line differ although the total matches"),
+    ("1,2,3\n\n4,5,6\n", "a blank line"),
+    ("1,,3\n", "an empty cell"),
+    ("1,-0,3\n", "integer -0, which msgspec reads as +0.0"),
+    ("1,nan,3\n", "not a JSON number"),
+    ('1,"2",3\n', "a quoted cell"),
+])
+def test_msgspec_csv_numbers_refuse_what_they_cannot_read_exactly(body, why):
+    pytest.importorskip("msgspec")
+    from gradtool.io.logs import csv_numbers_msgspec
+
+    assert csv_numbers_msgspec(body, ",", 3) is None, why
+    assert csv_numbers_msgspec("1,2,3\n4,5,6\n", ",", 3) is not None
