@@ -197,11 +197,14 @@ def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: s
     return _columns(steps, norms, extra[0], extra[1])
 
 
-def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None, lr: list[Any] | None
+def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None, lr: list[Any] | None,
+             types_known: bool = False
              ) -> tuple[list[int], list[float], list[float | None], list[float | None], tuple] | None:
     """A history from columns (numbers, or numeric strings from a CSV): the last row of each step kept,
     in step order, as lists and as the arrays ``NormHistory.arrays`` gives. None when a column does not
-    convert (empty cells, words): the general loop decides."""
+    convert (empty cells, words): the general loop decides. ``types_known``: the lists already hold exactly
+    int steps, float norms and float-or-None loss and learning rate (a typed decoder checked them), so
+    they are passed through without scanning their types again."""
     import numpy as np
 
     try:
@@ -218,7 +221,7 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None, 
 
     def kept(col: list[Any], arr: Any, kind: type) -> tuple[list[Any], Any]:
         arr = arr if idx is None else arr[idx]
-        if idx is None and type(col) is list and set(map(type, col)) <= {kind}:
+        if idx is None and type(col) is list and (types_known or set(map(type, col)) <= {kind}):
             return col, arr
         return arr.tolist(), arr
 
@@ -370,7 +373,7 @@ def _msgspec_typed(text: str, path: str, key: str | None) -> NormHistory | None:
     def column(k: str | None) -> list[Any] | None:
         return None if k is None else list(map(attrgetter(f"f{keys.index(k)}"), rows))
 
-    fast = _columns(column(skey), column(nkey), column(lkey), column(rkey))
+    fast = _columns(column(skey), column(nkey), column(lkey), column(rkey), types_known=True)
     return None if fast is None else NormHistory(*fast[:4], path, nkey, "jsonl", fast[4])
 
 
