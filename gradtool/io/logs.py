@@ -463,7 +463,7 @@ def csv_numbers_msgspec(body: str, delim: str, ncols: int) -> Any:
             return None
         body = body.replace(delim, ",")
     raw = body.encode("utf-8", "replace")
-    if b"-0" in raw and _NEGATIVE_INTEGER_ZERO.search(raw):
+    if b"-" in raw and _NEGATIVE_INTEGER_ZERO.search(raw):  # one memchr first; the regex scan is 20 ms
         return None
     chars = np.frombuffer(raw, np.uint8)
     line_ends = np.flatnonzero(chars == ord("\n"))
