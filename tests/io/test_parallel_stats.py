@@ -31,6 +31,13 @@ def _tensors():
         "empty": np.zeros((0, 4), np.float32),
         "tiny": np.array([1.0, -2.0, 0.0], np.float32),
         "huge": (rng.standard_normal(STREAM_CHUNK + 1) * 1e25).astype(np.float32),
+        # pieces under SMALL_PIECE_ELEMENTS are summarised inline: a big tensor's short last piece, small
+        # tensors of other dtypes, one with a NaN
+        "tail": rng.standard_normal(2 * STREAM_CHUNK + 100).astype(np.float32),
+        "small64": rng.standard_normal((30, 33)),
+        "small16": rng.standard_normal(777).astype(np.float16),
+        "smallnan": np.array([np.nan, 1.0, -np.inf, 3.0], np.float32),
+        "smallint": rng.integers(-9, 9, 4095).astype(np.int64),
     }
     t["bad"][[5, STREAM_CHUNK + 9]] = [np.nan, np.inf]
     return t
@@ -91,7 +98,8 @@ def test_selection_and_the_empty_tensor_order(tmp_path):
     par = _summaries(path, 2, select=("*a*", "empty", "tiny"), exclude=("half",))
     ser = _summaries(path, 1, select=("*a*", "empty", "tiny"), exclude=("half",))
     _same(par, ser)
-    assert [n for n, _ in par.tensors] == ["bad", "mask", "empty", "tiny"]
+    assert [n for n, _ in par.tensors] == ["bad", "mask", "empty", "tiny", "tail", "small64", "small16", "smallnan",
+                                          "smallint"]
 
 
 def test_a_truncated_dump_still_fails_with_the_file_named(tmp_path):
