@@ -67,6 +67,26 @@ def _decode(name: bytes, display: str) -> str:
         raise InputError(f"{display}: object name {name!r} is not valid UTF-8") from None
 
 
+_COMMON_TYPES: list[tuple[Any, np.dtype]] = []
+
+
+def _dtype_of(h5py: Any, dsid: Any) -> np.dtype:
+    """The dataset's NumPy dtype. h5py's ``dsid.dtype`` converts the HDF5 type anew for each dataset (23 us,
+    3.4 ms of a 148-dataset open); the common little-endian float and integer types are recognised by
+    ``H5Tequal`` instead, which is exact (byte order, precision, offset and padding), and anything else
+    is converted as before."""
+    if not _COMMON_TYPES:
+        t = h5py.h5t
+        _COMMON_TYPES.extend((h5type, np.dtype(code)) for h5type, code in (
+            (t.IEEE_F32LE, "<f4"), (t.IEEE_F64LE, "<f8"), (t.IEEE_F16LE, "<f2"), (t.STD_I64LE, "<i8"),
+            (t.STD_I32LE, "<i4"), (t.STD_U8LE, "u1"), (t.STD_I8LE, "i1")))
+    tid = dsid.get_type()
+    for h5type, dtype in _COMMON_TYPES:
+        if tid.equal(h5type):
+            return dtype
+    return dsid.dtype
+
+
 def open_h5(path: str, display: str) -> Any:
     h5py = _h5py()
     try:
@@ -119,9 +139,12 @@ class Hdf5Reader(DumpReader):
         self._validate_index()
 
     def _index(self) -> None:
-        """Walk the group tree through HDF5's low-level calls (the high-level objects cost ~15 ms more for
-        a 148-dataset dump). Contiguous datasets are remembered by their file offset and not kept open;
-        the others (chunked, compressed, compact, external) keep their high-level ``Dataset``."""
+        """Walk the group tree with one ``H5Ovisit``: hard links only, each object once, depth first, each
+        group's links in creation order where the group tracks it and in name order where not (the order of
+        h5py's own group iteration). The high-level objects cost ~15 ms more for a 148-dataset dump, and a
+        Python loop over each group's links with a lookup per link ~2 ms more. Contiguous datasets are remembered by their file
+        offset and not kept open; the others (chunked, compressed, compact, external) keep their high-level
+        ``Dataset``."""
         h5py = _h5py()
         root = self._f if self.group is None else self._f[self.group]
         self._root = root
@@ -129,29 +152,25 @@ class Hdf5Reader(DumpReader):
         self._offsets: dict[str, int] = {}
         self._plans: dict[str, h5inflate.DeflatePlan | None] = {}
         self._datasets: dict[str, Any] = {}
-        seen: set[int] = set()
         p = self.display_path
         h5o, h5d, h5g = h5py.h5o, h5py.h5d, h5py.h5g
+        rid = root.id
 
-        def walk(gid: Any, prefix: str) -> None:
-            for key in gid:
-                if not _is_hard_link(h5py, gid, key):
-                    continue  # soft/external links are never followed
-                info = h5o.get_info(gid, key)
-                if info.addr in seen:  # one object, several hard links (cycles too): visited once
-                    continue
-                seen.add(info.addr)
-                name = f"{prefix}{_decode(key, p)}"
-                if info.type == h5o.TYPE_DATASET:
-                    self._add_dataset(name, h5d.open(gid, key), info.num_attrs)
-                elif info.type == h5o.TYPE_GROUP:
-                    sub = h5g.open(gid, key)
-                    if self.group is None and not prefix and _step_of(h5py, sub) is not None:
+        def visit(key: bytes, info: Any) -> None:
+            name = _decode(key, p)
+            if info.type == h5o.TYPE_DATASET:
+                self._add_dataset(name, h5d.open(rid, key), info.num_attrs)
+            elif info.type == h5o.TYPE_GROUP:
+                top = self.group is None and b"/" not in key
+                if top or info.num_attrs:
+                    sub = h5g.open(rid, key)
+                    if top and _step_of(h5py, sub) is not None:
                         raise InputError(f"{p}: holds several steps; open one of its step groups")
                     self.group_attrs[name] = _attrs(h5py.Group(sub)) if info.num_attrs else {}
-                    walk(sub, name + "/")
+                else:
+                    self.group_attrs[name] = {}
 
-        walk(root.id, "")
+        h5o.visit(rid, visit, info=True, idx_type=h5py.h5.INDEX_CRT_ORDER)  # name order where not tracked
 
     def _add_dataset(self, name: str, dsid: Any, num_attrs: int) -> None:
         h5py = _h5py()
@@ -159,7 +178,7 @@ class Hdf5Reader(DumpReader):
         space = dsid.get_space()
         if space.get_simple_extent_type() == h5py.h5s.NULL:
             raise InputError(f"{p}: dataset {name!r} has no data (null dataspace)")
-        dtype = check_dtype(dsid.dtype, name, p)
+        dtype = check_dtype(_dtype_of(h5py, dsid), name, p)
         shape = check_shape(tuple(int(d) for d in space.shape), name, p)
         offset = dsid.get_offset()  # defined only for contiguous, allocated, non-external data (never filtered)
         ds = None

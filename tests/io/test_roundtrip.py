@@ -235,3 +235,95 @@ def test_hdf5_history_file_is_refused_as_one_dump_and_read_as_history(tmp_path):
         f.close()
     with open_dump(p, group="step_20") as r:
         assert r.read("w").tolist() == [20, 20]
+
+
+def _reference_walk(group, prefix="", seen=None):
+    """Independent reference for the HDF5 index: h5py's own group iteration (creation order where a group
+    tracks it, name order where not), hard links only, each object once (the root group counts as seen:
+    a hard link back to it is a cycle), depth first; (name, kind)."""
+    seen = {h5py.h5o.get_info(group.id).addr} if seen is None else seen
+    out = []
+    for key in group.id:
+        if group.id.links.get_info(key).type != h5py.h5l.TYPE_HARD:
+            continue
+        info = h5py.h5o.get_info(group.id, key)
+        if info.addr in seen:
+            continue
+        seen.add(info.addr)
+        name = prefix + key.decode()
+        if info.type == h5py.h5o.TYPE_DATASET:
+            out.append((name, "dataset"))
+        else:
+            out.append((name, "group"))
+            out.extend(_reference_walk(group[key.decode()], name + "/", seen))
+    return out
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_h5_names = st.sampled_from(["z", "a", "m", "b", "y", "q0", "Q", "é"])
+
+
+@st.composite
+def _h5_trees(draw, depth=0):
+    """A group: (track_order, [(name, child)]) where child is None (a dataset), "hard"/"soft"/"ext" (a
+    link to an earlier object) or a subtree."""
+    children = []
+    for name in draw(st.lists(_h5_names, max_size=4, unique=True)):
+        kinds = [None, "hard", "soft", "ext"] + (["group"] if depth < 2 else [])
+        kind = draw(st.sampled_from(kinds))
+        children.append((name, draw(_h5_trees(depth + 1)) if kind == "group" else kind))
+    return draw(st.booleans()), children
+
+
+@settings(max_examples=60, deadline=None)
+@given(tree=_h5_trees())
+def test_hdf5_index_walk_equals_h5pys_own_iteration(tmp_path_factory, tree):
+    """The reader's one-call walk (H5Ovisit) lists the tensors and groups in the order, and under the
+    names, of a walk through h5py's own group iteration: mixed creation-order tracking, repeated hard
+    links (cycles included), soft and external links (never followed)."""
+    path = str(tmp_path_factory.mktemp("walk") / "t.h5")
+    made = []  # paths of every object made, for the hard links
+
+    def build(group, node, prefix):
+        for name, child in node[1]:
+            full = prefix + name
+            if child is None:
+                group.create_dataset(name, data=np.arange(3, dtype=np.float32))
+                made.append(full)
+            elif child == "hard":
+                group[name] = group.file[made[-1]] if made else group  # an earlier object, or a cycle
+            elif child == "soft":
+                group[name] = h5py.SoftLink("/" + made[-1] if made else "/nowhere")
+            elif child == "ext":
+                group[name] = h5py.ExternalLink("/etc/hostname", "/x")
+            else:
+                sub = group.create_group(name, track_order=child[0])
+                made.append(full)
+                build(sub, child, full + "/")
+
+    with h5py.File(path, "w", track_order=tree[0]) as f:
+        build(f, tree, "")
+    with h5py.File(path, "r") as f:
+        want = _reference_walk(f)
+    with open_dump(path) as r:
+        assert r.names == [n for n, kind in want if kind == "dataset"]
+        assert list(r.group_attrs) == [n for n, kind in want if kind == "group"]
+
+
+def test_hdf5_dtypes_recognised_by_type_equality_are_h5pys(tmp_path):
+    """The index recognises common HDF5 types by H5Tequal, and converts the others as h5py does: every
+    dtype below must come out as h5py's own ``Dataset.dtype`` (byte order included)."""
+    codes = ["<f4", ">f4", "<f8", ">f8", "<f2", ">f2", "<i8", ">i8", "<i4", "<i2", "i1", "u1", "<u2", "<u4", "<u8",
+             "?", "<c8", "<c16"]
+    path = str(tmp_path / "types.h5")
+    with h5py.File(path, "w", track_order=True) as f:
+        for i, code in enumerate(codes):
+            f.create_dataset(f"t{i}", data=np.zeros(3, dtype=code))
+    with h5py.File(path, "r") as f:
+        want = [f[f"t{i}"].dtype for i in range(len(codes))]
+    with open_dump(path) as r:
+        got = [i.dtype for i in r.tensors]
+    assert [d.str for d in got] == [d.str for d in want]
+    assert got == want
