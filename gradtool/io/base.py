@@ -184,11 +184,12 @@ class DumpReader:
         return None if location is None else [(self, info, location)]
 
     def range_window(self, location: tuple[int, int], info: TensorInfo, start: int, stop: int,
-                     buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:
+                     buffer: np.ndarray | None = None, copy: bool = False) -> Iterator[np.ndarray]:
         """Yields once: elements [start, stop) of a tensor at ``raw_location`` as one 1-D array, a view of
-        a read-only memory map when the data is aligned, else read with ``pread`` into ``buffer`` (uint8,
-        large enough; a new one if None). The map is closed when the generator resumes. Touches no
-        shared state, so threads may call it concurrently on one reader."""
+        a read-only memory map when the data is aligned, else (or with ``copy``: for a few KiB one ``pread``
+        costs less than a map) read with ``pread`` into ``buffer`` (uint8, large enough; a new one if None).
+        The map is closed when the generator resumes. Touches no shared state, so threads may call it
+        concurrently on one reader."""
         import mmap
 
         fd, offset = location
@@ -197,7 +198,7 @@ class DumpReader:
         nbytes = (stop - start) * itemsize
         if nbytes <= 0:
             return
-        if offset % itemsize:  # unaligned (np.savez members): NumPy is many times slower on unaligned views
+        if copy or offset % itemsize:  # unaligned (np.savez members): NumPy is many times slower on unaligned views
             if buffer is None or buffer.nbytes < nbytes:
                 buffer = np.empty(nbytes // 8 + 1, np.float64).view(np.uint8)
             self._fill(memoryview(buffer)[:nbytes], lambda view, pos: os.preadv(fd, [view], byte_start + pos), info)
