@@ -192,13 +192,15 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
             per_tensor_tables[mode] = per
             results.append(rec)
     hist = facts.as_dict()
-    has_loss = list(loss).count(None) != len(loss)  # list.count: no Python per step (10^6-step logs)
-    hist.update({"first_step": steps[0], "last_step": steps[-1], "has_loss": has_loss,
-                 "has_lr": list(lr).count(None) != len(lr)})
+
+    def logged(column: Any) -> bool:  # list.count: no Python per step, and no copy of a list (10^6-step logs)
+        return (column if type(column) is list else list(column)).count(None) != len(column)
+
+    has_loss = logged(loss)
+    hist.update({"first_step": steps[0], "last_step": steps[-1], "has_loss": has_loss, "has_lr": logged(lr)})
     return {"source": source, "method": cfg.method, "history": hist, "modes": results,
             "cannot_derive": {m: r for m, r in cannot.items() if m in wanted},
-            "series": {"steps": list(steps), "global_norm": list(norms),
-                       "loss": list(loss) if has_loss else None}}
+            "series": {"steps": steps, "global_norm": norms, "loss": loss if has_loss else None}}  # read only
 
 
 def _mode_record(mode: str, s: Any) -> dict[str, Any]:
