@@ -181,8 +181,10 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
         futures = iter([pool.submit(work, piece) for piece in pieces if not inline(piece)])
         for piece in pieces:  # in order: small pieces summarised here while the workers read the big ones
             k = piece[0]
-            acc = (_small_piece_accumulator(*segments[k][piece[1]], piece[2], piece[3], p, local) if inline(piece)
-                   else next(futures).result())
+            if inline(piece):
+                acc = _small_piece_accumulator(*segments[k][piece[1]], piece[2], piece[3], p, local)
+            else:
+                acc = next(futures).result()
             while done < k:  # empty tensors (no pieces) before this one
                 finish(done)
                 done += 1

@@ -198,7 +198,7 @@ class DumpReader:
         nbytes = (stop - start) * itemsize
         if nbytes <= 0:
             return
-        if copy or offset % itemsize:  # unaligned (np.savez members): NumPy is many times slower on unaligned views
+        if copy or offset % itemsize:  # unaligned (np.savez members): NumPy is many times slower on those
             if buffer is None or buffer.nbytes < nbytes:
                 buffer = np.empty(nbytes // 8 + 1, np.float64).view(np.uint8)
             self._fill(memoryview(buffer)[:nbytes], lambda view, pos: os.preadv(fd, [view], byte_start + pos), info)

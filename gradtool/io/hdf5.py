@@ -142,9 +142,9 @@ class Hdf5Reader(DumpReader):
         """Walk the group tree with one ``H5Ovisit``: hard links only, each object once, depth first, each
         group's links in creation order where the group tracks it and in name order where not (the order of
         h5py's own group iteration). The high-level objects cost ~15 ms more for a 148-dataset dump, and a
-        Python loop over each group's links with a lookup per link ~2 ms more. Contiguous datasets are remembered by their file
-        offset and not kept open; the others (chunked, compressed, compact, external) keep their high-level
-        ``Dataset``."""
+        Python loop over each group's links with a lookup per link ~2 ms more. Contiguous datasets are
+        remembered by their file offset and not kept open; the others (chunked, compressed, compact,
+        external) keep their high-level ``Dataset``."""
         h5py = _h5py()
         root = self._f if self.group is None else self._f[self.group]
         self._root = root

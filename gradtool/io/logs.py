@@ -502,7 +502,7 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
     else:
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "input contained no data": a header-only file, handled below
+                warnings.simplefilter("ignore")  # "input contained no data": a header-only file (below)
                 table = np.loadtxt(io.StringIO(text), delimiter=delim, skiprows=1, dtype=np.float64,
                                    usecols=wanted, ndmin=2, comments=None)
         except (ValueError, IndexError, TypeError):

@@ -98,8 +98,8 @@ def test_selection_and_the_empty_tensor_order(tmp_path):
     par = _summaries(path, 2, select=("*a*", "empty", "tiny"), exclude=("half",))
     ser = _summaries(path, 1, select=("*a*", "empty", "tiny"), exclude=("half",))
     _same(par, ser)
-    assert [n for n, _ in par.tensors] == ["bad", "mask", "empty", "tiny", "tail", "small64", "small16", "smallnan",
-                                          "smallint"]
+    assert [n for n, _ in par.tensors] == ["bad", "mask", "empty", "tiny", "tail", "small64", "small16",
+                                          "smallnan", "smallint"]
 
 
 def test_a_truncated_dump_still_fails_with_the_file_named(tmp_path):

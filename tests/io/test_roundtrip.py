@@ -315,8 +315,8 @@ def test_hdf5_index_walk_equals_h5pys_own_iteration(tmp_path_factory, tree):
 def test_hdf5_dtypes_recognised_by_type_equality_are_h5pys(tmp_path):
     """The index recognises common HDF5 types by H5Tequal, and converts the others as h5py does: every
     dtype below must come out as h5py's own ``Dataset.dtype`` (byte order included)."""
-    codes = ["<f4", ">f4", "<f8", ">f8", "<f2", ">f2", "<i8", ">i8", "<i4", "<i2", "i1", "u1", "<u2", "<u4", "<u8",
-             "?", "<c8", "<c16"]
+    codes = ["<f4", ">f4", "<f8", ">f8", "<f2", ">f2", "<i8", ">i8", "<i4", "<i2", "i1", "u1", "<u2", "<u4",
+             "<u8", "?", "<c8", "<c16"]
     path = str(tmp_path / "types.h5")
     with h5py.File(path, "w", track_order=True) as f:
         for i, code in enumerate(codes):

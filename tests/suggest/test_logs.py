@@ -319,9 +319,10 @@ def test_typed_jsonl_path_takes_any_key_names(extra, norm_key, junk):
 _cell = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr),
     st.integers(-10**6, 10**6).map(str), st.integers(2**63, 2**70).map(str),
-    st.sampled_from(["-0", "-0.0", "0", "1e400", "-1e-400", "2e-320", "1.", ".5", "+1", "1E3", "nan", "inf", "",
-                     " 1.5", "2 ", '"3"', "x", "0x10", "1,5", "01"]))
-_csv_header = st.sampled_from([["step", "grad_norm", "loss"], ["grad_norm"], ["step", "loss", "grad_norm", "lr"],
+    st.sampled_from(["-0", "-0.0", "0", "1e400", "-1e-400", "2e-320", "1.", ".5", "+1", "1E3", "nan", "inf",
+                     "", " 1.5", "2 ", '"3"', "x", "0x10", "1,5", "01"]))
+_csv_header = st.sampled_from([["step", "grad_norm", "loss"], ["grad_norm"],
+                               ["step", "loss", "grad_norm", "lr"],
                                ["epoch", "step", "grad_norm", "learning_rate"]])
 
 
@@ -361,10 +362,10 @@ def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, t
 
 
 @settings(max_examples=300, deadline=None)
-@given(table=st.lists(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr),
-                                         st.integers(-2**80, 2**80).map(str),
-                                         st.sampled_from(["1E-5", "-0.0", "0e0", "123456789.123456789e-300"])),
-                               min_size=3, max_size=3), min_size=1, max_size=20),
+@given(table=st.lists(st.lists(st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr), st.integers(-2**80, 2**80).map(str),
+    st.sampled_from(["1E-5", "-0.0", "0e0", "123456789.123456789e-300"])), min_size=3, max_size=3),
+    min_size=1, max_size=20),
        delim=st.sampled_from([",", "\t"]), crlf=st.booleans())
 def test_msgspec_csv_numbers_are_pythons_floats(table, delim, crlf):
     """Every cell of a plain numeric CSV is read, to the bit, as ``float(cell)`` reads it (an independent
