@@ -1,0 +1,156 @@
+"""Compare two revisions of gradtool's library code in ONE process, alternating them, to judge a change
+on a noisy machine.
+
+On a shared VM the same in-process `stats` of one file can take 75 ms in one hour and 105 ms in the
+next, so whole-suite ratios (bench.py) cannot resolve a change worth 10 %. This script loads revision A
+and revision B side by side as two packages (``gradtool_a``, ``gradtool_b``: the library imports itself
+relatively), runs the same job with each in turns (A, B, B, A, A, B, ...), and prints medians, quartiles
+and how many pairs B won. It is a development tool: not part of the test run, no timings in tests.
+
+    python benchmarks/ab.py stats big.safetensors big.h5          # HEAD vs the working tree
+    python benchmarks/ab.py --a HEAD~3 --b HEAD --pairs 60 stats big.npz
+    python benchmarks/ab.py log run.jsonl                          # read a training log and analyse it
+
+Both revisions use the compiled kernel built in this checkout; if the kernel's C sources differ between
+them the script refuses (build each and compare with bench.py instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNEL_SOURCES = ("gradtool/core/_kernels.c", "gradtool/core/_kernels_loops.h")
+WORKTREE = "WORKTREE"
+
+
+def _git(*args: str) -> bytes:
+    return subprocess.run(["git", "-C", ROOT, *args], check=True, capture_output=True).stdout
+
+
+def _source(rev: str, path: str) -> bytes | None:
+    if rev == WORKTREE:
+        full = os.path.join(ROOT, path)
+        return open(full, "rb").read() if os.path.exists(full) else None
+    try:
+        return _git("show", f"{rev}:{path}")
+    except subprocess.CalledProcessError:
+        return None
+
+
+def export(rev: str, into: str) -> str:
+    """The ``gradtool`` package of ``rev`` (or of the working tree) copied into ``into``, with this
+    checkout's compiled kernel; returns the package directory."""
+    pkg = os.path.join(into, "gradtool")
+    if rev == WORKTREE:
+        shutil.copytree(os.path.join(ROOT, "gradtool"), pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        archive = _git("archive", rev, "gradtool")
+        subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+        built = os.path.join(ROOT, "gradtool", "core")
+        for name in os.listdir(built):
+            if name.startswith("_kernels") and name.endswith((".so", ".pyd")):
+                shutil.copy2(os.path.join(built, name), os.path.join(pkg, "core", name))
+    return pkg
+
+
+def load(pkg: str, name: str) -> ModuleType:
+    """Import the package at ``pkg`` under the top-level name ``name``."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(pkg, "__init__.py"),
+                                                  submodule_search_locations=[pkg])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def job(kind: str, package: str, path: str) -> Callable[[], Any]:
+    """One run of the job with the package imported as ``package``."""
+    if kind == "stats":
+        dump = importlib.import_module(f"{package}.io.dump")
+        summarize = importlib.import_module(f"{package}.summarize")
+
+        def stats() -> Any:
+            with dump.open_dump(path) as reader:
+                return summarize.summarize_dump(reader)
+
+        return stats
+    if kind == "log":
+        logs = importlib.import_module(f"{package}.io.logs")
+        suggest = importlib.import_module(f"{package}.suggest")
+
+        def log() -> Any:
+            history = logs.read_norm_log(path)
+            columns = history.arrays()
+            facts = suggest.analyze_history(*columns)
+            return suggest.suggest_threshold(*columns, facts=facts).threshold
+
+        return log
+    raise SystemExit(f"unknown job {kind!r}")
+
+
+def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], pairs: int) -> tuple[list[float], list[float]]:
+    """Seconds of each run, A and B in turns, the order swapped every pair (A B, B A, ...)."""
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    runs = {"a": run_a, "b": run_b}
+    for i in range(pairs):
+        for which in ("a", "b") if i % 2 == 0 else ("b", "a"):
+            t = time.perf_counter()
+            runs[which]()
+            times[which].append(time.perf_counter() - t)
+    return times["a"], times["b"]
+
+
+def quartiles(v: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(v, n=4)
+    return q[0], statistics.median(v), q[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--a", default="HEAD", help="revision A (default HEAD)")
+    ap.add_argument("--b", default=WORKTREE, help=f"revision B (default {WORKTREE}: the files as they are now)")
+    ap.add_argument("--pairs", type=int, default=40)
+    ap.add_argument("kind", choices=["stats", "log"])
+    ap.add_argument("paths", nargs="+")
+    args = ap.parse_args()
+    for path in KERNEL_SOURCES:
+        if _source(args.a, path) != _source(args.b, path):
+            raise SystemExit(f"{path} differs between {args.a} and {args.b}: this script runs both revisions "
+                             "with one build of the kernel; compare builds with benchmarks/bench.py instead")
+    tmp = tempfile.mkdtemp(prefix="gradtool-ab-")
+    try:
+        packages = {}
+        for label, rev in (("a", args.a), ("b", args.b)):
+            os.makedirs(os.path.join(tmp, label))
+            load(export(rev, os.path.join(tmp, label)), f"gradtool_{label}")
+            packages[label] = f"gradtool_{label}"
+        for path in args.paths:
+            run_a, run_b = job(args.kind, packages["a"], path), job(args.kind, packages["b"], path)
+            same = repr(run_a()) == repr(run_b())  # warm both; results compared where they print alike
+            a, b = compare(run_a, run_b, args.pairs)
+            wins = sum(y < x for x, y in zip(a, b))
+            (qa1, ma, qa3), (qb1, mb, qb3) = quartiles(a), quartiles(b)
+            print(f"{os.path.basename(path)} ({args.kind}, {args.pairs} pairs): "
+                  f"A {args.a} median {ma * 1e3:.1f} ms [{qa1 * 1e3:.1f}, {qa3 * 1e3:.1f}]  "
+                  f"B {args.b} median {mb * 1e3:.1f} ms [{qb1 * 1e3:.1f}, {qb3 * 1e3:.1f}]  "
+                  f"B/A {mb / ma:.3f}; B faster in {wins}/{args.pairs} pairs"
+                  + ("" if same else "  (results print differently)"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
