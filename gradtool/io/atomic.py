@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import BinaryIO
@@ -66,6 +65,8 @@ def atomic_output(target: str, *, force: bool = False, inputs: Sequence[str] = (
     (flushed to disk first unless ``durable`` is False)."""
     check_output_path(target, force=force, inputs=inputs)
     directory = os.path.dirname(os.path.abspath(target))
+    import tempfile  # only when writing: ~5 ms of start-up for the commands that only read
+
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=TMP_SUFFIX, dir=directory)
     flusher: _EarlyWriteback | _NoFlush = _EarlyWriteback(fd) if durable else _NoFlush(fd)
     try:

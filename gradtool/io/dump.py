@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -18,6 +16,9 @@ from .detect import detect_format, format_from_extension, output_format
 
 def _spool_stdin() -> str:
     """Standard input copied to a temporary file (dumps need random access); removed on close."""
+    import shutil
+    import tempfile  # here, not at the top: with shutil ~10 ms of every command's start-up
+
     fd, tmp = tempfile.mkstemp(prefix="gradtool-stdin-")
     with os.fdopen(fd, "wb") as out:
         shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
