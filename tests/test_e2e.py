@@ -155,3 +155,37 @@ def test_sample_data_is_what_the_script_documents():
     assert [r.step for r in refs] == list(range(1, 401))
     sizes = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(SAMPLE) for f in fs)
     assert sizes < 8 * 1024 * 1024
+
+
+def _modules_after(args: list[str], cwd: str) -> set[str]:
+    """The modules a fresh interpreter has imported after running ``gradtool ARGS`` (the entry point's
+    own code path; its output is discarded)."""
+    probe = ("import io, sys, contextlib\n"
+             "from gradtool.cli.main import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    try:\n"
+             "        main(sys.argv[1:])\n"
+             "    except SystemExit:\n"
+             "        pass\n"
+             "sys.__stdout__.write(' '.join(sorted(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def test_start_up_imports_stay_lazy(tmp_path):
+    """Target 6 of the performance issue: heavy modules are imported only by the commands that use them.
+    ``--help`` needs click alone; reading a safetensors dump for JSON needs neither h5py, rich (tables),
+    array-api-compat's NumPy wrapper (which star-imports all of NumPy's submodules; device backends only),
+    msgspec, nor the modules that only writing dumps uses."""
+    from gradtool import save_dump
+
+    path = str(tmp_path / "d.safetensors")
+    save_dump(path, {"w": np.ones(10, np.float32)})
+    help_modules = _modules_after(["--help"], str(tmp_path))
+    assert not help_modules & {"numpy", "h5py", "rich", "array_api_compat"}, help_modules
+    stats_modules = _modules_after(["stats", path, "--format", "json"], str(tmp_path))
+    assert "numpy" in stats_modules  # the probe really ran the command
+    heavy = {"h5py", "rich", "array_api_compat.numpy", "msgspec", "tempfile", "zipfile", "ml_dtypes"}
+    assert not stats_modules & heavy, stats_modules & heavy
