@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -137,6 +138,8 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
 def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], cfg: Any, key: str | None,
              select: tuple[str, ...], exclude: tuple[str, ...], backend: str | None,
              sharded: bool = False, engine: str = "local", scheduler: str | None = None) -> dict[str, Any]:
+    import numpy as np
+
     from ..suggest import analyze_history, suggest_per_tensor, suggest_threshold
 
     cannot: dict[str, str] = {}
@@ -159,11 +162,12 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
             lr = [lmap.get(s, (None, r))[1] if r is None else r for s, r in zip(steps, lr)]
         source = {"kind": "dumps", "inputs": dump_inputs + log_inputs, "key": "global L2 norm"}
         columns = (steps, norms, loss, lr)
+        history = None
     else:
-        log = _merge_logs(log_inputs, key)
-        steps, norms, loss, lr = log.steps, log.norms, log.loss, log.lr
-        columns = log.arrays()  # what the analysis computes on, without converting the lists again
-        source = {"kind": log.kind, "inputs": log_inputs, "key": log.key}
+        history = _merge_logs(log_inputs, key)
+        # the analysis computes on the arrays; a log read with NumPy has no lists until a chart asks
+        columns = steps, norms, loss, lr = history.arrays()
+        source = {"kind": history.kind, "inputs": log_inputs, "key": history.key}
         for m in ("norm", "average-norm", "value"):
             cannot[m] = "a training log carries only the global norm; per-tensor modes need gradient dumps"
         h = None
@@ -171,7 +175,7 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
 
     if len(steps) == 0:
         raise InputError(f"{', '.join(source['inputs'])}: no gradient-norm values found")
-    if not any(math.isfinite(v) for v in norms):
+    if not np.isfinite(np.asarray(norms, dtype=np.float64)).any():
         raise InputError(f"{', '.join(source['inputs'])}: every one of the {len(norms)} gradient-norm values is "
                          "NaN/Inf: the run was broken from the start; there is nothing to recommend from")
     facts = analyze_history(*columns, burn_in=cfg.burn_in, window=cfg.window)
@@ -192,15 +196,14 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
             per_tensor_tables[mode] = per
             results.append(rec)
     hist = facts.as_dict()
-
-    def logged(column: Any) -> bool:  # list.count: no Python per step, and no copy of a list (10^6-step logs)
-        return (column if type(column) is list else list(column)).count(None) != len(column)
-
-    has_loss = logged(loss)
-    hist.update({"first_step": steps[0], "last_step": steps[-1], "has_loss": has_loss, "has_lr": logged(lr)})
+    if history is not None:  # arrays (the loss masked where not logged)
+        has_loss, has_lr = history.has_loss, history.has_lr
+    else:  # lists; list.count: no Python per step
+        has_loss, has_lr = loss.count(None) != len(loss), lr.count(None) != len(lr)
+    series = {"steps": steps, "global_norm": norms, "loss": loss if has_loss else None}  # read only
+    hist.update({"first_step": int(steps[0]), "last_step": int(steps[-1]), "has_loss": has_loss, "has_lr": has_lr})
     return {"source": source, "method": cfg.method, "history": hist, "modes": results,
-            "cannot_derive": {m: r for m, r in cannot.items() if m in wanted},
-            "series": {"steps": steps, "global_norm": norms, "loss": loss if has_loss else None}}  # read only
+            "cannot_derive": {m: r for m, r in cannot.items() if m in wanted}, "series": series}
 
 
 def _mode_record(mode: str, s: Any) -> dict[str, Any]:
@@ -323,7 +326,7 @@ def _list(steps: list[int], limit: int = 10) -> str:
     return shown + (f", ... ({len(steps) - limit} more)" if len(steps) > limit else "")
 
 
-def chart_columns(values: list[float], threshold: float | None, width: int) -> tuple[list[float], float, float] | None:
+def chart_columns(values: Sequence[float], threshold: float | None, width: int) -> tuple[list[float], float, float] | None:
     """What the chart draws: per column the peak of its bucket of values (NaN when the bucket holds NaN
     or ±inf), and the log10 range from the smallest finite positive value to the largest (or the
     threshold). None when nothing is finite and positive. NumPy reductions: a 10^6-step log in ~10 ms."""
@@ -345,9 +348,10 @@ def chart_columns(values: list[float], threshold: float | None, width: int) -> t
     return [math.nan if b else p for p, b in zip(peaks, bad.tolist())], lo, hi
 
 
-def ascii_chart(values: list[float], threshold: float | None, *, height: int = 8, width: int = 72) -> list[str]:
-    """A small log-scale chart of a series: '•' points, '─' the threshold, '!' non-finite columns."""
-    if not values:
+def ascii_chart(values: Sequence[float], threshold: float | None, *, height: int = 8, width: int = 72) -> list[str]:
+    """A small log-scale chart of a series (a list or an array): '•' points, '─' the threshold, '!'
+    non-finite columns."""
+    if len(values) == 0:
         return []
     columns = chart_columns(values, threshold, width)
     if columns is None:

@@ -17,7 +17,6 @@ import math
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -31,25 +30,63 @@ LR_KEYS = ("learning_rate", "lr", "train/learning_rate", "learning rate", "lr-ad
 MAX_LOG_BYTES = 2 << 30
 
 
-@dataclass
 class NormHistory:
-    """A gradient-norm history: one entry per logged step, sorted by step, without duplicates."""
+    """A gradient-norm history: one entry per logged step, sorted by step, without duplicates.
 
-    steps: list[int]
-    norms: list[float]
-    loss: list[float | None] = field(default_factory=list)
-    lr: list[float | None] = field(default_factory=list)
-    source: str = ""
-    key: str = ""
-    kind: str = ""  # trainer_state, csv, jsonl, text, tensorboard, dumps
-    _arrays: tuple | None = field(default=None, repr=False, compare=False)
+    The columns are lists (``steps``, ``norms``, ``loss`` and ``lr``; None where a value was not logged)
+    and arrays (:meth:`arrays`). A reader that parsed a log with NumPy may give only the arrays (the lists
+    are then left as None): the lists are made from them on first use, so an analysis that needs only
+    the arrays (``suggest-threshold --format json`` on a 10^6-row CSV) never builds 4 x 10^6 Python objects.
+    """
 
-    def __post_init__(self) -> None:
-        n = len(self.steps)
-        if not self.loss:
-            self.loss = [None] * n
-        if not self.lr:
-            self.lr = [None] * n
+    def __init__(self, steps: list[int] | None, norms: list[float] | None, loss: list[float | None] | None = None,
+                 lr: list[float | None] | None = None, source: str = "", key: str = "", kind: str = "",
+                 _arrays: tuple | None = None):
+        if (steps is None or norms is None) and _arrays is None:
+            raise TypeError("NormHistory needs its steps and norms, as lists or as arrays")
+        self._steps, self._norms = steps, norms
+        if steps is not None:  # no (or empty) loss / learning rate: not logged, None at every step
+            self._loss, self._lr = loss or [None] * len(steps), lr or [None] * len(steps)
+        else:  # made from the arrays on first use
+            self._loss, self._lr = loss or None, lr or None
+        self.source, self.key, self.kind = source, key, kind  # kind: trainer_state, csv, jsonl, text, ...
+        self._arrays = _arrays
+
+    @property
+    def steps(self) -> list[int]:
+        if self._steps is None:
+            self._steps = self.arrays()[0].tolist()
+        return self._steps
+
+    @property
+    def norms(self) -> list[float]:
+        if self._norms is None:
+            self._norms = self.arrays()[1].tolist()
+        return self._norms
+
+    @property
+    def loss(self) -> list[float | None]:
+        if self._loss is None:
+            self._loss = self.arrays()[2].tolist()  # a masked array: None where masked
+        return self._loss
+
+    @property
+    def lr(self) -> list[float | None]:
+        if self._lr is None:
+            self._lr = self.arrays()[3].tolist()
+        return self._lr
+
+    def __len__(self) -> int:
+        return len(self._steps) if self._steps is not None else int(self.arrays()[0].shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NormHistory):
+            return NotImplemented
+        return ((self.steps, self.norms, self.loss, self.lr, self.source, self.key, self.kind)
+                == (other.steps, other.norms, other.loss, other.lr, other.source, other.key, other.kind))
+
+    def __repr__(self) -> str:
+        return f"NormHistory({len(self)} steps, source={self.source!r}, key={self.key!r}, kind={self.kind!r})"
 
     def arrays(self) -> tuple[Any, Any, Any, Any]:
         """(steps, norms, loss, lr) as arrays: int64 steps, float64 norms, loss and learning rate as float64
@@ -65,13 +102,20 @@ class NormHistory:
                             masked_column(self.loss, n), masked_column(self.lr, n))
         return self._arrays
 
+    def _logged(self, i: int, values: list[float | None] | None) -> bool:
+        if values is None:  # not made yet: the array's mask says it without building the list
+            import numpy as np
+
+            return not bool(np.ma.getmaskarray(self.arrays()[i]).all())
+        return values.count(None) != len(values)  # list.count: no Python per step
+
     @property
     def has_loss(self) -> bool:
-        return any(v is not None for v in self.loss)
+        return self._logged(2, self._loss)
 
     @property
     def has_lr(self) -> bool:
-        return any(v is not None for v in self.lr)
+        return self._logged(3, self._lr)
 
 
 def _num(v: Any) -> float | None:
@@ -197,14 +241,15 @@ def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: s
     return _columns(steps, norms, extra[0], extra[1])
 
 
-def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None, lr: list[Any] | None,
-             types_known: bool = False
-             ) -> tuple[list[int], list[float], list[float | None], list[float | None], tuple] | None:
+def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = False, lists: bool = True
+             ) -> tuple[list[int] | None, list[float] | None, list[float | None] | None, list[float | None] | None,
+                        tuple] | None:
     """A history from columns (numbers, or numeric strings from a CSV): the last row of each step kept,
     in step order, as lists and as the arrays ``NormHistory.arrays`` gives. None when a column does not
     convert (empty cells, words): the general loop decides. ``types_known``: the lists already hold exactly
     int steps, float norms and float-or-None loss and learning rate (a typed decoder checked them), so
-    they are passed through without scanning their types again."""
+    they are passed through without scanning their types again. ``lists=False``: columns that are arrays
+    are not turned into lists (None in their place; ``NormHistory`` makes them from the arrays on first use)."""
     import numpy as np
 
     try:
@@ -223,14 +268,14 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None, 
         arr = arr if idx is None else arr[idx]
         if idx is None and type(col) is list and (types_known or set(map(type, col)) <= {kind}):
             return col, arr
-        return arr.tolist(), arr
+        return (arr.tolist() if lists else None), arr
 
     from ..suggest import masked_column
 
     def pick(col: list[Any] | None) -> tuple[list[float | None], Any] | None:
         m = n if idx is None else idx.size
         if col is None:
-            return [None] * m, masked_column(None, m)
+            return ([None] * m if lists else None), masked_column(None, m)
         try:  # numbers, or numeric strings: one NumPy conversion (which would turn None into NaN)
             if not (type(col) is list and None in col):
                 values, arr = kept(col, np.asarray(col, dtype=np.float64), float)
@@ -248,7 +293,10 @@ def _columns(steps: list[Any] | None, norms: list[Any], loss: list[Any] | None, 
     loss_p, lr_p = pick(loss), pick(lr)
     if loss_p is None or lr_p is None:
         return None
-    steps_v, step_arr = (list(range(n)), step_arr) if steps is None else kept(steps, step_arr, int)
+    if steps is None:
+        steps_v = list(range(n)) if lists else None
+    else:
+        steps_v, step_arr = kept(steps, step_arr, int)
     norms_v, norm_arr = kept(norms, norm_arr, float)
     return steps_v, norms_v, loss_p[0], lr_p[0], (step_arr, norm_arr, loss_p[1], lr_p[1])
 
@@ -370,10 +418,23 @@ def _msgspec_typed(text: str, path: str, key: str | None) -> NormHistory | None:
         return None
     from operator import attrgetter
 
-    def column(k: str | None) -> list[Any] | None:
-        return None if k is None else list(map(attrgetter(f"f{keys.index(k)}"), rows))
+    import numpy as np
 
-    fast = _columns(column(skey), column(nkey), column(lkey), column(rkey), types_known=True)
+    def column(k: str | None, dtype: Any = None) -> Any:
+        """The rows' values of key k: a list, or with ``dtype`` straight into an array (no list of 10^6
+        Python objects on the way; for the required step and norm only, since ``fromiter`` would turn a
+        None into NaN), a list again when they do not fit one (steps beyond int64)."""
+        if k is None:
+            return None
+        if dtype is not None:
+            try:
+                return np.fromiter(map(attrgetter(f"f{keys.index(k)}"), rows), dtype, len(rows))
+            except (TypeError, ValueError, OverflowError):
+                pass
+        return list(map(attrgetter(f"f{keys.index(k)}"), rows))
+
+    fast = _columns(column(skey, np.int64), column(nkey, np.float64), column(lkey), column(rkey),
+                    types_known=True, lists=False)
     return None if fast is None else NormHistory(*fast[:4], path, nkey, "jsonl", fast[4])
 
 
@@ -516,7 +577,7 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
     norms = next(cols)
     loss = next(cols) if keys[2] is not None else None
     lr = next(cols) if keys[3] is not None else None
-    result = _columns(None if step_col is None else step_col.astype(np.int64), norms, loss, lr)
+    result = _columns(None if step_col is None else step_col.astype(np.int64), norms, loss, lr, lists=False)
     return None if result is None else (result, nkey)
 
 

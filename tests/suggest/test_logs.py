@@ -394,3 +394,31 @@ def test_msgspec_csv_numbers_refuse_what_they_cannot_read_exactly(body, why):
 
     assert csv_numbers_msgspec(body, ",", 3) is None, why
     assert csv_numbers_msgspec("1,2,3\n4,5,6\n", ",", 3) is not None
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_a_numeric_log_is_analysed_without_lists_of_its_columns(tmp_path, monkeypatch, run, kind):
+    """A log read with NumPy (CSV) or msgspec (JSON Lines) hands over arrays only; `suggest-threshold
+    --format json` then never builds the per-step lists (10^6 Python objects each), and the lists, when
+    asked for, are what the row-by-row reader gives."""
+    pytest.importorskip("msgspec")
+    from gradtool.io import logs as logs_mod
+
+    rows = [(i, 1.0 + (i * 7919 % 13) / 10, 3.0 - i / 500) for i in range(400)]
+    p = tmp_path / f"log.{kind}"
+    if kind == "csv":
+        p.write_text("step,grad_norm,loss\n" + "".join(f"{s},{v!r},{lo!r}\n" for s, v, lo in rows))
+    else:
+        p.write_text("".join(json.dumps({"step": s, "grad_norm": v, "loss": lo}) + "\n" for s, v, lo in rows))
+    h = read_norm_log(str(p))
+    assert h._steps is None and h._norms is None  # arrays only
+    assert h.steps == [s for s, _, _ in rows] and h.norms == [v for _, v, _ in rows]
+    assert h.loss == [lo for _, _, lo in rows] and h.lr == [None] * len(rows) and len(h) == len(rows)
+    with monkeypatch.context() as m:
+        for name in ("steps", "norms", "loss", "lr"):
+            m.setattr(logs_mod.NormHistory, name, property(lambda self: pytest.fail("a list was built")))
+        r = run("suggest-threshold", str(p), "--format", "json")
+        assert r.exit_code == 0, r.stderr
+        assert r.json()["history"]["has_loss"] is True and r.json()["history"]["last_step"] == 399
+        table = run("suggest-threshold", str(p))  # the chart takes the arrays too
+        assert table.exit_code == 0 and "global-norm" in table.stdout

@@ -106,8 +106,14 @@ def test_log_with_dumps_adds_loss(run, run_h5, tmp_path):
     assert doc["history"]["has_lr"] and doc["source"]["kind"] == "dumps"
 
 
-def test_plot(run, run_h5, tmp_path):
+@pytest.mark.parametrize("source", ["dumps", "csv log"])
+def test_plot(run, run_h5, tmp_path, source):
+    """--plot from dumps (lists) and from a CSV log (arrays, with a NaN step)."""
     pytest.importorskip("matplotlib")
+    if source == "csv log":
+        log = tmp_path / "log.csv"
+        log.write_text("step,grad_norm\n" + "".join(f"{i},{'nan' if i == 50 else 1 + i % 5}\n" for i in range(120)))
+        run_h5 = str(log)
     png = str(tmp_path / "h.png")
     r = run("suggest-threshold", run_h5, "--mode", "global-norm", "--plot", png)
     assert r.exit_code == 0, r.stderr
