@@ -10,6 +10,7 @@ and how many pairs B won. It is a development tool: not part of the test run, no
     python benchmarks/ab.py stats big.safetensors big.h5          # HEAD vs the working tree
     python benchmarks/ab.py --a HEAD~3 --b HEAD --pairs 60 stats big.npz
     python benchmarks/ab.py log run.jsonl                          # read a training log and analyse it
+    python benchmarks/ab.py --pairs 10 clip big.safetensors        # clip --mode global-norm, no fsync
 
 Both revisions use the compiled kernel built in this checkout; if the kernel's C sources differ between
 them the script refuses (build each and compare with bench.py instead).
@@ -87,6 +88,21 @@ def job(kind: str, package: str, path: str) -> Callable[[], Any]:
                 return summarize.summarize_dump(reader)
 
         return stats
+    if kind == "clip":
+        dump = importlib.import_module(f"{package}.io.dump")
+        detect = importlib.import_module(f"{package}.io.detect")
+        clipping = importlib.import_module(f"{package}.clip_dump")
+        fmt = detect.detect_format(path)
+        root, ext = os.path.splitext(path)
+        out = f"{root}.ab-{package}{ext}"  # beside the input: the same disk
+
+        def clip() -> Any:
+            with dump.open_dump(path) as reader, dump.make_writer(out, fmt, reader.metadata) as writer:
+                result = clipping.clip_dump(reader, writer, clipping.ClipSpec("global-norm", max=1e-3).validate())
+            os.remove(out)
+            return result.scale
+
+        return clip
     if kind == "log":
         logs = importlib.import_module(f"{package}.io.logs")
         suggest = importlib.import_module(f"{package}.suggest")
@@ -123,7 +139,7 @@ def main() -> None:
     ap.add_argument("--a", default="HEAD", help="revision A (default HEAD)")
     ap.add_argument("--b", default=WORKTREE, help=f"revision B (default {WORKTREE}: the files as they are now)")
     ap.add_argument("--pairs", type=int, default=40)
-    ap.add_argument("kind", choices=["stats", "log"])
+    ap.add_argument("kind", choices=["stats", "clip", "log"])
     ap.add_argument("paths", nargs="+")
     args = ap.parse_args()
     for path in KERNEL_SOURCES:
