@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from . import h5inflate
+from . import h5header, h5inflate
 from .atomic import settle_truncation
 from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape
 
@@ -155,11 +155,28 @@ class Hdf5Reader(DumpReader):
         p = self.display_path
         h5o, h5d, h5g = h5py.h5o, h5py.h5d, h5py.h5g
         rid = root.id
+        fcpl = self._f.id.get_create_plist()
+        # plain contiguous datasets from their object headers (h5header): 8-byte addresses, no user block
+        headers = fcpl.get_sizes() == (8, 8) and fcpl.get_userblock() == 0
+        file_size = os.fstat(self._fd()).st_size if headers else 0
+        checked = False  # the first dataset read from its header is checked against h5py
 
         def visit(key: bytes, info: Any) -> None:
+            nonlocal headers, checked
             name = _decode(key, p)
             if info.type == h5o.TYPE_DATASET:
-                self._add_dataset(name, h5d.open(rid, key), info.num_attrs)
+                found = None
+                if headers and not info.num_attrs:  # attributes: h5py reads them
+                    found = h5header.read_contiguous(self._fd(), info.addr, file_size)
+                if found is not None and not checked:
+                    checked = True
+                    dsid = h5d.open(rid, key)
+                    if (dsid.get_offset(), tuple(dsid.shape), dsid.dtype) != (found[2], found[0], found[1]):
+                        headers, found = False, None  # not what h5header expects: h5py for this file
+                if found is None:
+                    self._add_dataset(name, h5d.open(rid, key), info.num_attrs)
+                else:
+                    self._add_contiguous(name, *found)
             elif info.type == h5o.TYPE_GROUP:
                 top = self.group is None and b"/" not in key
                 if top or info.num_attrs:
@@ -171,6 +188,13 @@ class Hdf5Reader(DumpReader):
                     self.group_attrs[name] = {}
 
         h5o.visit(rid, visit, info=True, idx_type=h5py.h5.INDEX_CRT_ORDER)  # name order where not tracked
+
+    def _add_contiguous(self, name: str, shape: tuple[int, ...], dtype: np.dtype, offset: int) -> None:
+        """A dataset without attributes whose shape, dtype and data offset were read from its object header
+        (:mod:`.h5header`): indexed without opening it."""
+        p = self.display_path
+        self._offsets[name] = offset
+        self.tensors.append(TensorInfo(name, check_shape(shape, name, p), check_dtype(dtype, name, p)))
 
     def _add_dataset(self, name: str, dsid: Any, num_attrs: int) -> None:
         h5py = _h5py()
@@ -197,7 +221,12 @@ class Hdf5Reader(DumpReader):
         ds = self._datasets.get(name)
         if ds is None:
             h5py = _h5py()
-            ds = self._datasets[name] = h5py.Dataset(h5py.h5d.open(self._root.id, name.encode()))
+            try:  # a dataset indexed from its header (h5header) is opened here first
+                ds = h5py.Dataset(h5py.h5d.open(self._root.id, name.encode()))
+            except Exception as exc:  # h5py raises KeyError/OSError/RuntimeError on corrupt internals
+                raise InputError(f"{self.display_path}: corrupt HDF5 file, dataset {name!r} "
+                                 f"({type(exc).__name__}: {exc})") from None
+            self._datasets[name] = ds
         return ds
 
     def _read(self, info: TensorInfo) -> np.ndarray:

@@ -1,0 +1,184 @@
+"""HDF5 datasets indexed from their object headers (gradtool.io.h5header) give exactly what h5py gives,
+the shortcut is taken where it should be, and anything it does not know goes to h5py."""
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradtool import open_dump
+from gradtool.io import h5header
+from gradtool.io.hdf5 import Hdf5Reader
+
+
+def _h5py_view(path):
+    """Independent reference: every dataset's (name, shape, dtype, data offset) as h5py opens it."""
+    out = []
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out.append((name, obj.shape, obj.dtype.str, obj.id.get_offset(), sorted(obj.attrs)))
+        f.visititems(visit)
+    return sorted(out)
+
+
+def _reader_view(path):
+    with open_dump(path) as r:
+        return sorted((i.name, i.shape, i.dtype.str, r._offsets.get(i.name), sorted(i.attrs))
+                      for i in r.tensors)
+
+
+@pytest.mark.parametrize("code", [dtype.str for _, dtype in h5header.COMMON_TYPES])
+def test_common_types_are_the_bytes_hdf5_writes(tmp_path, code):
+    """Each type of COMMON_TYPES is recognised in a file h5py writes, with its data offset: the shortcut
+    is really taken (a wrong byte in the table would silently send every dataset to h5py)."""
+    path = str(tmp_path / "t.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(6).reshape(2, 3).astype(code))
+        f.create_dataset("s", data=np.array(3, dtype=code))  # scalar
+    with h5py.File(path, "r") as f:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for name in ("x", "s"):
+                found = h5header.read_contiguous(fd, h5py.h5o.get_info(f.id, name.encode()).addr,
+                                                 os.path.getsize(path))
+                assert found == (f[name].shape, np.dtype(code), f[name].id.get_offset()), name
+        finally:
+            os.close(fd)
+
+
+_dtypes = st.sampled_from(["<f4", ">f4", "<f8", "<f2", "<i8", ">i4", "<i2", "i1", "u1", "<u8", "?", "<c8"])
+
+
+@st.composite
+def _datasets(draw):
+    shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+    return {"dtype": draw(_dtypes), "shape": shape,
+            "layout": draw(st.sampled_from(["contiguous", "chunked", "gzip", "compact", "fill"])),
+            "attrs": draw(st.booleans()), "group": draw(st.sampled_from(["", "g/", "g/h/"]))}
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs=st.lists(_datasets(), min_size=1, max_size=6), track=st.booleans(), libver=st.booleans())
+def test_index_equals_h5py_for_every_layout(tmp_path_factory, specs, track, libver):
+    """Names, shapes, dtypes and data offsets of the reader's index equal h5py's for contiguous, chunked,
+    compressed and compact datasets, with and without attributes, a fill value, creation-order tracking
+    and the newest file format (version-2 object headers): whatever the header shortcut takes, it takes
+    right, and the rest goes to h5py."""
+    path = str(tmp_path_factory.mktemp("h5") / "d.h5")
+    with h5py.File(path, "w", track_order=track, libver="latest" if libver else "earliest") as f:
+        for i, spec in enumerate(specs):
+            data = (np.arange(int(np.prod(spec["shape"]))) % 7).reshape(spec["shape"]).astype(spec["dtype"])
+            kw = {}
+            if spec["layout"] in ("chunked", "gzip") and data.ndim and data.size:
+                kw["chunks"] = True
+                if spec["layout"] == "gzip":
+                    kw["compression"] = "gzip"
+            elif spec["layout"] == "fill":
+                kw["fillvalue"] = np.ones((), dtype=data.dtype)
+            name = f"{spec['group']}t{i}"
+            if spec["layout"] == "compact" and data.nbytes < 60000:
+                dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+                dcpl.set_layout(h5py.h5d.COMPACT)
+                grp = f.require_group(spec["group"]) if spec["group"] else f
+                space = h5py.h5s.create_simple(data.shape) if data.ndim else h5py.h5s.create(h5py.h5s.SCALAR)
+                dsid = h5py.h5d.create(grp.id, f"t{i}".encode(), h5py.h5t.py_create(data.dtype), space,
+                                       dcpl=dcpl)
+                if data.size:
+                    dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, np.ascontiguousarray(data))
+            else:
+                f.create_dataset(name, data=data, **kw)
+            if spec["attrs"]:
+                f[name].attrs["unit"] = "x"
+    assert _reader_view(path) == _h5py_view(path)
+    with open_dump(path) as r:
+        for info in r.tensors:  # and the bytes at those offsets are the data
+            if info.size:
+                np.testing.assert_array_equal(np.concatenate([c.copy() for c in r.iter_chunks(info, 5)]),
+                                              h5py.File(path, "r")[info.name][()].reshape(-1))
+
+
+def test_the_shortcut_is_taken_for_a_plain_dump(tmp_path, monkeypatch):
+    """A dump gradtool writes is indexed without opening its datasets (the point of the module)."""
+    from gradtool import save_dump
+
+    path = str(tmp_path / "d.h5")
+    save_dump(path, {f"layer{i}/w": np.ones((4, 3), np.float32) for i in range(5)})
+    opened = []
+    real = h5py.h5d.open
+    monkeypatch.setattr(h5py.h5d, "open", lambda *a, **k: opened.append(a[1]) or real(*a, **k))
+    with open_dump(path) as r:
+        assert len(r.tensors) == 5
+    assert len(opened) == 1  # the first one only, checked against h5py
+
+
+def test_a_file_where_the_header_disagrees_with_h5py_is_read_by_h5py(tmp_path, monkeypatch):
+    """If the first dataset read from its header differs from what h5py says, no dataset of that file is
+    taken from its header."""
+    from gradtool import save_dump
+
+    path = str(tmp_path / "d.h5")
+    save_dump(path, {f"t{i}": np.full(10, i, np.float32) for i in range(4)})
+    real = h5header.read_contiguous
+
+    def off_by_four(fd, address, size):
+        found = real(fd, address, size)
+        return None if found is None else (found[0], found[1], found[2] + 4)
+
+    monkeypatch.setattr(h5header, "read_contiguous", off_by_four)
+    assert _reader_view(path) == _h5py_view(path)
+    with open_dump(path) as r:
+        assert [float(next(r.iter_chunks(i, 10))[0]) for i in r.tensors] == [0.0, 1.0, 2.0, 3.0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=600), seed=st.integers(0, 2**32 - 1))
+def test_parse_header_never_raises_and_stays_consistent(data, seed):
+    """Any bytes (random, or a real header with bytes flipped): None, or a shape and dtype whose size is
+    what the layout message claims; never an exception."""
+    rng = np.random.default_rng(seed)
+    real = bytearray(_REAL_HEADER)
+    for _ in range(int(rng.integers(0, 4))):
+        real[int(rng.integers(0, len(real)))] ^= 1 << int(rng.integers(0, 8))
+    for head in (data, bytes(real)):
+        found = h5header.parse_header(head)
+        if found is not None:
+            shape, dtype, address = found
+            assert all(d >= 0 for d in shape) and address >= 0
+            assert dtype in {d for _, d in h5header.COMMON_TYPES}
+
+
+def _real_header():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "r.h5")
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=np.zeros((5, 7), np.float32))
+        with h5py.File(path, "r") as f:
+            addr = h5py.h5o.get_info(f.id, b"x").addr
+        with open(path, "rb") as f:
+            f.seek(addr)
+            return f.read(512)
+
+
+_REAL_HEADER = _real_header()
+
+
+def test_truncated_data_is_still_reported(tmp_path):
+    """A dataset whose data would run past the end of the file: the header shortcut declines it and the
+    reader reports the file as truncated, as before."""
+    from gradtool import save_dump
+    from gradtool.errors import InputError
+    from gradtool.summarize import summarize_dump
+
+    path = str(tmp_path / "d.h5")
+    save_dump(path, {"a": np.ones(1000, np.float32), "b": np.ones(100_000, np.float32)})
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 1000)
+    with pytest.raises(InputError, match="d.h5"):
+        with Hdf5Reader(path) as r:
+            summarize_dump(r)
