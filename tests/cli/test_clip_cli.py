@@ -225,8 +225,15 @@ def test_no_fsync_skips_only_the_flush(run, dump, tmp_path, monkeypatch, flag):
     import gradtool.io.atomic as atomic
 
     flushes = []
-    monkeypatch.setattr(atomic.os, "fsync", lambda fd: flushes.append("fsync"))
-    monkeypatch.setattr(atomic.os, "fdatasync", lambda fd: flushes.append("fdatasync"))
+
+    def ours(fd):  # os is patched process-wide: count only flushes of files in this test's directory
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path))
+        except OSError:
+            return True
+
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: ours(fd) and flushes.append("fsync"))
+    monkeypatch.setattr(atomic.os, "fdatasync", lambda fd: ours(fd) and flushes.append("fdatasync"))
     out = str(tmp_path / "out.npz")
     r = run("clip", dump, "-o", out, "--mode", "global-norm", "--max", "1", *flag)
     assert r.exit_code == 0, r.stderr
