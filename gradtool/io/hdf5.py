@@ -72,14 +72,11 @@ _COMMON_TYPES: list[tuple[Any, np.dtype]] = []
 
 def _dtype_of(h5py: Any, dsid: Any) -> np.dtype:
     """The dataset's NumPy dtype. h5py's ``dsid.dtype`` converts the HDF5 type anew for each dataset (23 us,
-    3.4 ms of a 148-dataset open); the common little-endian float and integer types are recognised by
-    ``H5Tequal`` instead, which is exact (byte order, precision, offset and padding), and anything else
-    is converted as before."""
+    3.4 ms of a 148-dataset open); the common types (those of :data:`.h5header.COMMON_TYPES`) are
+    recognised by ``H5Tequal`` instead, which is exact (byte order, precision, offset and padding), and
+    anything else is converted as before."""
     if not _COMMON_TYPES:
-        t = h5py.h5t
-        _COMMON_TYPES.extend((h5type, np.dtype(code)) for h5type, code in (
-            (t.IEEE_F32LE, "<f4"), (t.IEEE_F64LE, "<f8"), (t.IEEE_F16LE, "<f2"), (t.STD_I64LE, "<i8"),
-            (t.STD_I32LE, "<i4"), (t.STD_U8LE, "u1"), (t.STD_I8LE, "i1")))
+        _COMMON_TYPES.extend((h5py.h5t.py_create(dtype), dtype) for _, dtype in h5header.COMMON_TYPES)
     tid = dsid.get_type()
     for h5type, dtype in _COMMON_TYPES:
         if tid.equal(h5type):
@@ -168,13 +165,14 @@ class Hdf5Reader(DumpReader):
                 found = None
                 if headers and not info.num_attrs:  # attributes: h5py reads them
                     found = h5header.read_contiguous(self._fd(), info.addr, file_size)
+                dsid = None
                 if found is not None and not checked:
                     checked = True
                     dsid = h5d.open(rid, key)
                     if (dsid.get_offset(), tuple(dsid.shape), dsid.dtype) != (found[2], found[0], found[1]):
                         headers, found = False, None  # not what h5header expects: h5py for this file
                 if found is None:
-                    self._add_dataset(name, h5d.open(rid, key), info.num_attrs)
+                    self._add_dataset(name, dsid if dsid is not None else h5d.open(rid, key), info.num_attrs)
                 else:
                     self._add_contiguous(name, *found)
             elif info.type == h5o.TYPE_GROUP:
