@@ -181,10 +181,7 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
         futures = iter([pool.submit(work, piece) for piece in pieces if not inline(piece)])
         for piece in pieces:  # in order: small pieces summarised here while the workers read the big ones
             k = piece[0]
-            if inline(piece):
-                acc = _small_piece_accumulator(*segments[k][piece[1]], piece[2], piece[3], p, local)
-            else:
-                acc = next(futures).result()
+            acc = work(piece) if inline(piece) else next(futures).result()
             while done < k:  # empty tensors (no pieces) before this one
                 finish(done)
                 done += 1
@@ -202,34 +199,22 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
 
 
 SMALL_PIECE_ELEMENTS = ROW  # a piece this small is summarised by the NumPy passes (the kernel's summary would
-# be discarded: see StatsAccumulator.update_summaries), by the thread that merges the results, from one
-# pread. GPT-2's 98 bias and norm tensors of 768-3072 elements each cost a pool task, a kernel call and a
-# second read when the workers took them: summarising in-process 8-14 % faster on all four GPT-2 files
+# be discarded: see StatsAccumulator.update_summaries) from one pread, by the thread that merges the
+# results. GPT-2's 98 bias and norm tensors of 768-3072 elements each cost a pool task, a kernel call and
+# a second read when the workers took them: summarising in-process 8-14 % faster on all four GPT-2 files
 # (40 alternations in one process)
-
-
-def _small_piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int, int], start: int,
-                             stop: int, p: float, local: threading.local) -> StatsAccumulator:
-    """Elements [start, stop) of a run, fewer than SMALL_PIECE_ELEMENTS (a small tensor, or a big one's
-    last few), summarised as one chunk: the same ``update`` that :func:`_piece_accumulator` gives it."""
-    acc = StatsAccumulator(p)
-    buffer = getattr(local, "small", None)
-    if buffer is None:  # 16 bytes an element: complex128 at most
-        buffer = local.small = np.empty(2 * SMALL_PIECE_ELEMENTS, np.float64).view(np.uint8)
-    for window in source.range_window(location, info, start, stop, buffer, copy=True):
-        acc.update(window.view(np.int8) if info.dtype == np.bool_ else window)
-        del window
-    return acc
 
 
 def _piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int, int], start: int, stop: int,
                        p: float, local: threading.local) -> StatsAccumulator:
     """Elements [start, stop) of one run of a tensor's bytes, summarised. float32: read and summarised
-    chunk by chunk in C through a cache-resident buffer, no GIL held (``f32_summaries_fd``); other dtypes:
-    one memory-map window (or a pread into this thread's buffer) and ``update_window``."""
+    chunk by chunk in C through a cache-resident buffer, no GIL held (``f32_summaries_fd``); other dtypes
+    and pieces under SMALL_PIECE_ELEMENTS: one memory-map window (or a pread into this thread's buffer,
+    always for a small piece) and ``update_window``."""
     acc = StatsAccumulator(p)
     by_fd = kernels.compiled_f32_summaries_fd
-    if by_fd is not None and info.dtype == np.float32 and p != 1.0:
+    small = stop - start < SMALL_PIECE_ELEMENTS
+    if by_fd is not None and info.dtype == np.float32 and p != 1.0 and not small:
         fd, offset = location
         try:
             summaries = by_fd(fd, offset + start * 4, stop - start, STREAM_CHUNK)
@@ -245,10 +230,14 @@ def _piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int
 
         acc.update_summaries(summaries, STREAM_CHUNK, stop - start, chunk_at)
         return acc
-    buffer = getattr(local, "buffer", None)
+    # this thread's read buffer: a piece's worth, or 16 bytes an element of a small piece
+    name, elements = ("small", 2 * SMALL_PIECE_ELEMENTS) if small else \
+        ("buffer", PIECE_BYTES // 8 + STREAM_CHUNK)
+    buffer = getattr(local, name, None)
     if buffer is None:
-        buffer = local.buffer = np.empty(PIECE_BYTES // 8 + STREAM_CHUNK, np.float64).view(np.uint8)
-    for window in source.range_window(location, info, start, stop, buffer):
+        buffer = np.empty(elements, np.float64).view(np.uint8)
+        setattr(local, name, buffer)
+    for window in source.range_window(location, info, start, stop, buffer, copy=small):
         acc.update_window(window.view(np.int8) if info.dtype == np.bool_ else window, STREAM_CHUNK)
         del window
     return acc
