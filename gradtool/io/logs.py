@@ -30,6 +30,20 @@ LR_KEYS = ("learning_rate", "lr", "train/learning_rate", "learning rate", "lr-ad
 MAX_LOG_BYTES = 2 << 30
 
 
+def _column_list(index: int, attribute: str) -> Any:
+    """A ``NormHistory`` column as a list, made from ``arrays()[index]`` on first use and kept in
+    ``attribute`` (loss and learning rate are masked arrays: ``tolist`` gives None where masked)."""
+
+    def get(self: NormHistory) -> list[Any]:
+        values = getattr(self, attribute)
+        if values is None:
+            values = self.arrays()[index].tolist()
+            setattr(self, attribute, values)
+        return values
+
+    return property(get)
+
+
 class NormHistory:
     """A gradient-norm history: one entry per logged step, sorted by step, without duplicates.
 
@@ -52,29 +66,10 @@ class NormHistory:
         self.source, self.key, self.kind = source, key, kind  # kind: trainer_state, csv, jsonl, text, ...
         self._arrays = _arrays
 
-    @property
-    def steps(self) -> list[int]:
-        if self._steps is None:
-            self._steps = self.arrays()[0].tolist()
-        return self._steps
-
-    @property
-    def norms(self) -> list[float]:
-        if self._norms is None:
-            self._norms = self.arrays()[1].tolist()
-        return self._norms
-
-    @property
-    def loss(self) -> list[float | None]:
-        if self._loss is None:
-            self._loss = self.arrays()[2].tolist()  # a masked array: None where masked
-        return self._loss
-
-    @property
-    def lr(self) -> list[float | None]:
-        if self._lr is None:
-            self._lr = self.arrays()[3].tolist()
-        return self._lr
+    steps = _column_list(0, "_steps")  # list[int]
+    norms = _column_list(1, "_norms")  # list[float]
+    loss = _column_list(2, "_loss")  # list[float | None]
+    lr = _column_list(3, "_lr")  # list[float | None]
 
     def __len__(self) -> int:
         return len(self._steps) if self._steps is not None else int(self.arrays()[0].shape[0])
@@ -426,12 +421,13 @@ def _msgspec_typed(text: str, path: str, key: str | None) -> NormHistory | None:
         None into NaN), a list again when they do not fit one (steps beyond int64)."""
         if k is None:
             return None
+        value = attrgetter(f"f{keys.index(k)}")
         if dtype is not None:
             try:
-                return np.fromiter(map(attrgetter(f"f{keys.index(k)}"), rows), dtype, len(rows))
+                return np.fromiter(map(value, rows), dtype, len(rows))
             except (TypeError, ValueError, OverflowError):
                 pass
-        return list(map(attrgetter(f"f{keys.index(k)}"), rows))
+        return list(map(value, rows))
 
     fast = _columns(column(skey, np.int64), column(nkey, np.float64), column(lkey), column(rkey),
                     types_known=True, lists=False)
