@@ -19,7 +19,7 @@ def plot_history(doc: dict[str, Any], path: str, *, force: bool = False, inputs:
         raise UsageError("--plot needs matplotlib: pip install 'gradtool[plot]'") from None
     from ..io.atomic import atomic_output
 
-    steps, norms = (list(c) if isinstance(c, list) else c.tolist()  # a log's columns come as arrays
+    steps, norms = (c if isinstance(c, list) else c.tolist()  # a log's columns come as arrays
                     for c in (doc["series"]["steps"], doc["series"]["global_norm"]))
     g = next((m for m in doc["modes"] if m["mode"] == "global-norm"), None)
     tau = g["threshold"] if g else None
