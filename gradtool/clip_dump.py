@@ -219,11 +219,11 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
             used = spec.use_norm if spec.use_norm is not None else shared.global_norm
 
     if writer is not None:
-        writer.plan(list(reader.tensors))
+        writer.plan(list(reader.tensors), data_phase=_data_phase(reader))
     norms_after: dict[str, float] = {}
     for info in reader.tensors:
         if info.name not in chosen_set:
-            if writer is not None:
+            if writer is not None and not _copied(reader, writer, info):
                 if info.fortran:
                     writer.add(info, reader._read(info))
                 else:
@@ -314,6 +314,10 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
     if spec.mode == "value" and threshold is not None:
         lo = spec.lower_bound_for(name, threshold)
     may_nan = not math.isfinite(before)
+    if lo is None and scale == 1.0 and policy != "zero" and _copied(reader, writer, info):
+        # unchanged, and its norm after is the norm before: the same accumulator over the same bytes
+        # (not under "zero": the norm before is taken after zeroing, so NaN/Inf may be there to zero)
+        return TensorClip(name, before, before, False, 0, threshold)
     acc = NormAccumulator(p)
     changed = 0
     out_buf = np.empty(min(info.size, STREAM_CHUNK), info.dtype.newbyteorder("=")) if info.size else None
@@ -349,6 +353,27 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
             pass
     after = acc.result()
     return TensorClip(name, before, after, changed > 0, changed, threshold)
+
+
+def _data_phase(reader: DumpReader) -> int | None:
+    """Where in a page the input's first tensor starts (see DumpWriter.plan); None when its bytes cannot
+    be copied as they are."""
+    from .io.base import PAGE
+
+    for info in reader.tensors[:1]:
+        location = reader.raw_location(info) if not info.fortran else None
+        return None if location is None else location[1] % PAGE
+    return None
+
+
+def _copied(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo) -> bool:
+    """Whether the tensor was written as an unchanged copy of its bytes in the input file, inside the
+    kernel (:meth:`DumpWriter.add_copy`): where the input holds them raw and in C order and the output
+    format stores them so. Otherwise nothing was written, and the caller streams the tensor."""
+    if writer is None or info.fortran:
+        return False
+    location = reader.raw_location(info)
+    return location is not None and writer.add_copy(info, location, reader.display_path)
 
 
 def _fused_scale(info: TensorInfo, scale: float | None, p: float) -> Callable[..., tuple[float, int]] | None:

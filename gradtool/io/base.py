@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import mmap
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -381,6 +383,50 @@ def read_ahead(chunks: Iterator[np.ndarray], depth: int = READ_AHEAD) -> Iterato
         worker.join()
 
 
+PAGE = mmap.PAGESIZE
+
+
+def copy_range(source: tuple[int, int], dest_fd: int, dest_offset: int, nbytes: int, what: str) -> None:
+    """Copy ``nbytes`` from ``source`` = (fd, offset) to ``dest_fd`` at ``dest_offset`` with
+    ``os.copy_file_range``: the kernel copies page-cache pages (or shares extents on a filesystem with
+    reflinks), with no trip through user space. Neither descriptor's file position moves. Where the call
+    is missing or refused (another filesystem, an old kernel, a special file), the rest is copied with
+    ``pread``/``pwrite`` through a 256 KiB buffer. Source and destination offsets at the same point of a
+    page (see :meth:`DumpWriter.plan`) copy at about twice the speed of offsets out of phase (measured:
+    2 GB in 0.67-0.82 s against 1.42-1.47 s on ext4). ``what`` ("FILE: tensor 'NAME'") starts the one-line
+    error raised when the source ends early (a file truncated since it was opened)."""
+    fd, offset = source
+    done = 0
+    copy = getattr(os, "copy_file_range", None)
+    while copy is not None and done < nbytes:
+        try:
+            n = copy(fd, dest_fd, nbytes - done, offset + done, dest_offset + done)
+        except OSError as exc:
+            if exc.errno not in _NO_COPY_FILE_RANGE:
+                raise
+            break
+        if n == 0:
+            raise InputError(f"{what} is truncated")
+        done += n
+    buf = memoryview(bytearray(min(nbytes - done, 1 << 18))) if done < nbytes else None
+    while done < nbytes:
+        assert buf is not None
+        n = os.preadv(fd, [buf[: nbytes - done]], offset + done)
+        if n == 0:
+            raise InputError(f"{what} is truncated")
+        written = 0
+        while written < n:
+            written += os.pwrite(dest_fd, buf[written:n], dest_offset + done + written)
+        done += n
+
+
+# copy_file_range refused: not implemented (ENOSYS), across filesystems (EXDEV), not for these files
+# (EINVAL, EOPNOTSUPP/ENOTSUP, EBADF on some special files), or by a sandbox's filter (EPERM)
+_NO_COPY_FILE_RANGE = frozenset(getattr(errno, name) for name in
+                                ("ENOSYS", "EXDEV", "EINVAL", "EOPNOTSUPP", "ENOTSUP", "EPERM", "EBADF")
+                                if hasattr(errno, name))
+
+
 class DumpWriter:
     """Writes one dump (or, for HDF5, several step groups) to an already chosen temporary path."""
 
@@ -390,8 +436,11 @@ class DumpWriter:
         self.path = path
         self.metadata = dict(metadata or {})
 
-    def plan(self, infos: list[TensorInfo]) -> None:
-        """Announce the tensors (in order) that ``add`` will write; formats with a header need this."""
+    def plan(self, infos: list[TensorInfo], *, data_phase: int | None = None) -> None:
+        """Announce the tensors (in order) that ``add`` will write; formats with a header need this.
+        ``data_phase``: where in a memory page (offset modulo :data:`PAGE`) the input's first tensor
+        starts, for a writer that copies unchanged tensors (:meth:`add_copy`) to place its data at the same
+        point of a page: the kernel copies pages in phase about twice as fast."""
 
     def add(self, info: TensorInfo, array: np.ndarray) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -406,6 +455,15 @@ class DumpWriter:
             flat[pos: pos + c.shape[0]] = c
             pos += c.shape[0]
         self.add(info, out)
+
+    def add_copy(self, info: TensorInfo, source: tuple[int, int], source_name: str) -> bool:
+        """Write a tensor whose bytes are to be copied unchanged from ``source`` = (file descriptor, byte
+        offset) of the file ``source_name`` (for messages), where they lie uncompressed, C-ordered and in
+        native byte order (a reader's :meth:`DumpReader.raw_location`). Formats that store a tensor as
+        those raw bytes copy them inside the kernel (:func:`copy_range`) and return True; the others
+        return False, having written nothing, and the caller streams the tensor through
+        :meth:`add_chunks` instead."""
+        return False
 
     def set_group_attrs(self, group: str, attrs: dict[str, Any]) -> None:
         """Attributes of a (sub)group; only HDF5 keeps them."""

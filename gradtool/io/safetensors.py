@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from ..errors import InputError, UnsafeInputError
 from .atomic import open_output
-from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_shape
+from .base import PAGE, DumpReader, DumpWriter, TensorInfo, allocate, check_shape, copy_range
 
 MAX_HEADER = 100 * 1024 * 1024
 
@@ -180,8 +181,10 @@ class SafetensorsWriter(DumpWriter):
         self._planned: list[TensorInfo] | None = None
         self._next = 0
 
-    def plan(self, infos: list[TensorInfo]) -> None:
-        """Write the header for these tensors (names, shapes, dtypes in this order)."""
+    def plan(self, infos: list[TensorInfo], *, data_phase: int | None = None) -> None:
+        """Write the header for these tensors (names, shapes, dtypes in this order), padded with spaces to
+        a multiple of 8 bytes as the format allows, and further (less than a page) so that the data starts
+        at ``data_phase`` within a page when that is a multiple of 8."""
         header: dict[str, Any] = {}
         if self.metadata:
             header["__metadata__"] = {
@@ -197,6 +200,8 @@ class SafetensorsWriter(DumpWriter):
             offset += info.nbytes
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         raw += b" " * (-len(raw) % 8)
+        if data_phase is not None and data_phase % 8 == 0:
+            raw += b" " * ((data_phase - 8 - len(raw)) % PAGE)
         self._f.write(struct.pack("<Q", len(raw)) + raw)
         self._planned = list(infos)
 
@@ -228,6 +233,25 @@ class SafetensorsWriter(DumpWriter):
         if written != expect.nbytes:
             raise RuntimeError(f"tensor {info.name!r}: wrote {written} bytes, planned {expect.nbytes}")
         self._next += 1
+
+    def add_copy(self, info: TensorInfo, source: tuple[int, int], source_name: str) -> bool:
+        """The tensor's bytes copied by the kernel (:func:`copy_range`): safetensors stores them raw, in
+        little-endian order, so this applies on a little-endian machine (or to one-byte types)."""
+        if self._planned is None:
+            raise RuntimeError("SafetensorsWriter.plan() must be called before add_copy()")
+        if sys.byteorder != "little" and info.dtype.itemsize > 1:
+            return False
+        expect = self._planned[self._next]
+        if expect.name != info.name or expect.dtype != info.dtype:
+            raise RuntimeError(f"tensor {info.name!r} does not match the planned header entry {expect.name!r}")
+        self._f.flush()
+        start = self._f.tell()
+        if (start - source[1]) % PAGE and expect.nbytes >= PAGE:  # out of phase: streaming is faster
+            return False
+        copy_range(source, self._f.fileno(), start, expect.nbytes, f"{source_name}: tensor {info.name!r}")
+        self._f.seek(start + expect.nbytes)
+        self._next += 1
+        return True
 
     def close(self) -> None:
         if self._planned is None:

@@ -1,0 +1,229 @@
+"""Unchanged tensors copied inside the kernel (copy_file_range) instead of streamed through Python: the same
+bytes and the same report as the streamed path, whatever the kernel allows."""
+
+import dataclasses
+import errno
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gradtool.clip_dump as clip_module
+from gradtool import open_dump, save_dump
+from gradtool.clip_dump import ClipSpec, clip_dump
+from gradtool.errors import InputError
+from gradtool.io.base import PAGE, copy_range
+from gradtool.io.dump import make_writer
+
+
+def _files(tmp_path, data: bytes):
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    fd_in = os.open(src, os.O_RDONLY)
+    fd_out = os.open(tmp_path / "dst.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    return fd_in, fd_out
+
+
+def _kernel(monkeypatch, how: str) -> None:
+    """copy_file_range as it is, missing (another OS), refused at once (another filesystem), or refused
+    after a first partial copy."""
+    real = getattr(os, "copy_file_range", None)
+    if how == "missing":
+        monkeypatch.delattr(os, "copy_file_range", raising=False)
+    elif how == "refused":
+        def refuse(*a):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        monkeypatch.setattr(os, "copy_file_range", refuse, raising=False)
+    elif how == "partial" and real is not None:
+        calls = []
+
+        def partial(src, dst, count, off_src, off_dst):
+            calls.append(1)
+            if len(calls) > 1:
+                raise OSError(errno.ENOSYS, "Function not implemented")
+            return real(src, dst, min(count, 1000), off_src, off_dst)
+        monkeypatch.setattr(os, "copy_file_range", partial)
+
+
+@pytest.mark.parametrize("how", ["native", "missing", "refused", "partial"])
+@given(size=st.integers(0, 700_000), src_off=st.integers(0, 5000), dst_off=st.integers(0, 5000))
+@settings(max_examples=25, deadline=None)
+def test_copy_range_copies_the_bytes_whatever_the_kernel_allows(tmp_path_factory, how, size, src_off, dst_off):
+    with pytest.MonkeyPatch.context() as mp:
+        _kernel(mp, how)
+        tmp_path = tmp_path_factory.mktemp("copy")
+        data = np.random.default_rng(size).integers(0, 256, src_off + size + 17, np.uint8).tobytes()
+        fd_in, fd_out = _files(tmp_path, data)
+        try:
+            os.lseek(fd_in, 3, os.SEEK_SET)
+            os.lseek(fd_out, 5, os.SEEK_SET)
+            copy_range((fd_in, src_off), fd_out, dst_off, size, "src.bin: tensor 't'")
+            assert os.lseek(fd_in, 0, os.SEEK_CUR) == 3 and os.lseek(fd_out, 0, os.SEEK_CUR) == 5  # positions kept
+            written = os.pread(fd_out, dst_off + size + 10, 0)
+        finally:
+            os.close(fd_in)
+            os.close(fd_out)
+        assert written[dst_off:] == data[src_off: src_off + size]
+        assert written[:dst_off] == b"\0" * dst_off if size else len(written) == 0
+
+
+@pytest.mark.parametrize("how", ["native", "refused"])
+def test_copy_range_of_a_truncated_source_names_file_and_tensor(tmp_path, monkeypatch, how):
+    _kernel(monkeypatch, how)
+    fd_in, fd_out = _files(tmp_path, b"x" * 1000)
+    try:
+        with pytest.raises(InputError, match=r"^in\.safetensors: tensor 'w' is truncated$"):
+            copy_range((fd_in, 100), fd_out, 0, 5000, "in.safetensors: tensor 'w'")
+    finally:
+        os.close(fd_in)
+        os.close(fd_out)
+
+
+def test_copy_range_passes_on_errors_other_than_a_refusal(tmp_path, monkeypatch):
+    def full(*a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "copy_file_range", full, raising=False)
+    fd_in, fd_out = _files(tmp_path, b"x" * 1000)
+    try:
+        with pytest.raises(OSError) as info:
+            copy_range((fd_in, 0), fd_out, 0, 1000, "in: tensor 'w'")
+        assert info.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd_in)
+        os.close(fd_out)
+
+
+_REAL_COPIED = clip_module._copied  # as imported, before any test patches it
+
+
+def _clip_both_ways(src: str, out_dir, spec: ClipSpec, monkeypatch):
+    """(report, tensors' bytes, copies made) of clipping ``src`` into safetensors with copies allowed,
+    then with every tensor streamed."""
+    made = []
+    real = _REAL_COPIED
+
+    def counted(*a):
+        done = real(*a)
+        made.append(done)
+        return done
+
+    outcomes = []
+    for copies in (True, False):
+        monkeypatch.setattr(clip_module, "_copied", counted if copies else (lambda *a: False))
+        out = os.path.join(out_dir, f"out_{copies}.safetensors")
+        with open_dump(src) as r, make_writer(out, "safetensors", r.metadata) as w:
+            rep = clip_dump(r, w, spec)
+        with open_dump(out) as r:
+            tensors = {n: (r.info(n).dtype.str, r.info(n).shape, r.read(n).tobytes()) for n in r.names}
+        os.remove(out)
+        outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]),
+                         repr((rep.global_norm_before, rep.global_norm_after, rep.scale)), tensors))
+    return outcomes[0], outcomes[1], sum(made)
+
+
+_dtypes = st.sampled_from([np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int32])
+_tensor = st.tuples(_dtypes, st.integers(0, 40_000), st.booleans())
+_specs = st.sampled_from([ClipSpec("global-norm", max=1e30), ClipSpec("global-norm", max=1e-3),
+                          ClipSpec("norm", max=30.0), ClipSpec("average-norm", max=0.5),
+                          ClipSpec("value", max=2.5), ClipSpec("global-norm", max=1e30, select=["t1*"]),
+                          ClipSpec("global-norm", max=1e30, nonfinite="zero"),
+                          ClipSpec("norm", max=30.0, nonfinite="propagate")])
+
+
+@given(tensors=st.lists(_tensor, min_size=1, max_size=5), meta=st.integers(0, 5000), spec=_specs,
+       fmt=st.sampled_from(["safetensors", "npz", "np.savez", "h5"]))
+@settings(max_examples=60, deadline=None)
+def test_clip_with_copies_equals_clip_streamed(tmp_path_factory, tensors, meta, spec, fmt):
+    """Bytes out, norms before and after to the bit, changed counts and the scale are those of the
+    streamed path, for every input format, dtype, header length (and so page phase), mode and NaN policy."""
+    tmp = tmp_path_factory.mktemp("clip")
+    rng = np.random.default_rng(len(tensors) * 7919 + meta)
+    arrays = {}
+    for i, (dtype, size, nan) in enumerate(tensors):
+        if dtype is ml_dtypes.bfloat16 and fmt != "safetensors":
+            dtype = np.float32  # npz has no bfloat16, and HDF5 stores it as opaque bytes
+        a = (rng.standard_normal(size) * 3).astype(dtype)
+        if nan and size and np.issubdtype(np.dtype(dtype), np.floating):
+            a[size // 2] = np.nan
+        arrays[f"t{i}"] = a
+    src = str(tmp / ("in." + {"np.savez": "npz", "h5": "h5"}.get(fmt, fmt)))
+    if fmt == "np.savez":
+        np.savez(src, **arrays)
+    else:
+        save_dump(src, arrays, metadata={"note": "x" * meta})
+    has_nan = any(np.isnan(v.astype(np.float64)).any() for v in arrays.values())
+    if spec.nonfinite == "error" and has_nan:
+        spec = dataclasses.replace(spec, nonfinite="propagate")
+    with pytest.MonkeyPatch.context() as mp:
+        with_copies, streamed, made = _clip_both_ways(src, tmp, spec, mp)
+    assert with_copies == streamed
+    if fmt == "safetensors" and spec.mode == "global-norm" and spec.max == 1e30 and spec.nonfinite != "zero" \
+            and not has_nan:
+        assert made == len(arrays)  # nothing changes: every tensor was copied
+
+
+@pytest.mark.parametrize("nonfinite", ["zero", "propagate"])
+def test_nan_and_fortran_order_are_never_copied_as_they_are(tmp_path, monkeypatch, nonfinite):
+    """Under "zero" a NaN is zeroed even where nothing is scaled (the norm before is taken after zeroing,
+    so it looks finite): nothing selected is copied. A Fortran-ordered member is rewritten in C order."""
+    a = np.arange(12, dtype=np.float32)
+    a[3] = np.nan
+    tensors = {"nan": a, "fortran": np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4)),
+               "plain": np.ones(5, np.float32)}
+    src = str(tmp_path / "in.npz")
+    np.savez(src, **tensors)
+    for exclude in ([], ["fortran"]):  # a tensor left out is written as it is, but in C order
+        spec = ClipSpec("norm", max=1e30, nonfinite=nonfinite, exclude=exclude)
+        with_copies, streamed, made = _clip_both_ways(src, str(tmp_path), spec, monkeypatch)
+        assert with_copies == streamed
+        # under "zero" all are streamed; else "plain" is copied (a NaN norm scales its tensor by NaN, as TF)
+        assert made == (0 if nonfinite == "zero" else 1)
+    out = with_copies[2]
+    assert np.frombuffer(out["fortran"][2], np.float32).tolist() == list(range(12))  # C order
+    assert np.isnan(np.frombuffer(out["nan"][2], np.float32)[3]) == (nonfinite == "propagate")
+
+
+def test_unchanged_dump_is_copied_in_page_phase_and_stays_readable(tmp_path, monkeypatch):
+    """A step that needs no clipping: every tensor copied, the output's data placed at the input's point
+    of a page (a header padded with spaces, as the format allows), and the safetensors library reads it."""
+    from safetensors.numpy import load_file, save_file
+
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((300, 70)).astype(np.float32), "b": rng.standard_normal(70).astype(np.float32)}
+    src = str(tmp_path / "hf.safetensors")
+    save_file(arrays, src, metadata={"step": "3"})  # written by the reference library: its own header
+    with_copies, streamed, made = _clip_both_ways(src, str(tmp_path), ClipSpec("global-norm", max=1e9), monkeypatch)
+    assert with_copies == streamed and made == 2
+    out = str(tmp_path / "out.safetensors")
+    with open_dump(src) as r, make_writer(out, "safetensors", r.metadata) as w:
+        clip_dump(r, w, ClipSpec("global-norm", max=1e9))
+        first_in = r.raw_location(r.tensors[0])[1]
+    with open_dump(out) as r:
+        first_out = r.raw_location(r.tensors[0])[1]
+    assert first_out % PAGE == first_in % PAGE
+    loaded = load_file(out)
+    assert all(np.array_equal(loaded[k], v) for k, v in arrays.items())
+
+
+def test_out_of_phase_tensors_are_streamed_not_copied(tmp_path, monkeypatch):
+    """A page-sized tensor whose input and output offsets fall at different points of a page is streamed
+    (the kernel copies such ranges at half speed); a smaller one is still copied."""
+    from gradtool.io.safetensors import SafetensorsWriter
+
+    big, small = np.arange(3 * PAGE, dtype=np.float32), np.arange(10, dtype=np.float32)
+    src = str(tmp_path / "in.safetensors")
+    save_dump(src, {"big": big, "small": small})
+    monkeypatch.setattr(clip_module, "_data_phase", lambda reader: 8)  # force the phase off
+    calls = []
+    real = SafetensorsWriter.add_copy
+    monkeypatch.setattr(SafetensorsWriter, "add_copy", lambda self, *a: calls.append(real(self, *a)) or calls[-1])
+    out = str(tmp_path / "out.safetensors")
+    with open_dump(src) as r, make_writer(out, "safetensors", r.metadata) as w:
+        clip_dump(r, w, ClipSpec("global-norm", max=1e9))
+        order = [t.name for t in r.tensors]
+    with open_dump(out) as r:
+        assert np.array_equal(r.read("big"), big) and np.array_equal(r.read("small"), small)
+    assert dict(zip(order, calls)) == {"big": False, "small": True}
