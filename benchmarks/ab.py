@@ -11,6 +11,7 @@ and how many pairs B won. It is a development tool: not part of the test run, no
     python benchmarks/ab.py --a HEAD~3 --b HEAD --pairs 60 stats big.npz
     python benchmarks/ab.py log run.jsonl                          # read a training log and analyse it
     python benchmarks/ab.py --pairs 10 clip big.safetensors        # clip --mode global-norm, no fsync
+    python benchmarks/ab.py --max 1e9 clip big.safetensors         # ... a step that needs no clipping
 
 Both revisions use the compiled kernel built in this checkout; if the kernel's C sources differ between
 them the script refuses (build each and compare with bench.py instead).
@@ -77,8 +78,9 @@ def load(pkg: str, name: str) -> ModuleType:
     return module
 
 
-def job(kind: str, package: str, path: str) -> Callable[[], Any]:
-    """One run of the job with the package imported as ``package``."""
+def job(kind: str, package: str, path: str, max_norm: float = 1e-3) -> Callable[[], Any]:
+    """One run of the job with the package imported as ``package``. A job may carry ``prepare``, run
+    before each timed run and not timed."""
     if kind == "stats":
         dump = importlib.import_module(f"{package}.io.dump")
         summarize = importlib.import_module(f"{package}.summarize")
@@ -98,10 +100,11 @@ def job(kind: str, package: str, path: str) -> Callable[[], Any]:
 
         def clip() -> Any:
             with dump.open_dump(path) as reader, dump.make_writer(out, fmt, reader.metadata) as writer:
-                result = clipping.clip_dump(reader, writer, clipping.ClipSpec("global-norm", max=1e-3).validate())
+                result = clipping.clip_dump(reader, writer, clipping.ClipSpec("global-norm", max=max_norm).validate())
             os.remove(out)
             return result.scale
 
+        clip.prepare = os.sync  # type: ignore[attr-defined]  # the last run's writeback is not this run's cost
         return clip
     if kind == "log":
         logs = importlib.import_module(f"{package}.io.logs")
@@ -123,6 +126,9 @@ def compare(run_a: Callable[[], Any], run_b: Callable[[], Any], pairs: int) -> t
     runs = {"a": run_a, "b": run_b}
     for i in range(pairs):
         for which in ("a", "b") if i % 2 == 0 else ("b", "a"):
+            prepare = getattr(runs[which], "prepare", None)
+            if prepare is not None:
+                prepare()
             t = time.perf_counter()
             runs[which]()
             times[which].append(time.perf_counter() - t)
@@ -139,6 +145,8 @@ def main() -> None:
     ap.add_argument("--a", default="HEAD", help="revision A (default HEAD)")
     ap.add_argument("--b", default=WORKTREE, help=f"revision B (default {WORKTREE}: the files as they are now)")
     ap.add_argument("--pairs", type=int, default=40)
+    ap.add_argument("--max", type=float, default=1e-3, help="clip: the global-norm threshold (default 1e-3: "
+                    "every tensor scaled; a large one clips nothing)")
     ap.add_argument("kind", choices=["stats", "clip", "log"])
     ap.add_argument("paths", nargs="+")
     args = ap.parse_args()
@@ -154,7 +162,7 @@ def main() -> None:
             load(export(rev, os.path.join(tmp, label)), f"gradtool_{label}")
             packages[label] = f"gradtool_{label}"
         for path in args.paths:
-            run_a, run_b = job(args.kind, packages["a"], path), job(args.kind, packages["b"], path)
+            run_a, run_b = job(args.kind, packages["a"], path, args.max), job(args.kind, packages["b"], path, args.max)
             same = repr(run_a()) == repr(run_b())  # warm both; results compared where they print alike
             a, b = compare(run_a, run_b, args.pairs)
             wins = sum(y < x for x, y in zip(a, b))
