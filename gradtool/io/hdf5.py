@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import InputError
 from . import h5header, h5inflate
 from .atomic import settle_truncation
-from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape
+from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape, copy_range
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 
@@ -443,22 +443,52 @@ class Hdf5Writer(DumpWriter):
             ds.id.write_direct_chunk(at, fut.result(), 0)
         return True
 
+    def add_copy(self, info: TensorInfo, source: tuple[int, int], source_name: str) -> bool:
+        """An uncompressed tensor's bytes copied into its dataset's contiguous storage (allocated when the
+        dataset is created, see :meth:`_allocated_dataset`) by :func:`copy_range`."""
+        from .npy import check_writable_dtype
+
+        if not info.shape or info.size == 0 or info.compression == "gzip" or not info.dtype.isnative \
+                or not hasattr(os, "pwrite"):
+            return False
+        check_writable_dtype(info.dtype, "HDF5", info.name)
+        parent, _, leaf = info.name.rpartition("/")
+        group = self._group(parent)
+        ds, offset = self._allocated_dataset(group, leaf, info.shape, info.dtype)
+        if offset is None:  # not allocated after all: unlink it again and let the caller stream it
+            del group[leaf]
+            return False
+        copy_range(source, self._data_descriptor(), offset, info.nbytes, f"{source_name}: tensor {info.name!r}")
+        self._set_attrs(ds, info.attrs)
+        return True
+
+    @staticmethod
+    def _allocated_dataset(group: Any, leaf: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, int | None]:
+        """A new contiguous dataset whose storage is allocated now and never filled (every byte is to be
+        written by us), and that storage's byte offset in the file (None if HDF5 did not allocate it)."""
+        h5py = _h5py()
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        ds = group.create_dataset(leaf, shape=shape, dtype=dtype, dcpl=dcpl)
+        return ds, ds.id.get_offset()
+
+    def _data_descriptor(self) -> int:
+        """A second descriptor of the output, for writing data at offsets beside h5py's own."""
+        if getattr(self, "_data_fd", None) is None:
+            self._data_fd = os.open(self.path, os.O_WRONLY)
+        return self._data_fd
+
     def _add_contiguous(self, info: TensorInfo, dtype: np.dtype, group: Any, leaf: str, chunks: Any) -> None:
         """An uncompressed tensor: its contiguous storage is allocated when the dataset is created (and never
         filled: every byte is written here), then the chunks are written straight to those bytes with
         ``pwrite`` on a second descriptor, as the safetensors and npz writers write theirs. HDF5's own
         write path (a hyperslab selection per block) was measured at ~0.55 s of 0.8 s for a 500 MB dump."""
-        h5py = _h5py()
-        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-        ds = group.create_dataset(leaf, shape=info.shape, dtype=dtype, dcpl=dcpl)
-        offset = ds.id.get_offset()
+        ds, offset = self._allocated_dataset(group, leaf, info.shape, dtype)
         if offset is None:  # not allocated after all: let HDF5 write it
             ds[...] = np.concatenate([np.asarray(c, dtype) for c in chunks]).reshape(info.shape)
         else:
-            if getattr(self, "_data_fd", None) is None:
-                self._data_fd = os.open(self.path, os.O_WRONLY)
+            fd = self._data_descriptor()
             end = offset + info.size * dtype.itemsize
             pos = offset
             for c in chunks:
@@ -466,7 +496,7 @@ class Hdf5Writer(DumpWriter):
                 if pos + len(data) > end:
                     raise RuntimeError(f"tensor {info.name!r}: more elements than its shape holds")
                 while data:
-                    n = os.pwrite(self._data_fd, data, pos)
+                    n = os.pwrite(fd, data, pos)
                     data, pos = data[n:], pos + n
             if pos != end:
                 written = (pos - offset) // dtype.itemsize

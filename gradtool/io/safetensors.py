@@ -246,8 +246,6 @@ class SafetensorsWriter(DumpWriter):
             raise RuntimeError(f"tensor {info.name!r} does not match the planned header entry {expect.name!r}")
         self._f.flush()
         start = self._f.tell()
-        if (start - source[1]) % PAGE and expect.nbytes >= PAGE:  # out of phase: streaming is faster
-            return False
         copy_range(source, self._f.fileno(), start, expect.nbytes, f"{source_name}: tensor {info.name!r}")
         self._f.seek(start + expect.nbytes)
         self._next += 1

@@ -99,8 +99,8 @@ def test_copy_range_passes_on_errors_other_than_a_refusal(tmp_path, monkeypatch)
 _REAL_COPIED = clip_module._copied  # as imported, before any test patches it
 
 
-def _clip_both_ways(src: str, out_dir, spec: ClipSpec, monkeypatch):
-    """(report, tensors' bytes, copies made) of clipping ``src`` into safetensors with copies allowed,
+def _clip_both_ways(src: str, out_dir, spec: ClipSpec, monkeypatch, out_fmt: str = "safetensors"):
+    """(report, tensors' bytes, copies made) of clipping ``src`` into ``out_fmt`` with copies allowed,
     then with every tensor streamed."""
     made = []
     real = _REAL_COPIED
@@ -113,11 +113,12 @@ def _clip_both_ways(src: str, out_dir, spec: ClipSpec, monkeypatch):
     outcomes = []
     for copies in (True, False):
         monkeypatch.setattr(clip_module, "_copied", counted if copies else (lambda *a: False))
-        out = os.path.join(out_dir, f"out_{copies}.safetensors")
-        with open_dump(src) as r, make_writer(out, "safetensors", r.metadata) as w:
+        out = os.path.join(out_dir, f"out_{copies}.{'h5' if out_fmt == 'hdf5' else out_fmt}")
+        with open_dump(src) as r, make_writer(out, out_fmt, r.metadata) as w:
             rep = clip_dump(r, w, spec)
         with open_dump(out) as r:
-            tensors = {n: (r.info(n).dtype.str, r.info(n).shape, r.read(n).tobytes()) for n in r.names}
+            tensors = {n: (r.info(n).dtype.str, r.info(n).shape, repr(r.info(n).attrs), r.read(n).tobytes())
+                       for n in r.names}
         os.remove(out)
         outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]),
                          repr((rep.global_norm_before, rep.global_norm_after, rep.scale)), tensors))
@@ -134,16 +135,17 @@ _specs = st.sampled_from([ClipSpec("global-norm", max=1e30), ClipSpec("global-no
 
 
 @given(tensors=st.lists(_tensor, min_size=1, max_size=5), meta=st.integers(0, 5000), spec=_specs,
-       fmt=st.sampled_from(["safetensors", "npz", "np.savez", "h5"]))
-@settings(max_examples=60, deadline=None)
-def test_clip_with_copies_equals_clip_streamed(tmp_path_factory, tensors, meta, spec, fmt):
+       fmt=st.sampled_from(["safetensors", "npz", "np.savez", "h5"]), out_fmt=st.sampled_from(["safetensors", "hdf5"]))
+@settings(max_examples=80, deadline=None)
+def test_clip_with_copies_equals_clip_streamed(tmp_path_factory, tensors, meta, spec, fmt, out_fmt):
     """Bytes out, norms before and after to the bit, changed counts and the scale are those of the
-    streamed path, for every input format, dtype, header length (and so page phase), mode and NaN policy."""
+    streamed path, for every input and output format, dtype, header length (and so page phase), mode and
+    NaN policy."""
     tmp = tmp_path_factory.mktemp("clip")
     rng = np.random.default_rng(len(tensors) * 7919 + meta)
     arrays = {}
     for i, (dtype, size, nan) in enumerate(tensors):
-        if dtype is ml_dtypes.bfloat16 and fmt != "safetensors":
+        if dtype is ml_dtypes.bfloat16 and (fmt != "safetensors" or out_fmt != "safetensors"):
             dtype = np.float32  # npz has no bfloat16, and HDF5 stores it as opaque bytes
         a = (rng.standard_normal(size) * 3).astype(dtype)
         if nan and size and np.issubdtype(np.dtype(dtype), np.floating):
@@ -158,11 +160,11 @@ def test_clip_with_copies_equals_clip_streamed(tmp_path_factory, tensors, meta, 
     if spec.nonfinite == "error" and has_nan:
         spec = dataclasses.replace(spec, nonfinite="propagate")
     with pytest.MonkeyPatch.context() as mp:
-        with_copies, streamed, made = _clip_both_ways(src, tmp, spec, mp)
+        with_copies, streamed, made = _clip_both_ways(src, tmp, spec, mp, out_fmt)
     assert with_copies == streamed
     if fmt == "safetensors" and spec.mode == "global-norm" and spec.max == 1e30 and spec.nonfinite != "zero" \
-            and not has_nan:
-        assert made == len(arrays)  # nothing changes: every tensor was copied
+            and not has_nan:  # nothing changes: every tensor was copied (HDF5 has no empty or 0-d copies)
+        assert made == (len(arrays) if out_fmt == "safetensors" else sum(a.size > 0 for a in arrays.values()))
 
 
 @pytest.mark.parametrize("nonfinite", ["zero", "propagate"])
@@ -182,8 +184,23 @@ def test_nan_and_fortran_order_are_never_copied_as_they_are(tmp_path, monkeypatc
         # under "zero" all are streamed; else "plain" is copied (a NaN norm scales its tensor by NaN, as TF)
         assert made == (0 if nonfinite == "zero" else 1)
     out = with_copies[2]
-    assert np.frombuffer(out["fortran"][2], np.float32).tolist() == list(range(12))  # C order
-    assert np.isnan(np.frombuffer(out["nan"][2], np.float32)[3]) == (nonfinite == "propagate")
+    assert np.frombuffer(out["fortran"][-1], np.float32).tolist() == list(range(12))  # C order
+    assert np.isnan(np.frombuffer(out["nan"][-1], np.float32)[3]) == (nonfinite == "propagate")
+
+
+def test_hdf5_dataset_attributes_and_groups_survive_the_copy(tmp_path, monkeypatch):
+    """An HDF5 step with nothing to clip: every dataset copied into its allocated storage, with its
+    attributes and its place in the group tree."""
+    import h5py
+
+    src = str(tmp_path / "in.h5")
+    with h5py.File(src, "w") as f:
+        f.create_dataset("layer/w", data=np.arange(5000, dtype=np.float32).reshape(50, 100))
+        f["layer/w"].attrs["units"] = "grad"
+        f.create_dataset("b", data=np.ones(7, np.float64))
+    with_copies, streamed, made = _clip_both_ways(src, str(tmp_path), ClipSpec("norm", max=1e9), monkeypatch, "hdf5")
+    assert with_copies == streamed and made == 2
+    assert "units" in with_copies[2]["layer/w"][2] and with_copies[2]["layer/w"][1] == (50, 100)
 
 
 def test_unchanged_dump_is_copied_in_page_phase_and_stays_readable(tmp_path, monkeypatch):
@@ -208,22 +225,27 @@ def test_unchanged_dump_is_copied_in_page_phase_and_stays_readable(tmp_path, mon
     assert all(np.array_equal(loaded[k], v) for k, v in arrays.items())
 
 
-def test_out_of_phase_tensors_are_streamed_not_copied(tmp_path, monkeypatch):
-    """A page-sized tensor whose input and output offsets fall at different points of a page is streamed
-    (the kernel copies such ranges at half speed); a smaller one is still copied."""
-    from gradtool.io.safetensors import SafetensorsWriter
-
+@pytest.mark.parametrize("out_fmt", ["safetensors", "hdf5"])
+def test_out_of_phase_ranges_are_copied_through_user_space(tmp_path, monkeypatch, out_fmt):
+    """A range of a page or more whose input and output offsets fall at different points of a page is
+    copied with pread/pwrite (the kernel copies such ranges at half speed); a smaller one, or one in
+    phase, by copy_file_range."""
     big, small = np.arange(3 * PAGE, dtype=np.float32), np.arange(10, dtype=np.float32)
     src = str(tmp_path / "in.safetensors")
     save_dump(src, {"big": big, "small": small})
     monkeypatch.setattr(clip_module, "_data_phase", lambda reader: 8)  # force the phase off
-    calls = []
-    real = SafetensorsWriter.add_copy
-    monkeypatch.setattr(SafetensorsWriter, "add_copy", lambda self, *a: calls.append(real(self, *a)) or calls[-1])
-    out = str(tmp_path / "out.safetensors")
-    with open_dump(src) as r, make_writer(out, "safetensors", r.metadata) as w:
-        clip_dump(r, w, ClipSpec("global-norm", max=1e9))
-        order = [t.name for t in r.tensors]
-    with open_dump(out) as r:
-        assert np.array_equal(r.read("big"), big) and np.array_equal(r.read("small"), small)
-    assert dict(zip(order, calls)) == {"big": False, "small": True}
+    counts = []
+    real = os.copy_file_range
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: counts.append(a[2]) or real(*a))
+    with_copies, streamed, made = _clip_both_ways(src, str(tmp_path), ClipSpec("global-norm", max=1e9),
+                                                  monkeypatch, out_fmt)
+    assert with_copies == streamed and made == 2
+    assert counts and all(n < PAGE for n in counts)  # only "small" went through the kernel
+    counts.clear()
+    fd_in, fd_out = _files(tmp_path, big.tobytes())
+    try:
+        copy_range((fd_in, 8), fd_out, PAGE + 8, big.nbytes - 8, "in: tensor 'big'")  # in phase
+    finally:
+        os.close(fd_in)
+        os.close(fd_out)
+    assert sum(counts) == big.nbytes - 8
