@@ -12,6 +12,7 @@ and how many pairs B won. It is a development tool: not part of the test run, no
     python benchmarks/ab.py log run.jsonl                          # read a training log and analyse it
     python benchmarks/ab.py --pairs 10 clip big.safetensors        # clip --mode global-norm, no fsync
     python benchmarks/ab.py --max 1e9 clip big.safetensors         # ... a step that needs no clipping
+    python benchmarks/ab.py --mode norm --max 0.5 clip big.npz     # ... per-tensor clip_by_norm
 
 Both revisions use the compiled kernel built in this checkout; if the kernel's C sources differ between
 them the script refuses (build each and compare with bench.py instead).
@@ -78,7 +79,7 @@ def load(pkg: str, name: str) -> ModuleType:
     return module
 
 
-def job(kind: str, package: str, path: str, max_norm: float = 1e-3) -> Callable[[], Any]:
+def job(kind: str, package: str, path: str, max_norm: float = 1e-3, mode: str = "global-norm") -> Callable[[], Any]:
     """One run of the job with the package imported as ``package``. A job may carry ``prepare``, run
     before each timed run and not timed."""
     if kind == "stats":
@@ -100,7 +101,7 @@ def job(kind: str, package: str, path: str, max_norm: float = 1e-3) -> Callable[
 
         def clip() -> Any:
             with dump.open_dump(path) as reader, dump.make_writer(out, fmt, reader.metadata) as writer:
-                result = clipping.clip_dump(reader, writer, clipping.ClipSpec("global-norm", max=max_norm).validate())
+                result = clipping.clip_dump(reader, writer, clipping.ClipSpec(mode, max=max_norm).validate())
             os.remove(out)
             return result.scale
 
@@ -145,6 +146,7 @@ def main() -> None:
     ap.add_argument("--a", default="HEAD", help="revision A (default HEAD)")
     ap.add_argument("--b", default=WORKTREE, help=f"revision B (default {WORKTREE}: the files as they are now)")
     ap.add_argument("--pairs", type=int, default=40)
+    ap.add_argument("--mode", default="global-norm", help="clip: the mode (default global-norm)")
     ap.add_argument("--max", type=float, default=1e-3, help="clip: the global-norm threshold (default 1e-3: "
                     "every tensor scaled; a large one clips nothing)")
     ap.add_argument("kind", choices=["stats", "clip", "log"])
@@ -162,7 +164,8 @@ def main() -> None:
             load(export(rev, os.path.join(tmp, label)), f"gradtool_{label}")
             packages[label] = f"gradtool_{label}"
         for path in args.paths:
-            run_a, run_b = job(args.kind, packages["a"], path, args.max), job(args.kind, packages["b"], path, args.max)
+            run_a, run_b = (job(args.kind, packages["a"], path, args.max, args.mode),
+                          job(args.kind, packages["b"], path, args.max, args.mode))
             same = repr(run_a()) == repr(run_b())  # warm both; results compared where they print alike
             a, b = compare(run_a, run_b, args.pairs)
             wins = sum(y < x for x, y in zip(a, b))

@@ -217,6 +217,11 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         if shared is not None:  # a shard of a larger step: the whole step's norm decides
             result.global_norm_before, result.scale = shared.global_norm, shared.scale
             used = spec.use_norm if spec.use_norm is not None else shared.global_norm
+    elif xp is None and (spec.mode != "norm" or spec.axes is None):
+        # per-tensor modes: the streamed tensors' L2 norms before (scale and report) on two cores where
+        # that applies, the same bits as the serial pass that _clip_streamed takes for the others
+        streamed = [name for name in chosen if not reader.info(name).fortran]
+        norms_before = _norms_in_parallel(reader, streamed, 2.0, spec.nonfinite, None, None)
 
     if writer is not None:
         writer.plan(list(reader.tensors), data_phase=_data_phase(reader))
@@ -301,7 +306,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
     if spec.mode == "global-norm":
         before, threshold = norms_before[name], spec.max
     else:
-        before = _norm_of(reader, info, 2.0, policy, None)
+        before = norms_before[name] if name in norms_before else _norm_of(reader, info, 2.0, policy, None)
         if policy == "error" and not math.isfinite(before):
             raise NonFiniteError(f"tensor {name!r} holds NaN/Inf", [name])
         if threshold is None or spec.mode == "value":

@@ -200,10 +200,11 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
 
 @pytest.mark.parametrize("ext", ["npz", "safetensors", "h5", "compressed.npz"])
 @pytest.mark.parametrize("nonfinite", ["error", "propagate"])
-def test_clip_norm_pass_on_two_threads_equals_one(tmp_path, monkeypatch, ext, nonfinite):
-    """Global-norm clip's first pass through the parallel statistics path (members inflated two at a time
-    for a compressed npz) gives the norms (and so the scale, the report and the output bytes) of the
-    serial chunk-by-chunk pass, bit for bit."""
+@pytest.mark.parametrize("mode,max_", [("global-norm", 100.0), ("norm", 50.0), ("average-norm", 1e-3), ("value", 2.0)])
+def test_clip_norm_pass_on_two_threads_equals_one(tmp_path, monkeypatch, ext, nonfinite, mode, max_):
+    """Clip's first pass through the parallel statistics path (members inflated two at a time for a
+    compressed npz) gives the norms (and so the scales, the report and the output bytes) of the serial
+    chunk-by-chunk pass, bit for bit: the global norm, and each tensor's norm in the per-tensor modes."""
     import dataclasses
 
     import gradtool.summarize as summarize
@@ -246,7 +247,7 @@ def test_clip_norm_pass_on_two_threads_equals_one(tmp_path, monkeypatch, ext, no
         with open_dump(src) as r:
             try:
                 with make_writer(out, "hdf5" if ext == "h5" else ext.replace("compressed.", ""), r.metadata) as w:
-                    rep = clip_dump(r, w, ClipSpec(mode="global-norm", max=100.0, nonfinite=nonfinite))
+                    rep = clip_dump(r, w, ClipSpec(mode=mode, max=max_, nonfinite=nonfinite))
             except NonFiniteError as exc:
                 outcomes.append(("error", str(exc)))
                 continue
