@@ -101,6 +101,29 @@ def gradtool_cmd() -> list[str]:
 CLI_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
+def settle(src: str, output: str) -> None:
+    """Before a timed clip or cp, for both sides alike: remove the last run's output, warm the source (this
+    VM reclaims cold page cache within seconds) and let the last run's dirty pages be written back."""
+    if os.path.exists(output):
+        os.remove(output)
+    raw_read(src)
+    os.sync()
+
+
+def timed_cp(src: str, dst: str, durable: bool) -> float:
+    """Seconds of ``cp`` (then ``sync FILE`` when ``durable``), after :func:`settle`."""
+    settle(src, dst)
+    t = time.perf_counter()
+    sync = f" && sync '{dst}'" if durable else ""
+    subprocess.run(["sh", "-c", f"cp '{src}' '{dst}'{sync}"], check=True)
+    return time.perf_counter() - t
+
+
+def clip_command(src: str, out: str, max_norm: str, durable: bool) -> list[str]:
+    return gradtool_cmd() + ["clip", src, "-o", out, "--mode", "global-norm", "--max", max_norm,
+                             "--format", "json"] + ([] if durable else ["--no-fsync"])
+
+
 def run_measured(cmd: list[str], repeat: int = 3, cwd: str | None = None) -> tuple[float, float]:
     """(median wall seconds, peak RSS MiB) of a command run as its own process."""
     wrapper = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
@@ -247,32 +270,17 @@ def main() -> None:
             dst = os.path.join(tmp, "copy.bin")
             rss_box[0] = 0.0
 
-            def settle(path: str) -> None:
-                if os.path.exists(path):
-                    os.remove(path)
-                raw_read(src)
-                os.sync()
-
             def clip_once(durable: bool) -> float:
-                settle(out)
-                cmd = gradtool_cmd() + ["clip", src, "-o", out, "--mode", "global-norm", "--max", "1e-3",
-                                        "--format", "json"]
-                wall, rss_run = run_measured(cmd + ([] if durable else ["--no-fsync"]), 1)
+                settle(src, out)
+                wall, rss_run = run_measured(clip_command(src, out, "1e-3", durable), 1)
                 rss_box[0] = max(rss_box[0], rss_run)
                 return wall
 
-            def cp_once(durable: bool) -> float:
-                settle(dst)
-                t = time.perf_counter()
-                sync = f" && sync '{dst}'" if durable else ""
-                subprocess.run(["sh", "-c", f"cp '{src}' '{dst}'{sync}"], check=True)
-                return time.perf_counter() - t
-
-            t_clip, t_cp_sync = alternate(lambda: clip_once(True), lambda: cp_once(True), rep)
+            t_clip, t_cp_sync = alternate(lambda: clip_once(True), lambda: timed_cp(src, dst, True), rep)
             add(f"clip global-norm {fmt} end to end (vs cp + fsync, the same durability)", t_clip, t_cp_sync,
                 "cp + sync FILE")
             rows[-1] = rows[-1][:3] + (rows[-1][3] + f"; peak RSS {rss_box[0]:.0f} MiB",)
-            t_clip, t_cp = alternate(lambda: clip_once(False), lambda: cp_once(False), rep)
+            t_clip, t_cp = alternate(lambda: clip_once(False), lambda: timed_cp(src, dst, False), rep)
             add(f"clip global-norm {fmt} --no-fsync end to end (vs cp, the same durability)", t_clip, t_cp, "cp")
             for f in (out, dst):
                 if os.path.exists(f):
@@ -287,31 +295,16 @@ def main() -> None:
         out4, dst4 = os.path.join(tmp, "clipped4.safetensors"), os.path.join(tmp, "copy4.bin")
 
         def clip4(durable: bool, max_norm: str = "1e-3") -> float:
-            if os.path.exists(out4):
-                os.remove(out4)
-            raw_read(p4)  # this VM reclaims cold page cache within seconds: warm the source for both sides
-            os.sync()  # ... and the last run's dirty pages are written back before this one, for both sides
-            cmd = gradtool_cmd() + ["clip", p4, "-o", out4, "--mode", "global-norm", "--max", max_norm,
-                                    "--format", "json"]
-            return run_measured(cmd + ([] if durable else ["--no-fsync"]), 1)[0]
+            settle(p4, out4)
+            return run_measured(clip_command(p4, out4, max_norm, durable), 1)[0]
 
         def cp4(durable: bool) -> float:
-            if os.path.exists(dst4):
-                os.remove(dst4)
-            raw_read(p4)
-            os.sync()
-            t = time.perf_counter()
-            sync = f" && sync '{dst4}'" if durable else ""
-            subprocess.run(["sh", "-c", f"cp '{p4}' '{dst4}'{sync}"], check=True)
-            return time.perf_counter() - t
+            return timed_cp(p4, dst4, durable)
 
         def user_space_copy4() -> float:
             """What any tool that transforms every byte must at least do: read into a 256 KiB buffer and
             write it out (no start-up, no work on the bytes), where cp has the kernel copy them."""
-            if os.path.exists(dst4):
-                os.remove(dst4)
-            raw_read(p4)
-            os.sync()
+            settle(p4, dst4)
             t = time.perf_counter()
             buf = memoryview(bytearray(1 << 18))
             with open(p4, "rb", buffering=0) as fin, open(dst4, "wb", buffering=0) as fout:

@@ -458,12 +458,14 @@ class Hdf5Writer(DumpWriter):
         if offset is None:  # not allocated after all: unlink it again and let the caller stream it
             del group[leaf]
             return False
-        copy_range(source, self._data_descriptor(), offset, info.nbytes, f"{source_name}: tensor {info.name!r}")
+        where = f"{source_name}: tensor {info.name!r}"
+        copy_range(source, self._data_descriptor(), offset, info.nbytes, where)
         self._set_attrs(ds, info.attrs)
         return True
 
     @staticmethod
-    def _allocated_dataset(group: Any, leaf: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, int | None]:
+    def _allocated_dataset(group: Any, leaf: str, shape: tuple[int, ...],
+                           dtype: np.dtype) -> tuple[Any, int | None]:
         """A new contiguous dataset whose storage is allocated now and never filled (every byte is to be
         written by us), and that storage's byte offset in the file (None if HDF5 did not allocate it)."""
         h5py = _h5py()

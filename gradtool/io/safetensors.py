@@ -205,12 +205,17 @@ class SafetensorsWriter(DumpWriter):
         self._f.write(struct.pack("<Q", len(raw)) + raw)
         self._planned = list(infos)
 
-    def add(self, info: TensorInfo, array: np.ndarray) -> None:
+    def _entry(self, method: str, name: str, dtype: np.dtype, shape: tuple[int, ...] | None = None) -> TensorInfo:
+        """The next planned header entry, which the tensor about to be written (by ``method``) must match."""
         if self._planned is None:
-            raise RuntimeError("SafetensorsWriter.plan() must be called before add()")
+            raise RuntimeError(f"SafetensorsWriter.plan() must be called before {method}()")
         expect = self._planned[self._next]
-        if expect.name != info.name or tuple(array.shape) != expect.shape or array.dtype != expect.dtype:
-            raise RuntimeError(f"tensor {info.name!r} does not match the planned header entry {expect.name!r}")
+        if expect.name != name or expect.dtype != dtype or (shape is not None and shape != expect.shape):
+            raise RuntimeError(f"tensor {name!r} does not match the planned header entry {expect.name!r}")
+        return expect
+
+    def add(self, info: TensorInfo, array: np.ndarray) -> None:
+        self._entry("add", info.name, array.dtype, tuple(array.shape))
         a = np.ascontiguousarray(array)
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
@@ -218,11 +223,7 @@ class SafetensorsWriter(DumpWriter):
         self._next += 1
 
     def add_chunks(self, info: TensorInfo, chunks: Any) -> None:
-        if self._planned is None:
-            raise RuntimeError("SafetensorsWriter.plan() must be called before add_chunks()")
-        expect = self._planned[self._next]
-        if expect.name != info.name or expect.dtype != info.dtype:
-            raise RuntimeError(f"tensor {info.name!r} does not match the planned header entry {expect.name!r}")
+        expect = self._entry("add_chunks", info.name, info.dtype)
         written = 0
         for c in chunks:
             c = np.ascontiguousarray(c)
@@ -237,13 +238,9 @@ class SafetensorsWriter(DumpWriter):
     def add_copy(self, info: TensorInfo, source: tuple[int, int], source_name: str) -> bool:
         """The tensor's bytes copied by the kernel (:func:`copy_range`): safetensors stores them raw, in
         little-endian order, so this applies on a little-endian machine (or to one-byte types)."""
-        if self._planned is None:
-            raise RuntimeError("SafetensorsWriter.plan() must be called before add_copy()")
+        expect = self._entry("add_copy", info.name, info.dtype)
         if sys.byteorder != "little" and info.dtype.itemsize > 1:
             return False
-        expect = self._planned[self._next]
-        if expect.name != info.name or expect.dtype != info.dtype:
-            raise RuntimeError(f"tensor {info.name!r} does not match the planned header entry {expect.name!r}")
         self._f.flush()
         start = self._f.tell()
         copy_range(source, self._f.fileno(), start, expect.nbytes, f"{source_name}: tensor {info.name!r}")
