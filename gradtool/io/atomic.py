@@ -134,10 +134,15 @@ def settle_truncation(path: str) -> None:
 
 class _EarlyWriteback:
     """Starts writeback of the temporary file while it is still being written (a background
-    ``fdatasync`` every few hundred ms), so the final fsync, which atomicity needs, finds little left
-    to do. The thread only flushes; it never writes."""
+    ``fdatasync`` every ``PERIOD`` seconds), so the final fsync, which atomicity needs, finds little left
+    to do. The thread only flushes; it never writes.
 
-    PERIOD = 0.25
+    PERIOD, measured with a durable in-process clip of the 500 MB dumps (8 alternations): 0.25 s left
+    most of the writeback to the final fsync (safetensors 0.84 s, npz 0.89, HDF5 0.91); 10 ms overlaps
+    it with the writing (0.67, 0.74, 0.76 s: every pair faster). 5 ms and 20 ms were within a few
+    percent of 10; 50 and 100 ms slower. A flush of a file with nothing new to write costs little."""
+
+    PERIOD = 0.01
 
     def __init__(self, fd: int):
         import threading
