@@ -8,7 +8,7 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import gradtool.clip_dump as clip_module
@@ -50,6 +50,10 @@ def _kernel(monkeypatch, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["native", "missing", "refused", "partial"])
 @given(size=st.integers(0, 700_000), src_off=st.integers(0, 5000), dst_off=st.integers(0, 5000))
+@example(size=300_000, src_off=100, dst_off=100)  # in phase: the kernel copies (or starts to)
+@example(size=300_000, src_off=8, dst_off=8 + 4096)  # in phase, another page
+@example(size=300_000, src_off=8, dst_off=16)  # out of phase: pread/pwrite
+@example(size=10, src_off=3, dst_off=7)  # less than a page: the kernel, whatever the phase
 @settings(max_examples=25, deadline=None)
 def test_copy_range_copies_the_bytes_whatever_the_kernel_allows(tmp_path_factory, how, size, src_off, dst_off):
     with pytest.MonkeyPatch.context() as mp:
