@@ -367,10 +367,10 @@ def _data_phase(reader: DumpReader) -> int | None:
     be copied as they are."""
     from .io.base import PAGE
 
-    for info in reader.tensors[:1]:
-        location = reader.raw_location(info) if not info.fortran else None
-        return None if location is None else location[1] % PAGE
-    return None
+    if not reader.tensors or reader.tensors[0].fortran:
+        return None
+    location = reader.raw_location(reader.tensors[0])
+    return None if location is None else location[1] % PAGE
 
 
 def _copied(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo) -> bool:
@@ -380,7 +380,8 @@ def _copied(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo) -> 
     if writer is None or info.fortran:
         return False
     location = reader.raw_location(info)
-    return location is not None and writer.add_copy(info, location, reader.display_path)
+    where = f"{reader.display_path}: tensor {info.name!r}"
+    return location is not None and writer.add_copy(info, location, where)
 
 
 def _fused_scale(info: TensorInfo, scale: float | None, p: float) -> Callable[..., tuple[float, int]] | None:

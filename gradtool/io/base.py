@@ -418,10 +418,15 @@ def copy_range(source: tuple[int, int], dest_fd: int, dest_offset: int, nbytes: 
         n = os.preadv(fd, [buf[: nbytes - done]], offset + done)
         if n == 0:
             raise InputError(f"{what} is truncated")
-        written = 0
-        while written < n:
-            written += os.pwrite(dest_fd, buf[written:n], dest_offset + done + written)
+        pwrite_all(dest_fd, buf[:n], dest_offset + done)
         done += n
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """``os.pwrite`` until every byte of ``data`` is written at ``offset`` (a write may take fewer)."""
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 # copy_file_range refused: not implemented (ENOSYS), across filesystems (EXDEV), not for these files
@@ -460,13 +465,13 @@ class DumpWriter:
             pos += c.shape[0]
         self.add(info, out)
 
-    def add_copy(self, info: TensorInfo, source: tuple[int, int], source_name: str) -> bool:
+    def add_copy(self, info: TensorInfo, source: tuple[int, int], where: str) -> bool:
         """Write a tensor whose bytes are to be copied unchanged from ``source`` = (file descriptor, byte
-        offset) of the file ``source_name`` (for messages), where they lie uncompressed, C-ordered and in
-        native byte order (a reader's :meth:`DumpReader.raw_location`). Formats that store a tensor as
-        those raw bytes copy them inside the kernel (:func:`copy_range`) and return True; the others
-        return False, having written nothing, and the caller streams the tensor through
-        :meth:`add_chunks` instead."""
+        offset), where they lie uncompressed, C-ordered and in native byte order (a reader's
+        :meth:`DumpReader.raw_location`); ``where`` ("FILE: tensor 'NAME'") starts an error's message.
+        Formats that store a tensor as those raw bytes copy them inside the kernel (:func:`copy_range`) and
+        return True; the others return False, having written nothing, and the caller streams the tensor
+        through :meth:`add_chunks` instead."""
         return False
 
     def set_group_attrs(self, group: str, attrs: dict[str, Any]) -> None:

@@ -22,7 +22,8 @@ import numpy as np
 from ..errors import InputError
 from . import h5header, h5inflate
 from .atomic import settle_truncation
-from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape, copy_range
+from .base import (DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape, copy_range,
+                   pwrite_all)
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 
@@ -387,7 +388,7 @@ class Hdf5Writer(DumpWriter):
         check_writable_dtype(info.dtype, "HDF5", info.name)
         dtype = info.dtype if info.dtype.isnative else info.dtype.newbyteorder("=")
         parent, _, leaf = info.name.rpartition("/")
-        if info.compression != "gzip" and hasattr(os, "pwrite"):
+        if self._writes_contiguous(info):
             self._add_contiguous(info, dtype, self._group(parent), leaf, chunks)
             return
         kwargs: dict[str, Any] = {}
@@ -443,13 +444,12 @@ class Hdf5Writer(DumpWriter):
             ds.id.write_direct_chunk(at, fut.result(), 0)
         return True
 
-    def add_copy(self, info: TensorInfo, source: tuple[int, int], source_name: str) -> bool:
+    def add_copy(self, info: TensorInfo, source: tuple[int, int], where: str) -> bool:
         """An uncompressed tensor's bytes copied into its dataset's contiguous storage (allocated when the
         dataset is created, see :meth:`_allocated_dataset`) by :func:`copy_range`."""
         from .npy import check_writable_dtype
 
-        if not info.shape or info.size == 0 or info.compression == "gzip" or not info.dtype.isnative \
-                or not hasattr(os, "pwrite"):
+        if not info.shape or info.size == 0 or not info.dtype.isnative or not self._writes_contiguous(info):
             return False
         check_writable_dtype(info.dtype, "HDF5", info.name)
         parent, _, leaf = info.name.rpartition("/")
@@ -458,10 +458,15 @@ class Hdf5Writer(DumpWriter):
         if offset is None:  # not allocated after all: unlink it again and let the caller stream it
             del group[leaf]
             return False
-        where = f"{source_name}: tensor {info.name!r}"
         copy_range(source, self._data_descriptor(), offset, info.nbytes, where)
         self._set_attrs(ds, info.attrs)
         return True
+
+    @staticmethod
+    def _writes_contiguous(info: TensorInfo) -> bool:
+        """Whether the tensor goes to contiguous storage written by us (:meth:`_allocated_dataset`): not a
+        gzip one (HDF5 chunks and filters those), and where ``pwrite`` exists."""
+        return info.compression != "gzip" and hasattr(os, "pwrite")
 
     @staticmethod
     def _allocated_dataset(group: Any, leaf: str, shape: tuple[int, ...],
@@ -497,9 +502,8 @@ class Hdf5Writer(DumpWriter):
                 data = memoryview(np.ascontiguousarray(c, dtype=dtype)).cast("B")
                 if pos + len(data) > end:
                     raise RuntimeError(f"tensor {info.name!r}: more elements than its shape holds")
-                while data:
-                    n = os.pwrite(fd, data, pos)
-                    data, pos = data[n:], pos + n
+                pwrite_all(fd, data, pos)
+                pos += len(data)
             if pos != end:
                 written = (pos - offset) // dtype.itemsize
                 raise RuntimeError(f"tensor {info.name!r}: wrote {written} of {info.size} elements")

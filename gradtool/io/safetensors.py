@@ -205,7 +205,8 @@ class SafetensorsWriter(DumpWriter):
         self._f.write(struct.pack("<Q", len(raw)) + raw)
         self._planned = list(infos)
 
-    def _entry(self, method: str, name: str, dtype: np.dtype, shape: tuple[int, ...] | None = None) -> TensorInfo:
+    def _entry(self, method: str, name: str, dtype: np.dtype,
+               shape: tuple[int, ...] | None = None) -> TensorInfo:
         """The next planned header entry, which the tensor about to be written (by ``method``) must match."""
         if self._planned is None:
             raise RuntimeError(f"SafetensorsWriter.plan() must be called before {method}()")
@@ -235,7 +236,7 @@ class SafetensorsWriter(DumpWriter):
             raise RuntimeError(f"tensor {info.name!r}: wrote {written} bytes, planned {expect.nbytes}")
         self._next += 1
 
-    def add_copy(self, info: TensorInfo, source: tuple[int, int], source_name: str) -> bool:
+    def add_copy(self, info: TensorInfo, source: tuple[int, int], where: str) -> bool:
         """The tensor's bytes copied by the kernel (:func:`copy_range`): safetensors stores them raw, in
         little-endian order, so this applies on a little-endian machine (or to one-byte types)."""
         expect = self._entry("add_copy", info.name, info.dtype)
@@ -243,7 +244,7 @@ class SafetensorsWriter(DumpWriter):
             return False
         self._f.flush()
         start = self._f.tell()
-        copy_range(source, self._f.fileno(), start, expect.nbytes, f"{source_name}: tensor {info.name!r}")
+        copy_range(source, self._f.fileno(), start, expect.nbytes, where)
         self._f.seek(start + expect.nbytes)
         self._next += 1
         return True
