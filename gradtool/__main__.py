@@ -1,5 +1,5 @@
 """`python -m gradtool` runs the command line."""
 
-from .cli.main import main
+from .cli import run
 
-main()
+run()
