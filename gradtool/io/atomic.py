@@ -65,11 +65,15 @@ def atomic_output(target: str, *, force: bool = False, inputs: Sequence[str] = (
     (flushed to disk first unless ``durable`` is False)."""
     check_output_path(target, force=force, inputs=inputs)
     directory = os.path.dirname(os.path.abspath(target))
-    import tempfile  # only when writing: ~5 ms of start-up for the commands that only read
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=TMP_SUFFIX, dir=directory)
-    flusher: _EarlyWriteback | _NoFlush = _EarlyWriteback(fd) if durable else _NoFlush(fd)
+    # The name is chosen before the file exists (64 random bits; O_EXCL refuses a name in use), so that
+    # Ctrl-C at any moment after the file is created finds its name here to remove: tempfile.mkstemp
+    # hands the name back only after creating the file, and Ctrl-C in between left it behind.
+    tmp = os.path.join(directory, f".{os.path.basename(target)}.{os.urandom(8).hex()}{TMP_SUFFIX}")
+    fd: int | None = None
+    flusher: _EarlyWriteback | _NoFlush | None = None
     try:
+        fd = os.open(tmp, _TEMP_FLAGS, 0o600)
+        flusher = _EarlyWriteback(fd) if durable else _NoFlush(fd)
         yield tmp
         flusher.stop()
         if durable:
@@ -95,15 +99,34 @@ def atomic_output(target: str, *, force: bool = False, inputs: Sequence[str] = (
         if durable:
             _fsync_dir(directory)
     except OSError as exc:
-        flusher.stop()
-        _remove(tmp)
+        if fd is not None or not isinstance(exc, FileExistsError):  # never another run's file
+            _discard(tmp, fd, flusher)
         if exc.errno == errno.ENOSPC:
             raise OutputError(f"{target}: no space left on device; nothing was written") from None
         raise OutputError(f"{target}: cannot write ({exc.strerror or exc})") from None
     except BaseException:
-        flusher.stop()
-        _remove(tmp)
+        _discard(tmp, fd, flusher)
         raise
+
+
+# tempfile.mkstemp's flags: a new file only, not through a symbolic link, not inherited by children
+_TEMP_FLAGS = (os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
+
+
+def _discard(tmp: str, fd: int | None, flusher: _EarlyWriteback | _NoFlush | None) -> None:
+    """Remove a failed or interrupted run's temporary file, first: a second Ctrl-C while the flushing
+    thread is joined (a flush of a large file can take a second) must not leave it behind. Then stop
+    the thread and close the descriptor."""
+    _remove(tmp)
+    if flusher is not None:
+        flusher.stop()
+    elif fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _remove(tmp)  # where an open file cannot be removed (Windows), once it is closed
 
 
 def open_output(path: str) -> BinaryIO:

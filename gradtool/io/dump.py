@@ -20,8 +20,12 @@ def _spool_stdin() -> str:
     import tempfile  # here, not at the top: with shutil ~10 ms of every command's start-up
 
     fd, tmp = tempfile.mkstemp(prefix="gradtool-stdin-")
-    with os.fdopen(fd, "wb") as out:
-        shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+    except BaseException:  # Ctrl-C while a slow producer streams gigabytes: no copy left in the temp dir
+        os.unlink(tmp)
+        raise
     return tmp
 
 

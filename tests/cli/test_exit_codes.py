@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from gradtool import save_dump
 from gradtool.errors import EXIT_CODE_TABLE
@@ -39,7 +40,12 @@ def _interrupted_exit_code(tmp_path) -> int:
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "gradtool"]
     proc = subprocess.Popen(cmd + ["clip", big, "-o", str(out), "--mode", "global-norm", "--max", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.4)
+    # interrupt while the output is being written (its temp file exists), not during start-up: that
+    # window is test_ctrl_c_during_start_up's, and a fixed delay hit it on a slow machine
+    deadline = time.monotonic() + 60
+    while (proc.poll() is None and time.monotonic() < deadline
+           and not [f for f in os.listdir(tmp_path) if f.endswith(".gradtool-tmp")]):
+        time.sleep(0.002)
     proc.send_signal(signal.SIGINT)
     code = proc.wait()
     stderr = proc.stderr.read()
@@ -53,6 +59,64 @@ def _interrupted_exit_code(tmp_path) -> int:
         with open_dump(str(out)) as r:
             assert len(r.names) == 60 and all(r.read(n).size == 1 << 20 for n in r.names)
     return code
+
+
+INTERRUPT_IMPORT = """
+import runpy, sys
+
+class CtrlC:  # Ctrl-C while {module} is being imported, at start-up
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["gradtool", "stats", {dump!r}]
+{launch}
+"""
+
+
+@pytest.mark.parametrize("module", ["click", "numpy", "gradtool.cli.stats"])
+@pytest.mark.parametrize("launch", ["from gradtool.cli import run; run()",
+                                    "runpy.run_module('gradtool', run_name='__main__')"])
+def test_ctrl_c_during_start_up(dump, module, launch):
+    """Ctrl-C before the command's modules are loaded: the same one line and exit code 130 as later on,
+    through the console script's function and through `python -m gradtool`, not a traceback."""
+    code = INTERRUPT_IMPORT.format(module=module, dump=dump, launch=launch)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # (inside a command click writes a newline first, after the terminal's "^C")
+    assert (r.returncode, r.stderr.lstrip("\n")) == (130, "gradtool: error: interrupted\n")
+    assert r.stdout == ""
+
+
+def test_ctrl_c_while_standard_input_is_spooled_leaves_no_copy(dump, tmp_path):
+    """`producer | gradtool stats -` copies the stream to a temporary file first; Ctrl-C while the
+    producer is still writing removes that copy (it can be gigabytes) and exits 130."""
+    spool_dir = tmp_path / "tmp"
+    spool_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "gradtool", "stats", "-"], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "TMPDIR": str(spool_dir)})
+    proc.stdin.write(open(dump, "rb").read()[:100])  # the producer has more to come: stdin stays open
+    proc.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not os.listdir(spool_dir) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert os.listdir(spool_dir), "the spool file never appeared"
+    time.sleep(0.05)  # into the copy loop, waiting for more input
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=60)
+    proc.stdin.close()
+    stderr = proc.stderr.read().decode()
+    assert code == 130 and "interrupted" in stderr and "Traceback" not in stderr
+    assert os.listdir(spool_dir) == []
+
+
+def test_console_script_is_the_interrupt_safe_entry_point():
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="gradtool")
+    assert script.value == "gradtool.cli:run"
 
 
 def test_readme_and_help_list_the_table(run):

@@ -38,6 +38,72 @@ def test_interrupt_leaves_no_output(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+class _CtrlC:
+    """Raises KeyboardInterrupt (a Ctrl-C landing there) after calling ``real``: the file it creates exists."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __call__(self, *args, **kwargs):
+        self.real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("durable", [True, False])
+@pytest.mark.parametrize("where", ["os.open returns", "flushing thread starts", "flushing thread stops"])
+def test_ctrl_c_while_the_temporary_file_is_set_up_or_torn_down_leaves_nothing(tmp_path, monkeypatch, where,
+                                                                               durable):
+    """The temporary file exists from os.open on; Ctrl-C at any moment after that (even as os.open returns,
+    before its descriptor is stored, or a second Ctrl-C while the flushing thread is joined) removes it."""
+    from gradtool.io import atomic
+
+    target = str(tmp_path / "new.npz")
+    if where == "os.open returns":
+        monkeypatch.setattr(atomic.os, "open", _CtrlC(os.open))
+    elif where == "flushing thread starts":
+        monkeypatch.setattr(atomic, "_EarlyWriteback" if durable else "_NoFlush",
+                            _CtrlC(atomic._EarlyWriteback if durable else atomic._NoFlush))
+    else:
+        cls = atomic._EarlyWriteback if durable else atomic._NoFlush
+        real_stop = cls.stop
+
+        def stop(self):
+            real_stop(self)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(cls, "stop", stop)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_output(target, durable=durable) as tmp:
+            open(tmp, "wb").write(b"partial")
+            raise KeyboardInterrupt  # the first Ctrl-C, while writing (not reached when os.open is hit)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
+
+
+def test_temporary_file_is_private_and_hidden_beside_the_target(tmp_path):
+    target = str(tmp_path / "out.npz")
+    with atomic_output(target) as tmp:
+        assert os.path.dirname(tmp) == str(tmp_path)
+        name = os.path.basename(tmp)
+        assert name.startswith(".out.npz.") and name.endswith(".gradtool-tmp")
+        assert os.stat(tmp).st_mode & 0o777 == 0o600
+        open(tmp, "wb").write(b"x")
+    assert os.listdir(tmp_path) == ["out.npz"]
+
+
+def test_a_temporary_name_in_use_is_never_removed(tmp_path, monkeypatch):
+    """O_EXCL refuses a name another run holds; that file is left alone and the error names the target."""
+    from gradtool.io import atomic
+
+    taken = tmp_path / ".out.npz.0000000000000000.gradtool-tmp"
+    taken.write_bytes(b"another run's")
+    monkeypatch.setattr(atomic.os, "urandom", lambda n: bytes(n))
+    with pytest.raises(OutputError, match="out.npz: cannot write"):
+        with atomic_output(str(tmp_path / "out.npz")):
+            pass
+    assert taken.read_bytes() == b"another run's"
+
+
 def test_never_overwrites_an_input_even_with_force(tmp_path):
     p = str(tmp_path / "in.npz")
     save_dump(p, {"w": np.ones(1)})
