@@ -10,6 +10,7 @@ and how many pairs B won. It is a development tool: not part of the test run, no
     python benchmarks/ab.py stats big.safetensors big.h5          # HEAD vs the working tree
     python benchmarks/ab.py --a HEAD~3 --b HEAD --pairs 60 stats big.npz
     python benchmarks/ab.py log run.jsonl                          # read a training log and analyse it
+    python benchmarks/ab.py history run.h5 dumps/                  # stats of every step of a history
     python benchmarks/ab.py --pairs 10 clip big.safetensors        # clip --mode global-norm, no fsync
     python benchmarks/ab.py --max 1e9 clip big.safetensors         # ... a step that needs no clipping
     python benchmarks/ab.py --mode norm --max 0.5 clip big.npz     # ... per-tensor clip_by_norm
@@ -91,6 +92,15 @@ def job(kind: str, package: str, path: str, max_norm: float = 1e-3, mode: str = 
                 return summarize.summarize_dump(reader)
 
         return stats
+    if kind == "history":
+        history = importlib.import_module(f"{package}.io.history")
+        engine = importlib.import_module(f"{package}.engine")
+
+        def stats_of_history() -> Any:
+            refs = history.expand_inputs([path], resolve_steps=False)
+            return [s.global_norm for s in engine.summarize_refs(refs)]
+
+        return stats_of_history
     if kind == "clip":
         dump = importlib.import_module(f"{package}.io.dump")
         detect = importlib.import_module(f"{package}.io.detect")
@@ -149,7 +159,7 @@ def main() -> None:
     ap.add_argument("--mode", default="global-norm", help="clip: the mode (default global-norm)")
     ap.add_argument("--max", type=float, default=1e-3, help="clip: the global-norm threshold (default 1e-3: "
                     "every tensor scaled; a large one clips nothing)")
-    ap.add_argument("kind", choices=["stats", "clip", "log"])
+    ap.add_argument("kind", choices=["stats", "history", "clip", "log"])
     ap.add_argument("paths", nargs="+")
     args = ap.parse_args()
     for path in KERNEL_SOURCES:

@@ -20,7 +20,7 @@ from .backend import dtype_name, is_floating_dtype
 from .core.norms import parse_norm_type
 from .errors import UsageError
 from .io.base import metadata_step
-from .io.history import DumpRef, fallback_step
+from .io.history import DumpRef, fallback_step, open_each
 from .summarize import DumpSummary, name_selected, summarize_dump
 
 ENGINES = ("local", "dask")
@@ -80,9 +80,8 @@ def summarize_refs(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclu
     p = parse_norm_type(norm_type)
     if engine == "local":
         out = []
-        for ref in refs:
-            with ref.open() as reader:
-                out.append(summarize_dump(reader, step=ref.step, select=select, exclude=exclude, norm_type=p, xp=xp))
+        for ref, reader in open_each(refs):
+            out.append(summarize_dump(reader, step=ref.step, select=select, exclude=exclude, norm_type=p, xp=xp))
             if on_dump:
                 on_dump(1)
         return with_fallback_steps(refs, out)

@@ -128,7 +128,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     from ..io.atomic import check_output_path
     from ..io.detect import output_format
     from ..io.dump import make_writer
-    from ..io.history import expand_inputs
+    from ..io.history import expand_inputs, open_each
     from .common import xp_for
 
     spec = ClipSpec(mode=mode, max=max_, min=min_, axes=_parse_axes(axes), use_norm=use_norm,
@@ -168,10 +168,9 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
             target = outputs[source]
             fmt_in = src_refs[0].format
             if target is None:
-                for ref in src_refs:
-                    with ref.open() as reader:
-                        reports.append(_record(clip_dump(reader, None, spec, step=ref.step, xp=xp,
-                                                         on_tensor=per_tensor_advance), None))
+                for ref, reader in open_each(src_refs):
+                    reports.append(_record(clip_dump(reader, None, spec, step=ref.step, xp=xp,
+                                                     on_tensor=per_tensor_advance), None))
                     advance(1)
                 continue
             out_fmt = output_format(target, fmt_in) if target != "-" else fmt_in
@@ -181,15 +180,14 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
                 history = any(r.group for r in src_refs)
                 first_meta = {} if history else None
                 with make_writer(tmp, out_fmt, first_meta, compress=compress) as writer:
-                    for ref in src_refs:
-                        with ref.open() as reader:
-                            if history:
-                                writer.begin_step(ref.group, reader.metadata)
-                            else:
-                                writer.metadata.update(reader.metadata)
-                                _set_root_meta(writer, reader.metadata)
-                            reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp,
-                                                             on_tensor=per_tensor_advance), final))
+                    for ref, reader in open_each(src_refs):
+                        if history:
+                            writer.begin_step(ref.group, reader.metadata)
+                        else:
+                            writer.metadata.update(reader.metadata)
+                            _set_root_meta(writer, reader.metadata)
+                        reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp,
+                                                         on_tensor=per_tensor_advance), final))
                         advance(1)
     _render(reports, fmt, report_stream, per_tensor)
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InputError
 from .base import DumpReader
@@ -152,8 +153,33 @@ def _metadata_step(ref: DumpRef) -> int | None:
         return r.step
 
 
-def iter_dumps(inputs: Sequence[str]):  # noqa: ANN201 - generator of (DumpRef, DumpReader)
+def open_each(refs: Sequence[DumpRef]) -> Iterator[tuple[DumpRef, DumpReader]]:
+    """``(ref, reader)`` for each ref in order, one open reader at a time (each closed before the next is
+    opened). Consecutive step groups of one HDF5 file share one open file: h5py's open and close of
+    ``sample_data/run.h5`` were 17 % of its ``stats`` (400 steps of 5 small tensors)."""
+    shared: Any = None
+    shared_path: str | None = None
+    try:
+        for ref in refs:
+            if ref.format == "hdf5" and ref.group is not None and ref.shards is None:
+                from .hdf5 import Hdf5Reader, open_h5
+
+                if ref.path != shared_path:
+                    if shared is not None:
+                        shared.close()
+                        shared = None
+                    shared = open_h5(ref.path, ref.path)
+                    shared_path = ref.path
+                reader: DumpReader = Hdf5Reader(ref.path, group=ref.group, display_path=ref.path, _file=shared)
+            else:
+                reader = ref.open()
+            with reader:
+                yield ref, reader
+    finally:
+        if shared is not None:
+            shared.close()
+
+
+def iter_dumps(inputs: Sequence[str]) -> Iterator[tuple[DumpRef, DumpReader]]:
     """Yield ``(ref, reader)`` for every dump of the inputs, one open reader at a time."""
-    for ref in expand_inputs(inputs):
-        with ref.open() as reader:
-            yield ref, reader
+    yield from open_each(expand_inputs(inputs))

@@ -70,3 +70,58 @@ def test_dlpack_only_tensor(tmp_path):
     p = record(str(tmp_path), 2, {"w": DL(np.arange(3.0))})
     with open_dump(p) as r:
         assert r.read("w").tolist() == [0, 1, 2]
+
+
+def _two_runs_and_a_dump(tmp_path):
+    rng = np.random.default_rng(3)
+    paths = []
+    for run in ("a", "b"):
+        rec = Recorder(str(tmp_path / f"{run}.h5"))
+        for s in range(4):
+            rec.write(s, {"w": rng.standard_normal((8, 8)).astype(np.float32), "b": rng.standard_normal(5)}, loss=s)
+        paths.append(str(tmp_path / f"{run}.h5"))
+    save_dump(str(tmp_path / "step_9.npz"), {"w": np.ones(3)})
+    # a.h5's steps, then a one-file dump, then b.h5's and a.h5's again: the shared file changes hands
+    return [paths[0], str(tmp_path / "step_9.npz"), paths[1], paths[0]]
+
+
+def test_open_each_gives_what_opening_each_dump_alone_gives(tmp_path, monkeypatch):
+    """The step groups of an HDF5 history share one open file (opened once per run of consecutive groups),
+    and every reader reads what a reader of its own file would."""
+    import gradtool.io.hdf5 as hdf5
+    from gradtool.io.history import open_each
+
+    refs = expand_inputs(_two_runs_and_a_dump(tmp_path))
+    assert len(refs) == 13
+    alone = []
+    for ref in refs:
+        with ref.open() as r:
+            alone.append((ref.label, r.metadata, {n: r.read(n) for n in r.names}))
+    opened = []
+    real_open = hdf5.open_h5
+    monkeypatch.setattr(hdf5, "open_h5", lambda path, display: opened.append(path) or real_open(path, display))
+    shared = []
+    for ref, r in open_each(refs):
+        shared.append((ref.label, r.metadata, {n: r.read(n) for n in r.names}))
+    assert opened == [refs[0].path, refs[5].path, refs[9].path]  # a.h5, b.h5, a.h5: once per run of groups
+    assert [(label, meta) for label, meta, _ in shared] == [(label, meta) for label, meta, _ in alone]
+    for (_, _, xs), (_, _, ys) in zip(shared, alone):
+        assert xs.keys() == ys.keys() and all(np.array_equal(xs[n], ys[n]) for n in xs)
+
+
+def test_open_each_closes_the_shared_file_when_left_early_or_failing(tmp_path, monkeypatch):
+    import gradtool.io.hdf5 as hdf5
+    from gradtool.io.history import open_each
+
+    refs = expand_inputs(_two_runs_and_a_dump(tmp_path))
+    files = []
+    real_open = hdf5.open_h5
+    monkeypatch.setattr(hdf5, "open_h5", lambda path, display: files.append(real_open(path, display)) or files[-1])
+    for _ in open_each(refs):
+        break  # a consumer that stops after the first dump
+    assert len(files) == 1 and not files[0].id.valid
+    with pytest.raises(RuntimeError):
+        for ref, _ in open_each(refs):
+            if ref.group and ref.path.endswith("b.h5"):
+                raise RuntimeError("the consumer failed")
+    assert len(files) == 3 and not any(f.id.valid for f in files)
