@@ -32,6 +32,7 @@ ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OS
 ALIGN = 64
 PAD_EXTRA_ID = 0x6770  # an unregistered zip extra-field id holding padding
 ZIP64_LOCAL_EXTRA = 20  # zipfile writes a 20-byte ZIP64 extra in local headers when force_zip64=True
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the zip epoch for every member: no wall-clock time in the output
 
 
 class NpzReader(DumpReader):
@@ -304,7 +305,7 @@ class NpzWriter(DumpWriter):
         """A member whose array data starts on a 64-byte boundary (NumPy pads the .npy header to 64),
         so readers can use it in place: an extra field pads the local header. Unknown extra fields are
         ignored by every zip reader."""
-        zi = zipfile.ZipInfo(filename, date_time=(1980, 1, 1, 0, 0, 0))
+        zi = zipfile.ZipInfo(filename, date_time=ZIP_DATE)
         zi.compress_type = self._zip.compression
         if self._zip.compression == zipfile.ZIP_STORED:
             start = self._zip.fp.tell() + 30 + len(filename.encode("utf-8")) + ZIP64_LOCAL_EXTRA
@@ -314,8 +315,11 @@ class NpzWriter(DumpWriter):
 
     def close(self) -> None:
         try:
-            if self.metadata:
-                self._zip.writestr(METADATA_MEMBER, json.dumps(self.metadata, allow_nan=True))
+            if self.metadata:  # the tensors' date too: the same dump gives the same bytes whenever written
+                zi = zipfile.ZipInfo(METADATA_MEMBER, date_time=ZIP_DATE)
+                zi.compress_type = self._zip.compression
+                zi.external_attr = 0o600 << 16  # what writestr gives a member it names itself
+                self._zip.writestr(zi, json.dumps(self.metadata, allow_nan=True))
             self._zip.close()
         finally:
             self._file.close()  # zipfile leaves a file object it was given open

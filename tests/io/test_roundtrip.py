@@ -84,6 +84,31 @@ def test_interop_with_numpy_savez(tmp_path):
         assert r.compressed
 
 
+@pytest.mark.parametrize("ext,compress", [("npz", False), ("npz", True), ("h5", False), ("h5", True),
+                                          ("safetensors", False)])
+def test_the_same_dump_written_at_two_times_is_the_same_bytes(tmp_path, monkeypatch, ext, compress):
+    """No wall-clock time in an output (the npz metadata member carried its writing time): a clip run
+    twice gives identical files, so outputs can be compared by hash. zipfile's clock is moved forward a
+    day for the second write; HDF5 would record times through its C library's clock, so that case waits
+    a little over a second (HDF5 times have one-second resolution)."""
+    import time
+    import types
+    import zipfile
+
+    tensors = {"layer/w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5)}
+    meta = {"step": 7, "loss": 0.25}
+    first, second = str(tmp_path / f"a.{ext}"), str(tmp_path / f"b.{ext}")
+    save_dump(first, tensors, meta, compress=compress)
+
+    now = time.time
+    tomorrow = types.SimpleNamespace(time=lambda: now() + 86400, localtime=time.localtime)
+    monkeypatch.setattr(zipfile, "time", tomorrow)
+    if ext == "h5":
+        time.sleep(1.1)
+    save_dump(second, tensors, meta, compress=compress)
+    assert open(first, "rb").read() == open(second, "rb").read()
+
+
 def test_npy_single_tensor(tmp_path):
     p = str(tmp_path / "grad.npy")
     np.save(p, np.arange(4, dtype=np.float32))
