@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Make gradtool's sample data from a real (tiny) training run. Deterministic; not run by CI.
+"""Make gradtool's sample data from a real (tiny) training run. Deterministic on a given CPU (OpenBLAS's
+float32 products round differently with AVX2 and AVX-512: elsewhere the norms differ from the committed
+files in the seventh digit); not run by CI.
 
 A vanilla tanh RNN learns the *adding problem* (Hochreiter & Schmidhuber 1997; the task Pascanu et al.
 2013 use to study exploding gradients): each sequence holds random values and two markers, and the
