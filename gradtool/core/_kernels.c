@@ -168,10 +168,23 @@ static PyObject *f32_summaries(PyObject *self, PyObject *args) {
 #include <errno.h>
 #include <unistd.h>
 
+/* The kernel's copy to or from user memory (`rep movsb`) runs at a third of its speed when the destination
+ * lies 1-31 bytes after the source modulo a 4 KiB page (measured on an AMD EPYC, Zen 3: 2.1 against
+ * 7 GB/s; the same for pread and pwrite). malloc puts a 1 MiB block 16 bytes into a page, or anywhere
+ * once its arena is reused, so whether a tensor's chunks were read at full speed was luck. A read buffer
+ * placed at the data's own phase in the page, rounded down to 64 bytes, puts the destination 0-63 bytes
+ * *before* the source: never slow. PAGE_PHASE_SLACK bytes of slack make room for any phase. */
+#define PAGE_PHASE 4096
+#define PAGE_PHASE_SLACK (2 * PAGE_PHASE)
+
+static char *phased(char *page_aligned, long long file_offset) {
+    return page_aligned + ((file_offset & (PAGE_PHASE - 1)) & ~(long long)63);
+}
+
 /* f32_summaries_fd(fd, offset, count, chunk_elements) -> list of f32_summary tuples for the `count`
  * float32 values at byte `offset` of file `fd`, one per chunk: each chunk is pread into a reused buffer
- * (cache-resident, aligned, whatever the file offset's alignment) and summarised, all without the GIL.
- * A file that ends early raises EOFError; a read error raises OSError. */
+ * (cache-resident, 64-byte aligned, at the chunk's phase in a page: see phased) and summarised, all
+ * without the GIL. A file that ends early raises EOFError; a read error raises OSError. */
 static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
     int fd;
     long long offset;
@@ -183,18 +196,21 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
     }
     Py_ssize_t nchunks = (count + chunk - 1) / chunk;
     summary_t *out = PyMem_RawMalloc((size_t)(nchunks > 0 ? nchunks : 1) * sizeof(summary_t));
-    float *buf = PyMem_RawMalloc((size_t)(count < chunk ? (count > 0 ? count : 1) : chunk) * sizeof(float));
-    if (out == NULL || buf == NULL) {
+    char *block = PyMem_RawMalloc((size_t)(count < chunk ? (count > 0 ? count : 1) : chunk) * sizeof(float)
+                                  + PAGE_PHASE_SLACK);
+    if (out == NULL || block == NULL) {
         PyMem_RawFree(out);
-        PyMem_RawFree(buf);
+        PyMem_RawFree(block);
         return PyErr_NoMemory();
     }
+    char *page = (char *)(((uintptr_t)block + PAGE_PHASE - 1) & ~(uintptr_t)(PAGE_PHASE - 1));
     int err = 0, eof = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t c = 0; c < nchunks && !err && !eof; c++) {
         Py_ssize_t len = count - c * chunk < chunk ? count - c * chunk : chunk;
         size_t want = (size_t)len * sizeof(float), got = 0;
         long long at = offset + (long long)c * chunk * (long long)sizeof(float);
+        float *buf = (float *)phased(page, at);
         while (got < want) {
             ssize_t n = pread(fd, (char *)buf + got, want - got, (off_t)(at + (long long)got));
             if (n < 0) {
@@ -212,7 +228,7 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
             chosen->summary(buf, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
     }
     Py_END_ALLOW_THREADS
-    PyMem_RawFree(buf);
+    PyMem_RawFree(block);
     if (err || eof) {
         PyMem_RawFree(out);
         if (err) {

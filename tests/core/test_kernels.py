@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gradtool import tensor_norm
@@ -259,6 +259,30 @@ def test_summaries_read_from_a_file_equal_those_of_the_array(tmp_path):
         os.close(fd)
     with pytest.raises(OSError):
         kernels.compiled_f32_summaries_fd(fd, 0, 10, 4096)  # closed descriptor
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(phase=st.integers(0, 2 * 4096 - 1), chunks=st.integers(1, 5), rest=st.integers(0, 999),
+       chunk=st.sampled_from([1000, 1024, 1500, 4096]))
+@example(phase=4092, chunks=3, rest=1, chunk=1000)  # the last phase of a page, moving by 4000 bytes a chunk
+@example(phase=0, chunks=2, rest=0, chunk=1024)  # page-aligned: the buffer is placed at the page's start
+@example(phase=4063, chunks=1, rest=999, chunk=4096)  # the highest 64-byte phase, and unaligned for float32
+def test_summaries_read_from_a_file_at_every_page_phase(tmp_path_factory, phase, chunks, rest, chunk):
+    """f32_summaries_fd places its read buffer at each chunk's own phase in a page (so that the kernel's
+    copy is never 1-31 bytes behind): the same tuples as the in-memory kernel whatever that phase is,
+    every chunk inside the buffer (chunks of sizes that are not page multiples move the phase)."""
+    if kernels.compiled_f32_summaries_fd is None:
+        pytest.skip("no pread on this platform")
+    a = np.random.default_rng(phase).standard_normal(chunks * chunk + rest).astype(np.float32)
+    path = tmp_path_factory.mktemp("phase") / "raw.bin"
+    path.write_bytes(b"\xff" * phase + a.tobytes() + b"\xff" * 64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = kernels.compiled_f32_summaries_fd(fd, phase, a.size, chunk)
+    finally:
+        os.close(fd)
+    assert repr(got) == repr(kernels.compiled_f32_summaries(a, chunk))
 
 
 def test_big_norms_from_the_pools_own_threads_do_not_deadlock():
