@@ -20,7 +20,7 @@ from .core import clipping
 from .core.stats import STREAM_CHUNK
 from .core.norms import ROW, NormAccumulator, combine_norms, parse_norm_type, tensor_norm
 from .errors import NonFiniteError, UsageError
-from .io.base import DumpReader, DumpWriter, TensorInfo
+from .io.base import DumpReader, DumpWriter, PhasedBuffer, TensorInfo, buffer_phase
 from .summarize import name_selected
 
 MODES = ("value", "norm", "average-norm", "global-norm")
@@ -226,6 +226,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
     if writer is not None:
         writer.plan(list(reader.tensors), data_phase=_data_phase(reader))
     norms_after: dict[str, float] = {}
+    out_buffer = PhasedBuffer()  # the streamed tensors' output buffer, reused
     for info in reader.tensors:
         if info.name not in chosen_set:
             if writer is not None and not _copied(reader, writer, info):
@@ -241,7 +242,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
                 logical = None
                 if shared is not None and info.name in shared.tensor_norms:
                     logical = (shared.tensor_norms[info.name], shared.tensor_sizes[info.name])
-                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical)
+                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical, out_buffer)
             elif shared is not None:
                 raise UsageError("sharded steps are clipped on the NumPy backend, without --axes")
             else:
@@ -293,10 +294,11 @@ def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp:
 
 def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,
                    norms_before: dict[str, float], scale: float | None, p: float,
-                   logical: tuple[float, int] | None = None) -> TensorClip:
+                   logical: tuple[float, int] | None = None, buffer: PhasedBuffer | None = None) -> TensorClip:
     """One tensor, elementwise, chunk by chunk: pass A for its norm (per-tensor modes), pass B to clip
     and write. Raises NonFiniteError under the "error" policy before anything of it is written.
-    ``logical``: (L2 norm, size) of the whole logical tensor when this is one shard's piece of it."""
+    ``logical``: (L2 norm, size) of the whole logical tensor when this is one shard's piece of it.
+    ``buffer``: where the output chunks are made (a new one if None)."""
     from .backend import host_namespace
 
     np_xp = host_namespace()
@@ -325,11 +327,16 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
         return TensorClip(name, before, before, False, 0, threshold)
     acc = NormAccumulator(p)
     changed = 0
-    out_buf = np.empty(min(info.size, STREAM_CHUNK), info.dtype.newbyteorder("=")) if info.size else None
     fused = _fused_scale(info, scale, p) if lo is None else None
 
     def clipped_chunks() -> Any:
         nonlocal changed
+        # the output buffer, placed in a page where the write out of it runs at full speed (buffer_phase:
+        # up to 2.1x faster): the writer knows where the tensor goes once it asks for the first chunk
+        dtype = info.dtype.newbyteorder("=")
+        where = getattr(writer, "data_offset", None)
+        phase = 0 if where is None else buffer_phase(writes=[where])
+        out_buf = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * dtype.itemsize, phase).view(dtype)
         # 1 MiB chunks (float32): 11-12 % faster than 256 KiB on every format (ab.py, 16/16 pairs), same
         # bits; a compressed member inflates on another thread
         for chunk in reader.iter_chunks_ahead(info, STREAM_CHUNK):

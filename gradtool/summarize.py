@@ -17,7 +17,7 @@ from .core import kernels
 from .core.norms import ROW, combine_norms, parse_norm_type
 from .core.stats import STREAM_CHUNK, StatsAccumulator, TensorStats, tensor_stats
 from .errors import InputError
-from .io.base import DumpReader, TensorInfo
+from .io.base import DumpReader, PhasedBuffer, TensorInfo
 
 
 def name_selected(name: str, select: Sequence[str] = (), exclude: Sequence[str] = ()) -> bool:
@@ -230,12 +230,11 @@ def _piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int
 
         acc.update_summaries(summaries, STREAM_CHUNK, stop - start, chunk_at)
         return acc
-    # this thread's read buffer: a piece's worth, or 16 bytes an element of a small piece
-    name, elements = ("small", 2 * SMALL_PIECE_ELEMENTS) if small else \
-        ("buffer", PIECE_BYTES // 8 + STREAM_CHUNK)
+    # this thread's read buffers: for small pieces, and for a piece's worth (a view at a page phase each)
+    name = "small" if small else "buffer"
     buffer = getattr(local, name, None)
     if buffer is None:
-        buffer = np.empty(elements, np.float64).view(np.uint8)
+        buffer = PhasedBuffer()
         setattr(local, name, buffer)
     for window in source.range_window(location, info, start, stop, buffer, copy=small):
         acc.update_window(window.view(np.int8) if info.dtype == np.bool_ else window, STREAM_CHUNK)

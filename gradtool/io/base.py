@@ -46,6 +46,46 @@ def physical_memory() -> int:
         return 1 << 40
 
 
+PAGE = mmap.PAGESIZE
+ALIAS_BYTES = 64  # see buffer_phase
+
+
+def buffer_phase(reads: Sequence[int] = (), writes: Sequence[int] = ()) -> int:
+    """Where in a page a buffer should start (a multiple of 64) for the kernel's copies into it (pread
+    from file offsets ``reads``) and out of it (write/pwrite to file offsets ``writes``) to run at full
+    speed: the first phase at which no copy's destination lies 1 to ALIAS_BYTES-1 bytes after its source,
+    modulo the page. On an AMD EPYC (Zen 3) such copies run at a third of the speed (pread 2.1 against
+    7 GB/s, writing new pages 2.1x slower; measured at every phase: 1-31 bytes, ALIAS_BYTES leaves a margin
+    for other CPUs), and malloc's placement of a buffer made it a matter of luck. The compiled kernel
+    places its own buffer the same way (``_kernels.c``: phased)."""
+    for phase in range(0, PAGE, 64):
+        if all(not 0 < (phase - a) % PAGE < ALIAS_BYTES for a in reads) and \
+                all(not 0 < (b - phase) % PAGE < ALIAS_BYTES for b in writes):
+            return phase
+    return 0  # not reached for fewer than 64 offsets: each excludes at most one of the 64 phases
+
+
+def address(a: np.ndarray) -> int:
+    """The address of an array's first byte (without importing ctypes, as ``a.ctypes.data`` does)."""
+    return int(a.__array_interface__["data"][0])
+
+
+class PhasedBuffer:
+    """A reusable byte buffer handing out views that start at a chosen phase of a page (see
+    :func:`buffer_phase`); ``2 * PAGE`` bytes of slack make room for any phase."""
+
+    def __init__(self) -> None:
+        self._base: np.ndarray | None = None
+
+    def get(self, nbytes: int, phase: int = 0) -> np.ndarray:
+        """``nbytes`` bytes (uint8) starting ``phase`` bytes into a page; the previous view's contents are
+        not kept when it grows."""
+        if self._base is None or self._base.nbytes < nbytes + 2 * PAGE:
+            self._base = np.empty(nbytes + 2 * PAGE, np.uint8)
+        start = (-address(self._base)) % PAGE + phase % PAGE
+        return self._base[start: start + nbytes]
+
+
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")  # one C scan, not a Python loop per character
 
 
@@ -186,12 +226,12 @@ class DumpReader:
         return None if location is None else [(self, info, location)]
 
     def range_window(self, location: tuple[int, int], info: TensorInfo, start: int, stop: int,
-                     buffer: np.ndarray | None = None, copy: bool = False) -> Iterator[np.ndarray]:
+                     buffer: PhasedBuffer | None = None, copy: bool = False) -> Iterator[np.ndarray]:
         """Yields once: elements [start, stop) of a tensor at ``raw_location`` as one 1-D array, a view of
         a read-only memory map when the data is aligned, else (or with ``copy``: for a few KiB one ``pread``
-        costs less than a map) read with ``pread`` into ``buffer`` (uint8, large enough; a new one if None).
-        The map is closed when the generator resumes. Touches no shared state, so threads may call it
-        concurrently on one reader."""
+        costs less than a map) read with ``pread`` into ``buffer`` (a new one if None), at the phase of a
+        page where that read runs at full speed (:func:`buffer_phase`). The map is closed when the
+        generator resumes. Touches no shared state, so threads may call it concurrently on one reader."""
         import mmap
 
         fd, offset = location
@@ -201,10 +241,9 @@ class DumpReader:
         if nbytes <= 0:
             return
         if copy or offset % itemsize:  # unaligned (np.savez members): NumPy is many times slower on those
-            if buffer is None or buffer.nbytes < nbytes:
-                buffer = np.empty(nbytes // 8 + 1, np.float64).view(np.uint8)
-            self._fill(memoryview(buffer)[:nbytes], lambda view, pos: os.preadv(fd, [view], byte_start + pos), info)
-            yield buffer[:nbytes].view(info.dtype)
+            view = (buffer or PhasedBuffer()).get(nbytes, buffer_phase(reads=[byte_start]))
+            self._fill(memoryview(view), lambda v, pos: os.preadv(fd, [v], byte_start + pos), info)
+            yield view.view(info.dtype)
             return
         base = byte_start - byte_start % mmap.ALLOCATIONGRANULARITY
         m = mmap.mmap(fd, byte_start - base + nbytes, access=mmap.ACCESS_READ, offset=base)
@@ -237,12 +276,12 @@ class DumpReader:
             raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
         return fd, offset
 
-    def _buffer(self, nbytes: int) -> np.ndarray:
-        buf = getattr(self, "_chunk_buffer", None)
-        if buf is None or buf.nbytes < nbytes:
-            buf = np.empty(max(nbytes, 1 << 16) // 8 + 1, np.float64).view(np.uint8)  # 8-byte aligned
-            self._chunk_buffer = buf
-        return buf
+    def _buffer(self, nbytes: int, phase: int = 0) -> np.ndarray:
+        """The reader's reused read buffer: ``nbytes`` (uint8, 64-byte aligned) at ``phase`` in a page."""
+        buffers = getattr(self, "_chunk_buffer", None)
+        if buffers is None:
+            buffers = self._chunk_buffer = PhasedBuffer()
+        return buffers.get(max(nbytes, 1 << 16), phase)
 
     def _pread_chunks(self, fd: int, offset: int, info: TensorInfo, chunk_elements: int) -> Iterator[np.ndarray]:
         """Chunks of contiguous, uncompressed data at a byte offset of ``fd``.
@@ -256,7 +295,8 @@ class DumpReader:
         if offset % info.dtype.itemsize == 0 and info.dtype.isnative:
             yield from self._mmap_chunks(fd, offset, info, chunk_elements)
             return
-        yield from self._buffered_chunks(info, chunk_elements, lambda view, pos: os.preadv(fd, [view], offset + pos))
+        yield from self._buffered_chunks(info, chunk_elements, lambda view, pos: os.preadv(fd, [view], offset + pos),
+                                         phase=buffer_phase(reads=[offset]))
 
     def _mmap_chunks(self, fd: int, offset: int, info: TensorInfo, chunk_elements: int) -> Iterator[np.ndarray]:
         """Chunks as views of a read-only memory map, one window of MMAP_WINDOW_CHUNKS chunks at a time
@@ -276,16 +316,17 @@ class DumpReader:
         return self._buffered_chunks(info, chunk_elements, lambda view, pos: f.readinto(view))
 
     def _buffered_chunks(self, info: TensorInfo, chunk_elements: int, read_into: Any,
-                         buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:
-        """Chunks filled into ``buffer`` (8-byte aligned uint8), else the reader's reused aligned buffer,
-        by ``read_into(view, byte_position)``, which returns the number of bytes it read (0 at a premature
-        end: a truncated file)."""
+                         buffer: np.ndarray | None = None, phase: int = 0) -> Iterator[np.ndarray]:
+        """Chunks filled into ``buffer`` (8-byte aligned uint8), else the reader's reused aligned buffer
+        (starting ``phase`` bytes into a page: see :func:`buffer_phase`), by ``read_into(view,
+        byte_position)``, which returns the number of bytes it read (0 at a premature end: a truncated
+        file)."""
         itemsize = info.dtype.itemsize
         native = info.dtype.isnative or itemsize == 1
         total = info.size
         nbytes = min(total, chunk_elements) * itemsize
         if buffer is None:
-            buf = self._buffer(nbytes)
+            buf = self._buffer(nbytes, phase)
         else:  # the caller's (its thread's): too small, a new one rather than the reader's shared buffer
             buf = buffer if buffer.nbytes >= nbytes else np.empty(nbytes // 8 + 1, np.float64).view(np.uint8)
         for start in range(0, total, chunk_elements):
@@ -383,9 +424,6 @@ def read_ahead(chunks: Iterator[np.ndarray], depth: int = READ_AHEAD) -> Iterato
         worker.join()
 
 
-PAGE = mmap.PAGESIZE
-
-
 def copy_range(source: tuple[int, int], dest_fd: int, dest_offset: int, nbytes: int, what: str) -> None:
     """Copy ``nbytes`` from ``source`` = (fd, offset) to ``dest_fd`` at ``dest_offset`` with
     ``os.copy_file_range``: the kernel copies page-cache pages (or shares extents on a filesystem with
@@ -412,7 +450,10 @@ def copy_range(source: tuple[int, int], dest_fd: int, dest_offset: int, nbytes: 
         if n == 0:
             raise InputError(f"{what} is truncated")
         done += n
-    buf = memoryview(bytearray(min(nbytes - done, 1 << 18))) if done < nbytes else None
+    buf = None
+    if done < nbytes:  # in a page, where neither the read into it nor the write out of it is slow
+        phase = buffer_phase(reads=[offset + done], writes=[dest_offset + done])
+        buf = memoryview(PhasedBuffer().get(min(nbytes - done, 1 << 18), phase))
     while done < nbytes:
         assert buf is not None
         n = os.preadv(fd, [buf[: nbytes - done]], offset + done)
@@ -440,6 +481,11 @@ class DumpWriter:
     """Writes one dump (or, for HDF5, several step groups) to an already chosen temporary path."""
 
     format: str = "?"
+    # Where in the output file the bytes of the tensor being written by add_chunks start, set before it
+    # takes the first chunk (a chunk producer may place its buffer by it: see buffer_phase); None where
+    # unknown or not written as they are (compressed). npz data starts at a multiple of 64 bytes, which
+    # any 64-byte aligned buffer is safe against.
+    data_offset: int | None = None
 
     def __init__(self, path: str, metadata: dict[str, Any] | None = None):
         self.path = path

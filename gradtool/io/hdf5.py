@@ -497,13 +497,14 @@ class Hdf5Writer(DumpWriter):
         else:
             fd = self._data_descriptor()
             end = offset + info.size * dtype.itemsize
-            pos = offset
+            pos = self.data_offset = offset
             for c in chunks:
                 data = memoryview(np.ascontiguousarray(c, dtype=dtype)).cast("B")
                 if pos + len(data) > end:
                     raise RuntimeError(f"tensor {info.name!r}: more elements than its shape holds")
                 pwrite_all(fd, data, pos)
                 pos += len(data)
+            self.data_offset = None
             if pos != end:
                 written = (pos - offset) // dtype.itemsize
                 raise RuntimeError(f"tensor {info.name!r}: wrote {written} of {info.size} elements")

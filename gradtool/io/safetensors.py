@@ -226,12 +226,14 @@ class SafetensorsWriter(DumpWriter):
     def add_chunks(self, info: TensorInfo, chunks: Any) -> None:
         expect = self._entry("add_chunks", info.name, info.dtype)
         written = 0
+        self.data_offset = self._f.tell()
         for c in chunks:
             c = np.ascontiguousarray(c)
             if c.dtype.byteorder == ">":
                 c = c.astype(c.dtype.newbyteorder("<"))
             self._f.write(memoryview(c.view(np.uint8)))
             written += c.nbytes
+        self.data_offset = None
         if written != expect.nbytes:
             raise RuntimeError(f"tensor {info.name!r}: wrote {written} bytes, planned {expect.nbytes}")
         self._next += 1

@@ -1,0 +1,172 @@
+"""Buffers placed in a page so that the kernel's copies into and out of them run at full speed: never a
+destination 1-63 bytes after its source, modulo the page (see gradtool.io.base.buffer_phase). The results
+do not depend on it; these tests hold the placement itself, at every point where gradtool reads a file
+into a buffer of its own or writes one out."""
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import gradtool.io.base as base
+from gradtool import open_dump, save_dump
+from gradtool.clip_dump import ClipSpec, clip_dump
+from gradtool.io.base import ALIAS_BYTES, PAGE, PhasedBuffer, address, buffer_phase, copy_range
+from gradtool.io.dump import make_writer
+
+
+def slow(destination: int, source: int) -> bool:
+    """The kernel copy the placement avoids: the destination 1 to ALIAS_BYTES-1 bytes after the source."""
+    return 0 < (destination - source) % PAGE < ALIAS_BYTES
+
+
+offsets = st.integers(0, 1 << 40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(reads=st.lists(offsets, max_size=20), writes=st.lists(offsets, max_size=20))
+@example(reads=[0], writes=[])  # malloc's 16 bytes into a page were slow for page-aligned data
+@example(reads=[], writes=[16])
+@example(reads=[4090], writes=[30])  # both constraints at once, near a page's end and start
+def test_buffer_phase_avoids_every_slow_copy(reads, writes):
+    phase = buffer_phase(reads=reads, writes=writes)
+    assert 0 <= phase < PAGE and phase % 64 == 0
+    assert not any(slow(phase, a) for a in reads)  # pread: into the buffer
+    assert not any(slow(b, phase) for b in writes)  # write: out of it
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(0, 3 * PAGE), min_size=1, max_size=5),
+       phases=st.lists(st.integers(0, PAGE - 1).map(lambda p: p & ~63), min_size=5, max_size=5))
+def test_phased_buffer_views_start_where_asked_and_do_not_overlap_its_end(sizes, phases):
+    buf = PhasedBuffer()
+    for nbytes, phase in zip(sizes, phases):
+        view = buf.get(nbytes, phase)
+        assert view.dtype == np.uint8 and view.nbytes == nbytes and view.flags.writeable
+        if nbytes:
+            assert address(view) % PAGE == phase
+            view[:] = 7  # the whole view is inside the buffer
+            assert view[-1] == 7
+
+
+def test_address_is_the_first_byte():
+    a = np.arange(10, dtype=np.float32)
+    assert address(a[3:]) - address(a) == 12 and address(a) == a.ctypes.data
+
+
+def _record_preadv(monkeypatch):
+    seen = []
+    real = os.preadv
+
+    def preadv(fd, buffers, offset, *args):
+        seen.append((address(np.frombuffer(buffers[0], np.uint8)), offset))
+        return real(fd, buffers, offset, *args)
+
+    monkeypatch.setattr(base.os, "preadv", preadv)
+    return seen
+
+
+@pytest.mark.parametrize("start", [0, 1, 16, 31, 63, 100, 4095])
+def test_reads_into_the_readers_buffers_are_placed(tmp_path, monkeypatch, start):
+    """Unaligned members of np.savez files are pread into the reader's buffer; so is a small piece of any
+    file. Data starting at page phases around malloc's 16 bytes."""
+    a = np.random.default_rng(start).standard_normal(70_000).astype(np.float32)
+    raw = tmp_path / "raw.safetensors"
+    header = json.dumps({"w": {"dtype": "F32", "shape": [a.size], "data_offsets": [0, a.nbytes]}}).encode()
+    header += b" " * ((start - 8 - len(header)) % PAGE)  # the data starts `start` bytes into a page
+    raw.write_bytes(struct.pack("<Q", len(header)) + header + a.tobytes())
+    np.savez(tmp_path / "np.npz", w=a, b=a[:999])  # np.savez's members start anywhere
+    seen = _record_preadv(monkeypatch)
+    for path in (raw, tmp_path / "np.npz"):
+        with open_dump(str(path)) as r:
+            for info in r.tensors:
+                location = r.raw_location(info)
+                got = np.concatenate([c.copy() for c in r.iter_chunks(info, 4096)]) if location else None
+                stop = min(1000, info.size)
+                for w in r.range_window(location, info, 5, stop, copy=True) if location else ():
+                    assert np.array_equal(w, r.read(info.name).reshape(-1)[5:stop])
+                if got is not None:
+                    assert np.array_equal(got, r.read(info.name).reshape(-1))
+    assert seen, "nothing was read into a buffer of gradtool's"
+    assert not [(d, s) for d, s in seen if slow(d, s)]
+
+
+@pytest.mark.parametrize("dest", [0, 8, 16, 40, 2000, 4090])
+def test_copy_range_through_user_space_places_its_buffer(tmp_path, monkeypatch, dest):
+    """The pread/pwrite copy (out of phase, or without copy_file_range): neither copy slow."""
+    data = np.random.default_rng(dest).integers(0, 255, 3 * PAGE + 77, dtype=np.uint8).tobytes()
+    (tmp_path / "src").write_bytes(data)
+    reads = _record_preadv(monkeypatch)
+    writes = []
+    real_pwrite = os.pwrite
+    monkeypatch.setattr(base.os, "pwrite", lambda fd, b, off: writes.append((off, address(np.frombuffer(b, np.uint8))))
+                        or real_pwrite(fd, b, off))
+    fd_in = os.open(tmp_path / "src", os.O_RDONLY)
+    fd_out = os.open(tmp_path / "dst", os.O_RDWR | os.O_CREAT)
+    try:
+        copy_range((fd_in, 5), fd_out, dest, len(data) - 5, "src: tensor 'x'")
+        assert os.pread(fd_out, len(data), dest) == data[5:]
+    finally:
+        os.close(fd_in)
+        os.close(fd_out)
+    if (5 - dest) % PAGE:  # out of phase: the user-space loop
+        assert reads and writes
+    assert not [r for r in reads if slow(*r)] and not [w for w in writes if slow(*w)]
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "h5", "npz"])
+@pytest.mark.parametrize("start", [0, 16, 48, 2024])
+def test_clip_writes_out_of_a_placed_buffer(tmp_path, monkeypatch, fmt, start):
+    """Every chunk clip writes leaves from a buffer placed for the spot it goes to in the output."""
+    a = np.random.default_rng(start).standard_normal(300_000).astype(np.float32)
+    src = tmp_path / "in.safetensors"
+    header = json.dumps({"w": {"dtype": "F32", "shape": [a.size], "data_offsets": [0, a.nbytes]},
+                         "b": {"dtype": "F32", "shape": [100], "data_offsets": [a.nbytes, a.nbytes + 400]}}).encode()
+    header += b" " * ((start - 8 - len(header)) % PAGE)
+    src.write_bytes(struct.pack("<Q", len(header)) + header + a.tobytes() + a[:100].tobytes())
+    writes = []  # (where in the output file, the address of the bytes written there)
+    real_pwrite = os.pwrite  # the HDF5 writer's
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: writes.append(
+        (offset, address(np.frombuffer(data, np.uint8)))) or real_pwrite(fd, data, offset))
+    out = str(tmp_path / f"out.{fmt}")
+    with open_dump(str(src)) as r, make_writer(out, {"h5": "hdf5"}.get(fmt, fmt), r.metadata) as w:
+        if fmt != "h5":  # safetensors and npz write through a file object: where each chunk goes
+            position = (lambda: w._f.tell()) if fmt == "safetensors" else (lambda: w._zip.fp.tell())
+            real_add = w.add_chunks
+
+            def add_chunks(info, chunks):
+                def observed():
+                    for c in chunks:
+                        writes.append((position(), address(c)))
+                        yield c
+                return real_add(info, observed())
+
+            w.add_chunks = add_chunks
+        result = clip_dump(r, w, ClipSpec("global-norm", max=1e-3).validate())
+    monkeypatch.undo()
+    big = [(dst, s) for dst, s in writes]
+    assert big, "no write was seen"
+    assert not [x for x in big if slow(*x)]
+    with open_dump(out) as r:  # and the output is right
+        np.testing.assert_array_equal(r.read("w"), (a * np.float32(result.scale)).astype(np.float32))
+
+
+def test_the_output_buffer_is_reused_across_tensors(tmp_path, monkeypatch):
+    """One PhasedBuffer per clip_dump call (not a new allocation per tensor)."""
+    made = []
+    real = PhasedBuffer.__init__
+
+    def init(self):
+        made.append(self)
+        real(self)
+
+    save_dump(str(tmp_path / "in.safetensors"), {f"t{i}": np.ones(5000, np.float32) for i in range(6)})
+    monkeypatch.setattr(PhasedBuffer, "__init__", init)
+    with open_dump(str(tmp_path / "in.safetensors")) as r, \
+            make_writer(str(tmp_path / "out.safetensors"), "safetensors", r.metadata) as w:
+        clip_dump(r, w, ClipSpec("global-norm", max=1e-3).validate())
+    assert len(made) == 1
