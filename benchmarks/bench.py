@@ -82,9 +82,17 @@ def alternate(ours: Callable[[], float], base: Callable[[], float], repeat: int 
     return statistics.median(a), statistics.median(b)
 
 
+def page_aligned_buffer(nbytes: int) -> memoryview:
+    """A buffer starting at a page boundary. Reading a file from offset 0 into it, every copy is in phase:
+    into a bytearray (malloc: 16 bytes into a page, for a fresh block) the kernel's copy ran at a third of
+    the speed on the AMD EPYC (see gradtool.io.base.buffer_phase), which made the baseline slow by luck."""
+    import mmap
+
+    return memoryview(mmap.mmap(-1, nbytes))
+
+
 def raw_read(path: str) -> None:
-    buf = bytearray(1 << 20)
-    view = memoryview(buf)
+    view = page_aligned_buffer(1 << 20)
     with open(path, "rb", buffering=0) as f:
         while f.readinto(view):
             pass
@@ -213,8 +221,8 @@ def main() -> None:
                 add(f"stats {fmt} in-process ({label}) vs raw read", nbytes / t_in / 1e9, nbytes / t_raw / 1e9,
                     "raw read", higher_is_better=True, unit="GB/s")
         # ... and the CLI against a process that only reads the file (interpreter start-up in both)
-        reader_proc = [sys.executable, "-c", "import sys; b = bytearray(1 << 20); f = open(sys.argv[1], 'rb', buffering=0)\n"
-                       "while f.readinto(b): pass", files["npz"]]
+        reader_proc = [sys.executable, "-c", "import mmap, sys; b = mmap.mmap(-1, 1 << 20); "  # page-aligned: see raw_read
+                       "f = open(sys.argv[1], 'rb', buffering=0)\nwhile f.readinto(b): pass", files["npz"]]
         t_proc, _ = run_measured(reader_proc, rep)
         t_cli, _ = run_measured(gradtool_cmd() + ["stats", files["npz"], "--format", "json"], rep)
         add("stats npz CLI vs a python process reading the file", t_cli, t_proc, "python raw-read process")
@@ -306,7 +314,7 @@ def main() -> None:
             write it out (no start-up, no work on the bytes), where cp has the kernel copy them."""
             settle(p4, dst4)
             t = time.perf_counter()
-            buf = memoryview(bytearray(1 << 18))
+            buf = page_aligned_buffer(1 << 18)
             with open(p4, "rb", buffering=0) as fin, open(dst4, "wb", buffering=0) as fout:
                 while n := fin.readinto(buf):
                     fout.write(buf[:n])
