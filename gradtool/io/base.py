@@ -496,7 +496,8 @@ class DumpWriter:
         """Announce the tensors (in order) that ``add`` will write; formats with a header need this.
         ``data_phase``: where in a memory page (offset modulo :data:`PAGE`) the input's first tensor
         starts, for a writer that copies unchanged tensors (:meth:`add_copy`) to place its data at the same
-        point of a page: the kernel copies pages in phase about twice as fast."""
+        point of a page: ranges in phase go to ``copy_file_range`` (which can share extents on a filesystem
+        with reflinks), the others through user space (see :func:`copy_range`)."""
 
     def add(self, info: TensorInfo, array: np.ndarray) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
