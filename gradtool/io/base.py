@@ -58,6 +58,8 @@ def buffer_phase(reads: Sequence[int] = (), writes: Sequence[int] = ()) -> int:
     7 GB/s, writing new pages 2.1x slower; measured at every phase: 1-31 bytes, ALIAS_BYTES leaves a margin
     for other CPUs), and malloc's placement of a buffer made it a matter of luck. The compiled kernel
     places its own buffer the same way (``_kernels.c``: phased)."""
+    if len(reads) + len(writes) == 1:  # the common case, directly: the copy's destination 0-63 bytes *before*
+        return (reads[0] & ~63) % PAGE if reads else (-(-writes[0] // 64) * 64) % PAGE  # its source
     for phase in range(0, PAGE, 64):
         if all(not 0 < (phase - a) % PAGE < ALIAS_BYTES for a in reads) and \
                 all(not 0 < (b - phase) % PAGE < ALIAS_BYTES for b in writes):
@@ -76,13 +78,15 @@ class PhasedBuffer:
 
     def __init__(self) -> None:
         self._base: np.ndarray | None = None
+        self._page = 0  # where in the base the first page boundary is
 
     def get(self, nbytes: int, phase: int = 0) -> np.ndarray:
         """``nbytes`` bytes (uint8) starting ``phase`` bytes into a page; the previous view's contents are
         not kept when it grows."""
         if self._base is None or self._base.nbytes < nbytes + 2 * PAGE:
             self._base = np.empty(nbytes + 2 * PAGE, np.uint8)
-        start = (-address(self._base)) % PAGE + phase % PAGE
+            self._page = (-address(self._base)) % PAGE
+        start = self._page + phase % PAGE
         return self._base[start: start + nbytes]
 
 
