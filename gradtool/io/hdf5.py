@@ -230,7 +230,7 @@ class Hdf5Reader(DumpReader):
 
     def _read(self, info: TensorInfo) -> np.ndarray:
         ds = self._dataset(info.name)
-        out = allocate(info, self.display_path)
+        out = allocate(info, self.display_path, read_from=self._offsets.get(info.name))  # contiguous: placed
         try:
             if info.size:
                 ds.read_direct(out)

@@ -7,6 +7,7 @@ header cannot allocate or execute anything; object dtypes are refused before any
 from __future__ import annotations
 
 import ast
+import io
 import os
 import re
 import struct
@@ -95,7 +96,8 @@ def read_exact_into(f: BinaryIO, out: np.ndarray, name: str, path: str) -> None:
 
 def read_npy_data(f: BinaryIO, info: TensorInfo, fortran: bool, path: str) -> np.ndarray:
     shape = info.shape[::-1] if fortran else info.shape
-    out = allocate(TensorInfo(info.name, shape, info.dtype), path)
+    where = f.tell() if isinstance(f, (io.BufferedReader, io.FileIO)) else None  # a file: read straight in
+    out = allocate(TensorInfo(info.name, shape, info.dtype), path, read_from=where)
     read_exact_into(f, out, info.name, path)
     if not out.dtype.isnative:
         out = out.astype(out.dtype.newbyteorder("="))

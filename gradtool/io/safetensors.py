@@ -145,10 +145,10 @@ class SafetensorsReader(DumpReader):
         self.tensors = [info for _, _, info in entries]
 
     def _read(self, info: TensorInfo) -> np.ndarray:
-        out = allocate(info, self.display_path)
+        start = self._data_start + self._offsets[info.name]
+        out = allocate(info, self.display_path, read_from=start)
         buf = memoryview(out.reshape(-1).view(np.uint8))
         pos, total = 0, len(buf)
-        start = self._data_start + self._offsets[info.name]
         while pos < total:
             n = os.preadv(self._fd, [buf[pos:]], start + pos)
             if n <= 0:

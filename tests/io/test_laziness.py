@@ -17,9 +17,9 @@ def test_only_one_tensor_resident(tmp_path, ext, monkeypatch):
     import gradtool.io.npy as npymod
     import gradtool.io.safetensors as stmod
 
-    def spy(info, path):
+    def spy(info, path, **placement):
         allocations.append(info.name)
-        return real(info, path)
+        return real(info, path, **placement)
 
     for mod in (npymod, stmod, h5mod):
         monkeypatch.setattr(mod, "allocate", spy)

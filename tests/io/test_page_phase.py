@@ -58,6 +58,22 @@ def test_address_is_the_first_byte():
     assert address(a[3:]) - address(a) == 12 and address(a) == a.ctypes.data
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.bool_])
+@pytest.mark.parametrize("read_from", [None, 0, 16, 4095, (1 << 33) + 40])
+def test_allocate_places_large_arrays_and_keeps_them_ordinary(read_from, dtype):
+    from gradtool.io.base import PLACED_ALLOCATION_BYTES, TensorInfo, allocate
+
+    for shape in [(3, 5), (300, 257), (PLACED_ALLOCATION_BYTES,)]:
+        info = TensorInfo("t", shape, np.dtype(dtype))
+        a = allocate(info, "f", read_from=read_from)
+        assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+        assert address(a) % np.dtype(dtype).alignment == 0
+        if read_from is not None and info.nbytes >= PLACED_ALLOCATION_BYTES:
+            assert not slow(address(a), read_from)
+        a[...] = 1  # every byte is the array's own
+        assert np.count_nonzero(a) == a.size
+
+
 def _record_preadv(monkeypatch):
     seen = []
     real = os.preadv
@@ -73,7 +89,8 @@ def _record_preadv(monkeypatch):
 @pytest.mark.parametrize("start", [0, 1, 16, 31, 63, 100, 4095])
 def test_reads_into_the_readers_buffers_are_placed(tmp_path, monkeypatch, start):
     """Unaligned members of np.savez files are pread into the reader's buffer; so is a small piece of any
-    file. Data starting at page phases around malloc's 16 bytes."""
+    file; a whole tensor read at once (``read``) goes into an array placed for it. Data starting at page
+    phases around malloc's 16 bytes."""
     a = np.random.default_rng(start).standard_normal(70_000).astype(np.float32)
     raw = tmp_path / "raw.safetensors"
     header = json.dumps({"w": {"dtype": "F32", "shape": [a.size], "data_offsets": [0, a.nbytes]}}).encode()
