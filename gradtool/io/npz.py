@@ -113,12 +113,35 @@ class NpzReader(DumpReader):
         zi, fortran = self._members[info.name]
         if self._deflated(zi):
             return self._inflate_whole(zi, info, fortran)
+        offset = self._stored_data_offset(info)
+        if offset is not None:
+            return self._read_stored(zi, info, fortran, offset)
         try:
             with self._zip.open(zi) as f:
                 read_npy_header(f, info.name, self.display_path)
                 return read_npy_data(f, info, fortran, self.display_path)
         except ZIP_ERRORS as exc:
             raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt ({exc})") from None
+
+    def _read_stored(self, zi: zipfile.ZipInfo, info: TensorInfo, fortran: bool, offset: int) -> np.ndarray:
+        """A stored member read by ``pread`` straight into its array (placed for its offset), its CRC-32
+        checked as zipfile checks it. zipfile's member reader copies every byte twice and takes the CRC
+        in its own pass: reading every tensor of the 500 MB GPT-2 npz took 1.0-1.2 s that way, against
+        0.29 s for the same tensors in a safetensors file."""
+        from .inflate import fast_zlib
+
+        shape = info.shape[::-1] if fortran else info.shape
+        out = allocate(TensorInfo(info.name, shape, info.dtype), self.display_path, read_from=offset)
+        data = memoryview(out.reshape(-1).view(np.uint8))
+        fd = self._fd()
+        self._fill(data, lambda view, pos: os.preadv(fd, [view], offset + pos), info)
+        crc32 = fast_zlib().crc32  # isal's when installed: the same values, 3x faster
+        header_length = self._header_lengths[info.name]
+        if crc32(data, crc32(os.pread(fd, header_length, offset - header_length))) != zi.CRC:
+            raise InputError(f"{self.display_path}: member {zi.filename!r} is corrupt (bad CRC-32)")
+        if not out.dtype.isnative:
+            out = out.astype(out.dtype.newbyteorder("="))
+        return out.T if fortran else out
 
     INFLATE_PIECE = 8 << 20  # compressed bytes read, and inflated bytes produced, per zlib call
 

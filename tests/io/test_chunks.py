@@ -135,6 +135,46 @@ def test_inflate_whole_checks_crc(tmp_path):
             r.read("a")
 
 
+@pytest.mark.parametrize("where", ["data", "npy header", "central directory"])
+def test_stored_member_read_checks_crc(tmp_path, where):
+    """read() of a stored member (pread straight into the array) checks the member's CRC-32 as zipfile
+    does: a flipped byte in its data or in its .npy header, or a wrong CRC in the directory, is an error."""
+    from gradtool.errors import InputError
+
+    p = str(tmp_path / "s.npz")
+    a = np.arange(100_000, dtype=np.float32)
+    np.savez(p, a=a)
+    data = bytearray(open(p, "rb").read())
+    if where == "central directory":
+        data[data.rfind(b"PK\x01\x02") + 16] ^= 0xFF
+    elif where == "data":
+        data[data.find(a[5000:5002].tobytes())] ^= 0x01
+    else:  # a space of the header's padding becomes another harmless character
+        header = data.find(b"{'descr'")
+        data[data.find(b"    ", header)] = ord("\t")
+    open(p, "wb").write(bytes(data))
+    with open_dump(p) as r:
+        with pytest.raises(InputError, match=r"s.npz: member 'a.npy' is corrupt \(bad CRC-32\)"):
+            r.read("a")
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", ["<f4", ">f4", "<f8", "|b1", "<i2", ">u8", "<f2"])
+@pytest.mark.parametrize("shape", [(0,), (7,), (300, 257), (2, 0, 3), ()])
+def test_stored_member_read_equals_numpy(tmp_path, order, dtype, shape):
+    rng = np.random.default_rng(len(shape))
+    a = np.asarray(rng.standard_normal(shape) * 100).astype(dtype)
+    a = np.asfortranarray(a) if order == "F" else a
+    p = str(tmp_path / "s.npz")
+    np.savez(p, a=a, b=a[..., :1] if a.ndim else a)
+    with open_dump(p) as r, np.load(p) as ref:
+        for name in ("a", "b"):
+            got = r.read(name)
+            want = ref[name]
+            assert got.shape == want.shape and got.dtype == want.dtype.newbyteorder("=")
+            np.testing.assert_array_equal(got, want)
+
+
 def test_hdf5_writer_streams_rows_from_odd_chunks(tmp_path):
     from gradtool.io.base import TensorInfo
     from gradtool.io.hdf5 import Hdf5Writer
