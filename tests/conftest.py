@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import settings
+
+# CI runs the property tests on a fixed seed (HYPOTHESIS_PROFILE=ci, set by .ci/run): the same examples
+# on every run, so a red CI is a regression, never a new draw; a failure prints the blob to reproduce it.
+# Elsewhere each run draws new examples, and saves failing ones in .hypothesis/.
+settings.register_profile("ci", derandomize=True, print_blob=True, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 from gradtool.cli.main import main
 
