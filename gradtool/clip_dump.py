@@ -20,7 +20,7 @@ from .core import clipping
 from .core.stats import STREAM_CHUNK
 from .core.norms import ROW, NormAccumulator, combine_norms, parse_norm_type, tensor_norm
 from .errors import NonFiniteError, UsageError
-from .io.base import DumpReader, DumpWriter, PhasedBuffer, TensorInfo, buffer_phase
+from .io.base import PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, buffer_phase
 from .summarize import name_selected
 
 MODES = ("value", "norm", "average-norm", "global-norm")
@@ -372,8 +372,6 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
 def _data_phase(reader: DumpReader) -> int | None:
     """Where in a page the input's first tensor starts (see DumpWriter.plan); None when its bytes cannot
     be copied as they are."""
-    from .io.base import PAGE
-
     if not reader.tensors or reader.tensors[0].fortran:
         return None
     location = reader.raw_location(reader.tensors[0])

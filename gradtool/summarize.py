@@ -230,12 +230,9 @@ def _piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int
 
         acc.update_summaries(summaries, STREAM_CHUNK, stop - start, chunk_at)
         return acc
-    # this thread's read buffers: for small pieces, and for a piece's worth (a view at a page phase each)
-    name = "small" if small else "buffer"
-    buffer = getattr(local, name, None)
+    buffer = getattr(local, "buffer", None)  # this thread's read buffer (it grows to the largest piece)
     if buffer is None:
-        buffer = PhasedBuffer()
-        setattr(local, name, buffer)
+        buffer = local.buffer = PhasedBuffer()
     for window in source.range_window(location, info, start, stop, buffer, copy=small):
         acc.update_window(window.view(np.int8) if info.dtype == np.bool_ else window, STREAM_CHUNK)
         del window
