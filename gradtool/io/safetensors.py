@@ -147,13 +147,8 @@ class SafetensorsReader(DumpReader):
     def _read(self, info: TensorInfo) -> np.ndarray:
         start = self._data_start + self._offsets[info.name]
         out = allocate(info, self.display_path, read_from=start)
-        buf = memoryview(out.reshape(-1).view(np.uint8))
-        pos, total = 0, len(buf)
-        while pos < total:
-            n = os.preadv(self._fd, [buf[pos:]], start + pos)
-            if n <= 0:
-                raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
-            pos += n
+        self._fill(memoryview(out.reshape(-1).view(np.uint8)),
+                   lambda view, pos: os.preadv(self._fd, [view], start + pos), info)
         return out
 
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
