@@ -242,6 +242,13 @@ def main() -> None:
         add("stats CLI on 8 steps of the safetensors dump vs raw read", 8 * nbytes / t_cli8 / 1e9, 8 * nbytes / t_raw8 / 1e9,
             "raw read", higher_is_better=True, unit="GB/s")
         rows[-1] = rows[-1][:3] + (rows[-1][3] + f"; peak RSS {rss8:.0f} MiB",)
+        # ... and what each further step costs, start-up excluded: (8 steps - 1 step) / 7, both runs in turns,
+        # against one raw read. A history of hundreds of steps approaches this ratio.
+        step0 = os.path.join(hist8, "step_00000.safetensors")
+        t_cli1, t_cli8b = alternate(lambda: cli_stats(step0), lambda: cli_stats(hist8), rep)
+        add("stats CLI: each further step of a history ((8 steps - 1 step) / 7, start-up excluded) vs raw read",
+            nbytes / max((t_cli8b - t_cli1) / 7, 1e-9) / 1e9, 8 * nbytes / t_raw8 / 1e9,
+            "raw read", higher_is_better=True, unit="GB/s")
 
         t_np = timeit(lambda: [l2_norm(np.load(files["npz (np.savez)"])[k]) for k in big], 1)
         add("numpy: np.load every member + norm (GB/s)", nbytes / t_np / 1e9, nbytes / timeit(lambda: raw_read(files["npz"]), rep) / 1e9,
