@@ -271,7 +271,7 @@ def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite
     """The L2 norms of pass 1 for the float32 tensors, on two cores, from the statistics path (the same
     per-chunk kernel sums, so the same bits as :func:`_norm_of`); empty where that path does not apply:
     other norms, other dtypes (their exact sums are taken differently), the "zero" policy (zeroing comes
-    first), device backends, small dumps, no compiled kernel."""
+    first), device backends, small dumps."""
     if xp is not None or p != 2.0 or nonfinite == "zero":
         return {}
     from .summarize import stats_in_parallel

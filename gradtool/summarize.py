@@ -102,18 +102,11 @@ PIECE_BYTES = 16 << 20  # a piece of work: 16 MiB of stream chunks, one kernel c
 PARALLEL_MIN_BYTES = 32 << 20  # below this, thread start-up costs more than a second core gains
 
 
-def _parallel_pays() -> bool:
-    """Two threads pay only with the compiled kernel: measured on the GPT-2-sized dump, 0.54-0.68 -> 0.67-0.81
-    of raw-read bandwidth with it, but 0.43-0.57 -> 0.31-0.37 with the NumPy passes (GIL hand-offs and
-    BLAS calls from two threads), so without it one thread streams as before."""
-    return kernels.compiled_f32_summaries is not None
-
-
 def stats_in_parallel(reader: DumpReader, infos: Sequence[TensorInfo], norm_type: float = 2.0,
                       on_tensor: Callable[[int], None] | None = None) -> list[tuple[str, TensorStats]] | None:
     """Statistics of exactly these tensors on two cores (see :func:`_summarize_parallel`, and
     :func:`_summarize_compressed` for a compressed npz), or None when that path does not apply (no
-    compiled kernel, too small, bytes not at a file offset): then stream them."""
+    too small, bytes not at a file offset): then stream them."""
     summary = DumpSummary(reader.display_path, reader.format, reader.group, reader.step, parse_norm_type(norm_type), {})
     if getattr(reader, "compressed", False):  # deflated members: inflated two at a time
         _summarize_compressed(reader, summary, (), (), summary.norm_type, on_tensor, infos=list(infos))
@@ -128,7 +121,8 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
                         infos: list[TensorInfo] | None = None) -> bool:
     """Statistics on two cores: every tensor is cut into pieces of about PIECE_BYTES (whole stream chunks),
     each piece summarised into its own :class:`StatsAccumulator` by a worker thread (reads and the compiled
-    kernel release the GIL; one kernel call per piece), and the pieces of a tensor merged in order. Merging is exact
+    kernel release the GIL; one kernel call per piece; without the kernel, NumPy's passes over each chunk
+    release it too), and the pieces of a tensor merged in order. Merging is exact
     for counts, extremes and the per-chunk sums of squares, so norms have the same bits as one thread;
     mean and std are combined with Chan's formula. A sharded step's tensors are their shards' pieces in
     order, as one thread streams them. False (nothing done) when a selected tensor's bytes cannot be read
@@ -136,7 +130,7 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
     workers = min(STATS_WORKERS, os.cpu_count() or 1)
     if infos is None:
         infos = [i for i in reader.tensors if name_selected(i.name, select, exclude)]
-    if workers < 2 or not _parallel_pays() or sum(i.size * i.dtype.itemsize for i in infos) < PARALLEL_MIN_BYTES:
+    if workers < 2 or sum(i.size * i.dtype.itemsize for i in infos) < PARALLEL_MIN_BYTES:
         return False
     segments = []  # per tensor: the (reader, piece, location) runs of bytes that make it up, in order
     for info in infos:
