@@ -105,8 +105,8 @@ PARALLEL_MIN_BYTES = 32 << 20  # below this, thread start-up costs more than a s
 def stats_in_parallel(reader: DumpReader, infos: Sequence[TensorInfo], norm_type: float = 2.0,
                       on_tensor: Callable[[int], None] | None = None) -> list[tuple[str, TensorStats]] | None:
     """Statistics of exactly these tensors on two cores (see :func:`_summarize_parallel`, and
-    :func:`_summarize_compressed` for a compressed npz), or None when that path does not apply (no
-    too small, bytes not at a file offset): then stream them."""
+    :func:`_summarize_compressed` for a compressed npz), or None when that path does not apply (too
+    small, bytes not at a file offset): then stream them."""
     summary = DumpSummary(reader.display_path, reader.format, reader.group, reader.step, parse_norm_type(norm_type), {})
     if getattr(reader, "compressed", False):  # deflated members: inflated two at a time
         _summarize_compressed(reader, summary, (), (), summary.norm_type, on_tensor, infos=list(infos))
