@@ -149,22 +149,36 @@ def _check_axes(reader: DumpReader, spec: ClipSpec, names: list[str]) -> None:
 @dataclass
 class SharedNorms:
     """Norms of logical tensors that span several shard files: every shard is clipped by the factor of
-    the whole (global norm and scale for global-norm; each logical tensor's L2 norm for per-tensor modes)."""
+    the whole (global norm and scale for global-norm; each logical tensor's L2 norm for per-tensor modes).
+    ``piece_norms``: each shard's own norms of its pieces (by the shard's display path), taken in the same
+    pass, which :func:`clip_dump` reports as the norms before instead of reading the shard once more."""
 
     global_norm: float
     scale: float | None
     tensor_norms: dict[str, float]
     tensor_sizes: dict[str, int]
+    piece_norms: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def shared_norms(reader: DumpReader, spec: ClipSpec) -> SharedNorms:
-    """Pass 1 over a (sharded) reader: the norms every shard's clipping must agree on."""
+    """Pass 1 over a (sharded) reader: the norms every shard's clipping must agree on. Each shard's
+    pieces are measured once: a piece's norm is its own accumulator's result, a logical tensor's the
+    merge of its pieces' accumulators (the same per-chunk partial sums, added by fsum: the same bits as
+    streaming the logical tensor whole)."""
     spec.validate()
     if spec.axes is not None:
         raise UsageError("--axes is not supported for sharded steps (a slice may span shards)")
     p = spec.norm_type if spec.mode == "global-norm" else 2.0
-    norms = {i.name: _norm_of(reader, i, p, spec.nonfinite, None) for i in reader.tensors
-             if name_selected(i.name, spec.select, spec.exclude) and _float_info(i)}
+    logical: dict[str, NormAccumulator] = {}
+    pieces: dict[str, dict[str, float]] = {}
+    for shard in getattr(reader, "shards", None) or [reader]:
+        own = pieces.setdefault(shard.display_path, {})
+        for info in shard.tensors:
+            if name_selected(info.name, spec.select, spec.exclude) and _float_info(info):
+                acc = _norm_accumulator(shard, info, p, spec.nonfinite)
+                own[info.name] = acc.result()
+                logical.setdefault(info.name, NormAccumulator(p)).merge(acc)
+    norms = {name: acc.result() for name, acc in logical.items()}
     bad = [n for n, v in norms.items() if not math.isfinite(v)]
     if bad and spec.nonfinite == "error":
         raise NonFiniteError(f"{reader.display_path}: NaN/Inf in {', '.join(bad)}; nothing written "
@@ -173,7 +187,7 @@ def shared_norms(reader: DumpReader, spec: ClipSpec) -> SharedNorms:
     scale = None
     if spec.mode == "global-norm":
         scale = clipping.global_clip_scale(spec.use_norm if spec.use_norm is not None else n, float(spec.max))
-    return SharedNorms(n, scale, norms, {i.name: i.size for i in reader.tensors if i.name in norms})
+    return SharedNorms(n, scale, norms, {i.name: i.size for i in reader.tensors if i.name in norms}, pieces)
 
 
 def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, step: int | None = None,
@@ -197,8 +211,10 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
 
     norms_before: dict[str, float] = {}
     used: float | None = None
+    if shared is not None and reader.display_path in shared.piece_norms:  # measured in pass 1
+        norms_before = {name: v for name, v in shared.piece_norms[reader.display_path].items() if name in chosen_set}
     if spec.mode == "global-norm":
-        fast = _norms_in_parallel(reader, chosen, p, spec.nonfinite, xp, on_tensor)
+        fast = norms_before or _norms_in_parallel(reader, chosen, p, spec.nonfinite, xp, on_tensor)
         for name in chosen:
             if name in fast:
                 norms_before[name] = fast[name]
@@ -217,7 +233,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         if shared is not None:  # a shard of a larger step: the whole step's norm decides
             result.global_norm_before, result.scale = shared.global_norm, shared.scale
             used = spec.use_norm if spec.use_norm is not None else shared.global_norm
-    elif xp is None and (spec.mode != "norm" or spec.axes is None):
+    elif xp is None and (spec.mode != "norm" or spec.axes is None) and not norms_before:
         # per-tensor modes: the streamed tensors' L2 norms before (scale and report) on two cores where
         # that applies, the same bits as the serial pass that _clip_streamed takes for the others
         streamed = [name for name in chosen if not reader.info(name).fortran]
@@ -286,10 +302,16 @@ def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp:
     if xp is not None:
         x = _prepare(to_device(reader.read(info.name), xp), nonfinite, xp)
         return tensor_norm(x, p, xp=xp)
+    return _norm_accumulator(reader, info, p, nonfinite).result()
+
+
+def _norm_accumulator(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str) -> NormAccumulator:
+    """The tensor's chunks, read one by one (NaN/Inf zeroed first under the "zero" policy), in a
+    :class:`NormAccumulator`."""
     acc = NormAccumulator(p)
     for c in reader.iter_chunks(info):
         acc.update(clipping.zero_nonfinite(c) if nonfinite == "zero" else c)
-    return acc.result()
+    return acc
 
 
 def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,
