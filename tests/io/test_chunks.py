@@ -195,35 +195,50 @@ def test_hdf5_writer_streams_rows_from_odd_chunks(tmp_path):
 @pytest.mark.parametrize("mode,max_", [("global-norm", 1.0), ("norm", 0.5), ("average-norm", 1e-4),
                                        ("global-norm", 1e30)])
 @pytest.mark.parametrize("nonfinite", ["propagate", "zero"])
-def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, mode, max_, nonfinite):
+@pytest.mark.parametrize("ext", ["npz", "safetensors", "h5", "numpy.npz"])
+def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, mode, max_, nonfinite, ext):
     """The compiled scale-count-measure pass gives the same output bytes and the same report (norms after
-    to the bit, changed-element counts) as the NumPy multiply, compare and norm steps."""
+    to the bit, changed-element counts) as the NumPy multiply, compare and norm steps: scaling chunks in
+    place in the read buffer (tensors at a file offset) as well as from a memory map into a second one,
+    across chunk boundaries and short tails, at aligned and unaligned (``np.savez``) offsets."""
     import dataclasses
 
     from gradtool.clip_dump import ClipSpec, clip_dump
     from gradtool.core import kernels
+    from gradtool.core.stats import STREAM_CHUNK
+    from gradtool.io.base import DumpReader
     from gradtool.io.dump import make_writer
 
     if kernels.compiled_f32_scale is None:
         pytest.skip("compiled kernel not built")
     rng = np.random.default_rng(3)
-    big = rng.standard_normal(300_001).astype(np.float32)  # many ROW-sized chunks and a short tail
+    big = rng.standard_normal(300_001).astype(np.float32)  # a whole stream chunk and a ROW-sized rest
     big[[5, 70_000]] = [np.nan, np.inf]
     big[rng.random(big.size) < 0.1] = 0.0
     tensors = {"big": big, "small": rng.standard_normal(100).astype(np.float32),
+               "tail": rng.standard_normal(2 * STREAM_CHUNK + 1000).astype(np.float32),  # a rest under ROW
                "f64": rng.standard_normal(5000), "be": rng.standard_normal(9000).astype(">f4")}
-    src = str(tmp_path / "in.npz")
-    save_dump(src, tensors)
-    calls = []
+    if ext == "safetensors":
+        del tensors["be"]  # little-endian only
+    src = str(tmp_path / f"in.{ext}")
+    if ext == "numpy.npz":
+        np.savez(src, **tensors)  # members at unaligned offsets
+    else:
+        save_dump(src, tensors)
+    calls, in_place = [], []
     real = kernels.compiled_f32_scale
-    monkeypatch.setattr(kernels, "compiled_f32_scale", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(kernels, "compiled_f32_scale", lambda *a: calls.append(a[0] is a[2]) or real(*a))
+    chunks_into = DumpReader.chunks_into
+    monkeypatch.setattr(DumpReader, "chunks_into", lambda self, info, *a: in_place.append(info.name)
+                        or chunks_into(self, info, *a))
     results = []
     for fused in (True, False):
-        out = str(tmp_path / f"out_{fused}.npz")
+        fmt = {"h5": "hdf5", "numpy.npz": "npz"}.get(ext, ext)
+        out = str(tmp_path / f"out_{fused}.{ext.split('.')[-1]}")
         if not fused:  # only the fused pass off: the norms' own kernel stays, so norms compare to the bit
             monkeypatch.setattr(kernels, "compiled_f32_scale", None)
         with open_dump(src) as r:
-            with make_writer(out, "npz", r.metadata) as w:
+            with make_writer(out, fmt, r.metadata) as w:
                 rep = clip_dump(r, w, ClipSpec(mode=mode, max=max_, nonfinite=nonfinite))
         with open_dump(out) as r:
             results.append(({n: r.read(n) for n in r.names},
@@ -234,6 +249,12 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
     assert repr(rep_a) == repr(rep_b) and repr(after_a) == repr(after_b)  # repr: NaN == NaN
     # the fused pass ran wherever something was scaled (a NaN global norm scales by NaN, as TF does)
     assert bool(calls) == (max_ < 1e30 or (mode == "global-norm" and nonfinite == "propagate"))
+    # in place (source and output the same buffer), read at the tensors' file offsets; under "zero" the
+    # chunks are zeroed first, from the memory map into a second buffer
+    if nonfinite == "zero":
+        assert not in_place and not any(calls)
+    else:
+        assert all(calls) and bool(in_place) == bool(calls)
     if mode == "global-norm" and max_ == 1.0 and nonfinite == "zero":
         assert rep_a[0][3] and rep_a[0][4] > 200_000  # the big tensor really was scaled
 
