@@ -162,6 +162,8 @@ def allocate(info: TensorInfo, path: str, *, read_from: int | None = None) -> np
 
 
 MMAP_WINDOW_CHUNKS = 16  # 16 MiB windows of float32 at the default chunk size
+PREAD_BELOW_BYTES = 256 << 10  # a smaller tensor is read with pread: a map and unmap cost ~21 us, more than
+# reading (streaming a 4 KiB tensor 21 -> 7 us, 64 KiB 26 -> 10, 256 KiB 30 -> 18; 1 MiB: 30 against 48)
 
 
 def metadata_step(metadata: dict[str, Any]) -> int | None:
@@ -312,12 +314,13 @@ class DumpReader:
         """Chunks of contiguous, uncompressed data at a byte offset of ``fd``.
 
         Aligned data is memory-mapped a window at a time and used in place (no copy: 1.4x faster than
-        pread into a buffer in the benchmark); unaligned data (most np.savez members) is pread into an
-        aligned buffer, since NumPy is many times slower on unaligned views. A read-ahead thread was
-        tried and lost to thread hand-off costs; see benchmarks/README.md."""
+        pread into a buffer in the benchmark), unless the tensor is under PREAD_BELOW_BYTES; unaligned data
+        (most np.savez members) is pread into an aligned buffer, since NumPy is many times slower on
+        unaligned views. A read-ahead thread was tried and lost to thread hand-off costs; see
+        benchmarks/README.md."""
         if info.size == 0:
             return
-        if offset % info.dtype.itemsize == 0 and info.dtype.isnative:
+        if offset % info.dtype.itemsize == 0 and info.dtype.isnative and info.nbytes >= PREAD_BELOW_BYTES:
             yield from self._mmap_chunks(fd, offset, info, chunk_elements)
             return
         yield from self._buffered_chunks(info, chunk_elements, lambda view, pos: os.preadv(fd, [view], offset + pos),

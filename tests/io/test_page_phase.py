@@ -172,8 +172,10 @@ def test_clip_writes_out_of_a_placed_buffer(tmp_path, monkeypatch, fmt, start):
         np.testing.assert_array_equal(r.read("w"), (a * np.float32(result.scale)).astype(np.float32))
 
 
-def test_the_output_buffer_is_reused_across_tensors(tmp_path, monkeypatch):
-    """One PhasedBuffer per clip_dump call (not a new allocation per tensor)."""
+@pytest.mark.parametrize("mode", ["global-norm", "norm"])
+def test_the_buffers_are_reused_across_tensors(tmp_path, monkeypatch, mode):
+    """clip_dump makes its buffers once per call (clip's work buffer, the reader's read buffer), not once
+    per tensor: twice the tensors, the same number of PhasedBuffers."""
     made = []
     real = PhasedBuffer.__init__
 
@@ -181,9 +183,13 @@ def test_the_output_buffer_is_reused_across_tensors(tmp_path, monkeypatch):
         made.append(self)
         real(self)
 
-    save_dump(str(tmp_path / "in.safetensors"), {f"t{i}": np.ones(5000, np.float32) for i in range(6)})
     monkeypatch.setattr(PhasedBuffer, "__init__", init)
-    with open_dump(str(tmp_path / "in.safetensors")) as r, \
-            make_writer(str(tmp_path / "out.safetensors"), "safetensors", r.metadata) as w:
-        clip_dump(r, w, ClipSpec("global-norm", max=1e-3).validate())
-    assert len(made) == 1
+    counts = []
+    for n in (6, 12):
+        save_dump(str(tmp_path / f"in{n}.safetensors"), {f"t{i}": np.ones(5000, np.float32) for i in range(n)})
+        made.clear()
+        with open_dump(str(tmp_path / f"in{n}.safetensors")) as r, \
+                make_writer(str(tmp_path / f"out{n}.safetensors"), "safetensors", r.metadata) as w:
+            clip_dump(r, w, ClipSpec(mode, max=1e-3).validate())
+        counts.append(len(made))
+    assert counts[0] == counts[1] <= 2
