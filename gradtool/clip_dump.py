@@ -212,7 +212,8 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
     norms_before: dict[str, float] = {}
     used: float | None = None
     if shared is not None and reader.display_path in shared.piece_norms:  # measured in pass 1
-        norms_before = {name: v for name, v in shared.piece_norms[reader.display_path].items() if name in chosen_set}
+        own = shared.piece_norms[reader.display_path]
+        norms_before = {name: v for name, v in own.items() if name in chosen_set}
     if spec.mode == "global-norm":
         fast = norms_before or _norms_in_parallel(reader, chosen, p, spec.nonfinite, xp, on_tensor)
         for name in chosen:
@@ -359,7 +360,8 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
         where = getattr(writer, "data_offset", None)
         location = reader.raw_location(info) if fused is not None and policy != "zero" else None
         if location is not None:  # float32 at a file offset, to be scaled: see _scaled_in_place
-            changed += yield from _scaled_in_place(reader, info, location[1], where, scale, fused, acc, buffer)
+            changed += yield from _scaled_in_place(reader, info, location[1], where, scale, fused, acc,
+                                                   buffer)
             return
         phase = 0 if where is None else buffer_phase(writes=[where])
         out_buf = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * dtype.itemsize, phase).view(dtype)
@@ -409,7 +411,8 @@ def _scaled_in_place(reader: DumpReader, info: TensorInfo, offset: int, where: i
 
     np_xp = host_namespace()
     writes = [] if where is None else [where]
-    work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * 4, buffer_phase(reads=[offset], writes=writes))
+    phase = buffer_phase(reads=[offset], writes=writes)
+    work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * 4, phase)
     changed = 0
     for chunk in reader.chunks_into(info, work, STREAM_CHUNK) or ():
         if chunk.shape[0] >= ROW:

@@ -225,7 +225,8 @@ class DumpReader:
         see :func:`read_ahead`); here, iter_chunks itself."""
         return self.iter_chunks(info, chunk_elements)
 
-    def chunks_into(self, info: TensorInfo, buffer: np.ndarray, chunk_elements: int) -> Iterator[np.ndarray] | None:
+    def chunks_into(self, info: TensorInfo, buffer: np.ndarray,
+                    chunk_elements: int) -> Iterator[np.ndarray] | None:
         """The tensor's chunks read by ``pread`` into ``buffer`` (uint8, at least one chunk long), as views
         of it that the caller may change in place before asking for the next (``clip`` scales them there
         and writes them out: one buffer, where a memory map needs a second to scale into); None when the
@@ -234,8 +235,10 @@ class DumpReader:
         if location is None:
             return None
         fd, offset = location
-        return self._buffered_chunks(info, chunk_elements, lambda view, pos: os.preadv(fd, [view], offset + pos),
-                                     buffer)
+        def read_into(view: memoryview, pos: int) -> int:
+            return os.preadv(fd, [view], offset + pos)
+
+        return self._buffered_chunks(info, chunk_elements, read_into, buffer)
 
     def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
         """(file descriptor, byte offset) when the tensor's bytes lie uncompressed, contiguous and in native
