@@ -215,14 +215,15 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         own = shared.piece_norms[reader.display_path]
         norms_before = {name: v for name, v in own.items() if name in chosen_set}
     if spec.mode == "global-norm":
-        fast = norms_before or _norms_in_parallel(reader, chosen, p, spec.nonfinite, xp, on_tensor)
-        for name in chosen:
-            if name in fast:
-                norms_before[name] = fast[name]
-                continue
-            norms_before[name] = _norm_of(reader, reader.info(name), p, spec.nonfinite, xp)
-            if on_tensor:
-                on_tensor(1)
+        if not norms_before:
+            fast = _norms_in_parallel(reader, chosen, p, spec.nonfinite, xp, on_tensor)
+            for name in chosen:
+                if name in fast:
+                    norms_before[name] = fast[name]
+                    continue
+                norms_before[name] = _norm_of(reader, reader.info(name), p, spec.nonfinite, xp)
+                if on_tensor:
+                    on_tensor(1)
         bad = [n for n, v in norms_before.items() if not math.isfinite(v)]
         if bad and spec.nonfinite == "error":
             raise NonFiniteError(f"{reader.display_path}: NaN/Inf in {', '.join(bad)}; nothing written "
@@ -354,15 +355,14 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
 
     def clipped_chunks() -> Any:
         nonlocal changed
-        # the output buffer, placed in a page where the write out of it runs at full speed (buffer_phase:
-        # up to 2.1x faster): the writer knows where the tensor goes once it asks for the first chunk
-        dtype = info.dtype.newbyteorder("=")
-        where = getattr(writer, "data_offset", None)
+        where = getattr(writer, "data_offset", None)  # known once the writer asks for the first chunk
         location = reader.raw_location(info) if fused is not None and policy != "zero" else None
         if location is not None:  # float32 at a file offset, to be scaled: see _scaled_in_place
-            changed += yield from _scaled_in_place(reader, info, location[1], where, scale, fused, acc,
-                                                   buffer)
+            changed += yield from _scaled_in_place(reader, info, location, where, scale, fused, acc, buffer)
             return
+        # the output buffer, placed in a page where the write out of it runs at full speed (buffer_phase:
+        # up to 2.1x faster)
+        dtype = info.dtype.newbyteorder("=")
         phase = 0 if where is None else buffer_phase(writes=[where])
         out_buf = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * dtype.itemsize, phase).view(dtype)
         # 1 MiB chunks (float32): 11-12 % faster than 256 KiB on every format (ab.py, 16/16 pairs), same
@@ -397,13 +397,13 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
     return TensorClip(name, before, after, changed > 0, changed, threshold)
 
 
-def _scaled_in_place(reader: DumpReader, info: TensorInfo, offset: int, where: int | None, scale: float,
-                     fused: Callable[..., tuple[float, int]], acc: NormAccumulator,
+def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,
+                     scale: float, fused: Callable[..., tuple[float, int]], acc: NormAccumulator,
                      buffer: PhasedBuffer | None) -> Generator[np.ndarray, None, int]:
-    """A float32 tensor at byte ``offset`` of the input, scaled for the writer, which puts it at byte
-    ``where`` of the output: each chunk read with ``pread`` into one buffer (placed for both offsets, see
-    :func:`buffer_phase`), scaled and measured there by the compiled kernel, and yielded to be written
-    out of it. Against scaling a memory map into a second buffer: a bare read-scale-write loop over 2 GB
+    """A float32 tensor at ``location`` (descriptor, byte offset) of the input, scaled for the writer,
+    which puts it at byte ``where`` of the output: each chunk read with ``pread`` into one buffer (placed
+    for both offsets, see :func:`buffer_phase`), scaled and measured there by the compiled kernel, and
+    yielded to be written out of it. Against scaling a memory map into a second buffer: a bare read-scale-write loop over 2 GB
     0.71-0.72 s against 1.09-1.35 s (medians of 8-10 runs in turns); ``clip`` of the 500 MB safetensors
     dump 307 against 331 ms (``ab.py``, 16/16 pairs). Returns the number of elements changed; the norm
     after goes to ``acc``. The same bits as the memory-map path: the same kernel on the same chunks."""
@@ -411,10 +411,10 @@ def _scaled_in_place(reader: DumpReader, info: TensorInfo, offset: int, where: i
 
     np_xp = host_namespace()
     writes = [] if where is None else [where]
-    phase = buffer_phase(reads=[offset], writes=writes)
+    phase = buffer_phase(reads=[location[1]], writes=writes)
     work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * 4, phase)
     changed = 0
-    for chunk in reader.chunks_into(info, work, STREAM_CHUNK) or ():
+    for chunk in reader.chunks_into(location, info, work, STREAM_CHUNK):
         if chunk.shape[0] >= ROW:
             sum_sq, n_changed = fused(chunk, scale, chunk)  # in place: the kernel reads each element first
             acc.update_sum_sq(sum_sq, chunk)

@@ -7,7 +7,7 @@ import math
 import mmap
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,12 @@ def buffer_phase(reads: Sequence[int] = (), writes: Sequence[int] = ()) -> int:
                 all(not 0 < (b - phase) % PAGE < ALIAS_BYTES for b in writes):
             return phase
     return 0  # not reached for fewer than 64 offsets: each excludes at most one of the 64 phases
+
+
+def pread_at(fd: int, offset: int) -> Callable[[memoryview, int], int]:
+    """``read_into(view, pos)`` for :meth:`DumpReader._fill` and the chunk readers: ``pread`` of the
+    bytes at ``offset + pos`` of ``fd`` into ``view``, returning how many it read."""
+    return lambda view, pos: os.preadv(fd, [view], offset + pos)
 
 
 def address(a: np.ndarray) -> int:
@@ -225,20 +231,13 @@ class DumpReader:
         see :func:`read_ahead`); here, iter_chunks itself."""
         return self.iter_chunks(info, chunk_elements)
 
-    def chunks_into(self, info: TensorInfo, buffer: np.ndarray,
-                    chunk_elements: int) -> Iterator[np.ndarray] | None:
-        """The tensor's chunks read by ``pread`` into ``buffer`` (uint8, at least one chunk long), as views
-        of it that the caller may change in place before asking for the next (``clip`` scales them there
-        and writes them out: one buffer, where a memory map needs a second to scale into); None when the
-        tensor's bytes are not at a file offset (:meth:`raw_location`)."""
-        location = self.raw_location(info)
-        if location is None:
-            return None
-        fd, offset = location
-        def read_into(view: memoryview, pos: int) -> int:
-            return os.preadv(fd, [view], offset + pos)
-
-        return self._buffered_chunks(info, chunk_elements, read_into, buffer)
+    def chunks_into(self, location: tuple[int, int], info: TensorInfo, buffer: np.ndarray,
+                    chunk_elements: int) -> Iterator[np.ndarray]:
+        """The chunks of a tensor at ``raw_location``, read by ``pread`` into ``buffer`` (uint8, at least
+        one chunk long), as views of it that the caller may change in place before asking for the next
+        (``clip`` scales them there and writes them out: one buffer, where a memory map needs a second to
+        scale into)."""
+        return self._buffered_chunks(info, chunk_elements, pread_at(*location), buffer)
 
     def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
         """(file descriptor, byte offset) when the tensor's bytes lie uncompressed, contiguous and in native
@@ -272,7 +271,7 @@ class DumpReader:
             return
         if copy or offset % itemsize:  # unaligned (np.savez members): NumPy is many times slower on those
             view = (buffer or PhasedBuffer()).get(nbytes, buffer_phase(reads=[byte_start]))
-            self._fill(memoryview(view), lambda v, pos: os.preadv(fd, [v], byte_start + pos), info)
+            self._fill(memoryview(view), pread_at(fd, byte_start), info)
             yield view.view(info.dtype)
             return
         base = byte_start - byte_start % mmap.ALLOCATIONGRANULARITY
@@ -298,6 +297,13 @@ class DumpReader:
             if not n or n < 0:
                 raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
             pos += n
+
+    def _read_at(self, fd: int, offset: int, info: TensorInfo, shape: tuple[int, ...]) -> np.ndarray:
+        """A new array of ``shape`` filled by ``pread`` from ``offset`` of ``fd``, placed where that copy runs
+        at full speed (:func:`allocate`)."""
+        out = allocate(TensorInfo(info.name, shape, info.dtype), self.display_path, read_from=offset)
+        self._fill(memoryview(out.reshape(-1).view(np.uint8)), pread_at(fd, offset), info)
+        return out
 
     def _checked_location(self, fd: int, offset: int, info: TensorInfo) -> tuple[int, int] | None:
         if not (info.dtype.isnative or info.dtype.itemsize == 1) or info.dtype.hasobject:
@@ -326,7 +332,7 @@ class DumpReader:
         if offset % info.dtype.itemsize == 0 and info.dtype.isnative and info.nbytes >= PREAD_BELOW_BYTES:
             yield from self._mmap_chunks(fd, offset, info, chunk_elements)
             return
-        yield from self._buffered_chunks(info, chunk_elements, lambda view, pos: os.preadv(fd, [view], offset + pos),
+        yield from self._buffered_chunks(info, chunk_elements, pread_at(fd, offset),
                                          phase=buffer_phase(reads=[offset]))
 
     def _mmap_chunks(self, fd: int, offset: int, info: TensorInfo, chunk_elements: int) -> Iterator[np.ndarray]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import InputError, UnsafeInputError
 from .atomic import open_output
-from .base import PAGE, DumpReader, DumpWriter, TensorInfo, allocate, check_shape, copy_range
+from .base import PAGE, DumpReader, DumpWriter, TensorInfo, check_shape, copy_range
 
 MAX_HEADER = 100 * 1024 * 1024
 
@@ -145,11 +145,7 @@ class SafetensorsReader(DumpReader):
         self.tensors = [info for _, _, info in entries]
 
     def _read(self, info: TensorInfo) -> np.ndarray:
-        start = self._data_start + self._offsets[info.name]
-        out = allocate(info, self.display_path, read_from=start)
-        self._fill(memoryview(out.reshape(-1).view(np.uint8)),
-                   lambda view, pos: os.preadv(self._fd, [view], start + pos), info)
-        return out
+        return self._read_at(self._fd, self._data_start + self._offsets[info.name], info, info.shape)
 
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
         return self._pread_chunks(self._fd, self._data_start + self._offsets[info.name], info, chunk_elements)

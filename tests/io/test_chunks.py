@@ -229,8 +229,8 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
     real = kernels.compiled_f32_scale
     monkeypatch.setattr(kernels, "compiled_f32_scale", lambda *a: calls.append(a[0] is a[2]) or real(*a))
     chunks_into = DumpReader.chunks_into
-    monkeypatch.setattr(DumpReader, "chunks_into", lambda self, info, *a: in_place.append(info.name)
-                        or chunks_into(self, info, *a))
+    monkeypatch.setattr(DumpReader, "chunks_into", lambda self, location, info, *a: in_place.append(info.name)
+                        or chunks_into(self, location, info, *a))
     results = []
     for fused in (True, False):
         fmt = {"h5": "hdf5", "numpy.npz": "npz"}.get(ext, ext)

@@ -16,13 +16,12 @@ def test_only_one_tensor_resident(tmp_path, ext, monkeypatch):
     import gradtool.io.hdf5 as h5mod
     import gradtool.io.npy as npymod
     import gradtool.io.npz as npzmod
-    import gradtool.io.safetensors as stmod
 
     def spy(info, path, **placement):
         allocations.append(info.name)
         return real(info, path, **placement)
 
-    for mod in (npymod, npzmod, stmod, h5mod):
+    for mod in (base, npymod, npzmod, h5mod):  # where allocate is called (base: DumpReader._read_at)
         monkeypatch.setattr(mod, "allocate", spy)
     with open_dump(p) as r:
         assert allocations == []  # opening read the index only
