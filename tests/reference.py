@@ -27,6 +27,28 @@ def ref_global(arrays) -> float:
     return m * math.sqrt(math.fsum((n / m) ** 2 for n in norms))
 
 
+def ref_mean_std(a) -> tuple[float | None, float | None]:
+    """Mean and population std of the finite elements, exactly: every float64 is an integer multiple of
+    2^-1074, so the sums are big integers and only the final rounding is inexact (the std's square root is
+    taken to 106 bits first). (None, None) when no element is finite."""
+    from fractions import Fraction
+
+    v = [x for x in np.asarray(a, dtype=np.float64).ravel().tolist() if math.isfinite(x)]
+    if not v:
+        return None, None
+    ks = []
+    for x in v:
+        p, q = x.as_integer_ratio()  # q is a power of two that divides 2^1074
+        ks.append(p * ((1 << 1074) // q))
+    n, total, squares = len(v), sum(ks), sum(k * k for k in ks)
+    mean = Fraction(total, n << 1074)
+    var = Fraction(squares * n - total * total, (n * n) << 2148)  # Σ(x - mean)² / n
+    if var == 0:
+        return float(mean), 0.0
+    k = max(0, (212 - (var.numerator.bit_length() - var.denominator.bit_length())) // 2)
+    return float(mean), float(Fraction(math.isqrt(var.numerator * 4**k // var.denominator), 2**k))
+
+
 def ref_clip_by_norm(a, c, axes=None) -> np.ndarray:
     """TF: t * c / max(l2norm, c) in float64, per slice over axes."""
     v = np.asarray(a, dtype=np.float64)

@@ -4,7 +4,8 @@ All norms are returned as Python floats (float64). Sums of squares are accumulat
 ``CHUNK_ELEMENTS`` elements, so float16/bfloat16 never overflow and billion-element float32 tensors keep
 ~1e-7 relative accuracy (a float32 ``np.dot`` loses up to 1e-3 there). Squares that would overflow or
 underflow even float64 (|x| > ~1e154 or < ~1e-154, float64 inputs only) are handled by rescaling with
-max|x|. A tensor holding NaN has norm NaN; one holding ±inf (and no NaN) has norm inf.
+max|x|. A tensor holding NaN has norm NaN; one holding ±inf (and no NaN) has norm inf; a norm of finite
+elements that exceeds float64's range (~1.8e308) is inf, as IEEE overflow gives, never NaN.
 
 Fast path for NumPy float32 (and float16/bfloat16 widened to float32) chunks: the optional compiled kernel
 (:mod:`.kernels`; float32 partial sums of 32 elements per SIMD lane, added in float64, ~30 GB/s, ~1e-9
@@ -162,6 +163,8 @@ class NormAccumulator:
             if math.isfinite(total):
                 return math.sqrt(total)
         big = max(sc * math.sqrt(q) for sc, q in parts)  # the largest chunk norm: nothing overflows
+        if math.isinf(big):  # a chunk's own norm is beyond float64 (finite elements near its limit)
+            return math.inf
         return big * math.sqrt(math.fsum(q * (sc / big) ** 2 for sc, q in parts))
 
 

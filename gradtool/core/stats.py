@@ -7,7 +7,10 @@ Definitions (x = the tensor, n = its element count):
 * ``avg_norm``: TF's average norm ‖x‖₂ / n (not the RMS ‖x‖₂/√n).
 * ``max_abs``, ``min``, ``max``: over the non-NaN elements (so ±inf show up here).
 * ``mean``, ``std``: over the finite elements only (population std; per-chunk moments combined with
-  Chan et al.'s pairwise formula, so there is no catastrophic cancellation across chunks).
+  Chan et al.'s pairwise formula, so there is no catastrophic cancellation across chunks). A float64
+  chunk whose max |x| lies outside [1e-100, 1e100] has its moments taken on x/s, s a power of two near
+  max |x|, so squared deviations neither overflow (|x| up to float64's limit) nor underflow (|x| down
+  to its subnormals): mean and std stay accurate there too.
 * ``nan_count``, ``inf_count``, ``zero_count``: element counts.
 
 For an empty tensor (n = 0) the norms are 0 and every other statistic is None.
@@ -109,19 +112,54 @@ class TensorStats:
 _TENSOR_STATS_FIELDS = tuple(f.name for f in fields(TensorStats))
 
 
-def _combine(a: tuple[int, float, float], b: tuple[int, float, float]) -> tuple[int, float, float]:
-    """Chan et al.'s parallel combination of (count, mean, M2)."""
-    na, ma, m2a = a
-    nb, mb, m2b = b
+Moments = tuple[int, float, float, float]  # (count, mean, m2, s): M2 = Σ(x − mean)² = m2 · s²
+NO_MOMENTS: Moments = (0, 0.0, 0.0, 1.0)
+UNSCALED_MOMENTS_RANGE = 1e100  # max |x| within [1/this, this]: (x − mean)² cannot overflow or underflow
+
+
+def chunk_moments(fin: Any, count: int, amax: float, xp: ModuleType, finite: Any = None) -> Moments:
+    """(count, mean, m2, s) of a float64 chunk's ``count`` finite elements (``fin``: the chunk with zeros
+    where ``finite`` is False; all finite when it is None), amax = their max |x|. s = 1 when amax is
+    within [1e-100, 1e100]: mean = Σx / count, m2 = Σ(x − mean)². Otherwise s = 2^(e−1) for amax =
+    f·2^e (f in [0.5, 1)), and the same formulas run on x/s (exact: s is a power of two), so M2 = m2·s²
+    is kept without overflowing or underflowing, and mean = s·mean(x/s) is finite and accurate."""
+    s = 1.0
+    if amax > UNSCALED_MOMENTS_RANGE or 0.0 < amax < 1.0 / UNSCALED_MOMENTS_RANGE:
+        s = math.ldexp(1.0, math.frexp(amax)[1] - 1)
+        fin = fin / s
+    mean = float(xp.sum(fin)) / count
+    dev = fin - mean
+    if finite is not None:
+        dev = xp.where(finite, dev, xp.zeros_like(dev))
+    m2 = float(np.dot(dev, dev)) if xp is np else float(xp.sum(dev * dev))
+    return count, mean * s, m2, s
+
+
+def _combine(a: Moments, b: Moments) -> Moments:
+    """Chan et al.'s parallel combination of (count, mean, m2, s), M2 = m2·s²:
+    n = na + nb, δ = mb − ma, mean = ma + δ·nb/n, M2 = M2a + M2b + δ²·na·nb/n. Unscaled (s = 1) on both
+    sides, exactly that arithmetic; otherwise computed at the larger scale of the two sides that hold
+    anything (a side of zeros has none), so neither δ² nor the M2s overflow or underflow."""
+    na, ma, m2a, sa = a
+    nb, mb, m2b, sb = b
     n = na + nb
     if n == 0:
-        return 0, 0.0, 0.0
+        return NO_MOMENTS
     if na == 0:
         return b
     if nb == 0:
         return a
-    delta = mb - ma
-    return n, ma + delta * nb / n, m2a + m2b + delta * delta * na * nb / n
+    if sa == sb == 1.0:
+        delta = mb - ma
+        return n, ma + delta * nb / n, m2a + m2b + delta * delta * na * nb / n, 1.0
+    s = max(sa if (m2a or ma) else 0.0, sb if (m2b or mb) else 0.0) or 1.0
+    delta = mb / s - ma / s
+    m2 = delta * delta * na * nb / n
+    if m2a:
+        m2 += m2a * (sa / s) ** 2
+    if m2b:
+        m2 += m2b * (sb / s) ** 2
+    return n, s * (ma / s + delta * nb / n), m2, s
 
 
 class StatsAccumulator:
@@ -136,7 +174,7 @@ class StatsAccumulator:
         self.nan = self.inf = self.zeros = 0
         self.pos_inf = self.neg_inf = False
         self.lo, self.hi, self.amax = math.inf, -math.inf, 0.0
-        self.moments = (0, 0.0, 0.0)
+        self.moments = NO_MOMENTS
 
     # --------------------------------------------------------------------------------- chunk kernels
     def update(self, chunk: Any) -> None:
@@ -213,7 +251,7 @@ class StatsAccumulator:
         if not m2 > 1e-3 * s2:  # mean dominates: recentre exactly instead of cancelling
             d = chunk().astype(np.float64) - mean
             m2 = float(np.dot(d, d))
-        self.moments = _combine(self.moments, (n, mean, max(m2, 0.0)))
+        self.moments = _combine(self.moments, (n, mean, max(m2, 0.0), 1.0))
         if self.p == 1.0:
             self.l1.append(float(np.abs(chunk()).sum(dtype=np.float64)))
         return True
@@ -223,21 +261,18 @@ class StatsAccumulator:
         amax = max(-lo, hi)
         if not (math.isfinite(lo) and math.isfinite(hi)) or amax > 1e150 or 0.0 < amax < 1e-150:
             return False
-        n = c.shape[0]
         s2 = float(np.dot(c, c))
-        mean = float(c.sum()) / n
-        d = c - mean
         self.sumsq.parts.append((1.0, s2))
         self.zeros += int(np.count_nonzero(c == 0))
         self.lo, self.hi, self.amax = min(self.lo, lo), max(self.hi, hi), max(self.amax, amax)
-        self.moments = _combine(self.moments, (n, mean, float(np.dot(d, d))))
+        self.moments = _combine(self.moments, chunk_moments(c, c.shape[0], amax, np))
         if self.p == 1.0:
             self.l1.append(float(np.abs(c).sum()))
         return True
 
     def _generic(self, c: Any, xp: ModuleType) -> None:
-        """Any namespace, any dtype, NaN/Inf included: float64 per chunk, rescaled sums of squares.
-        (|x| beyond ~1e154 makes the float64 variance overflow: std is then reported as inf.)"""
+        """Any namespace, any dtype, NaN/Inf included: float64 per chunk, rescaled sums of squares and
+        moments (see :func:`chunk_moments`)."""
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             self._generic_chunk(c, xp)
 
@@ -259,11 +294,10 @@ class StatsAccumulator:
         if count:
             self.lo = min(self.lo, float(xp.min(xp.where(finite, c64, xp.full_like(c64, math.inf)))))
             self.hi = max(self.hi, float(xp.max(xp.where(finite, c64, xp.full_like(c64, -math.inf)))))
-            self.amax = max(self.amax, float(xp.max(xp.abs(fin))))
+            amax = float(xp.max(xp.abs(fin)))
+            self.amax = max(self.amax, amax)
             self.sumsq._exact(fin, xp)
-            mean = float(xp.sum(fin)) / count
-            dev = xp.where(finite, c64 - mean, zero)
-            self.moments = _combine(self.moments, (count, mean, float(xp.sum(dev * dev))))
+            self.moments = _combine(self.moments, chunk_moments(fin, count, amax, xp, finite))
             if self.p == 1.0:
                 self.l1.append(float(xp.sum(xp.abs(fin))))
 
@@ -303,7 +337,7 @@ class StatsAccumulator:
             return TensorStats(shape, dtype, 0, floating, self.p, 0.0, 0.0, None, None, None, None, None, None, 0, 0, 0)
         l2 = self.l2()
         all_nan = self.nan == self.n
-        count, mean, m2 = self.moments
+        count, mean, m2, scale = self.moments
         lo = -math.inf if self.neg_inf else self.lo
         hi = math.inf if self.pos_inf else self.hi
         amax = math.inf if (self.pos_inf or self.neg_inf) else self.amax
@@ -314,7 +348,7 @@ class StatsAccumulator:
             min=None if all_nan else lo,
             max=None if all_nan else hi,
             mean=mean if count else None,
-            std=math.sqrt(m2 / count) if count else None,
+            std=scale * math.sqrt(m2 / count) if count else None,
             nan_count=self.nan, inf_count=self.inf, zero_count=self.zeros,
         )
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from gradtool import global_norm, tensor_norm, tensor_stats
 from gradtool.core.norms import ROW, NormAccumulator, combine_norms
 from gradtool.core.stats import StatsAccumulator
-from tests.reference import ref_l2
+from tests.reference import ref_l2, ref_mean_std
 
 sizes = st.sampled_from([0, 1, 7, ROW - 1, ROW, ROW + 1, 3 * ROW + 17])
 dtypes = st.sampled_from([np.float16, np.float32, np.float64])
@@ -59,3 +59,36 @@ def test_global_norm_fast_path_equals_per_tensor_path(ts):
         assert math.isnan(fast)
     else:
         assert fast == slow or math.isclose(fast, slow, rel_tol=3e-7)
+
+
+FLOAT64_SCALES = [0.0, 1e-320, 1e-300, 1e-160, 1e-120, 1e-50, 1.0, 1e50, 1e120, 1e160, 1e300, 1e307]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(FLOAT64_SCALES), st.integers(0, 3 * ROW), st.integers(0, 2**32 - 1)),
+                min_size=1, max_size=4),
+       st.integers(1, 5 * ROW), st.integers(0, 12 * ROW), st.booleans())
+def test_float64_mean_and_std_over_the_whole_range(segments, chunk, split, nonfinite):
+    """float64 runs at any scale from subnormal to near float64's limit, streamed in chunks and merged
+    from two halves: mean and std equal the exact reference to rounding (relative to the largest |x| for
+    values that cancel), never NaN or inf for finite data."""
+    with np.errstate(over="ignore", under="ignore"):
+        a = np.concatenate([np.random.default_rng(seed).standard_normal(n) * scale for scale, n, seed in segments])
+    if nonfinite and a.size:
+        a[a.size // 2] = np.nan
+        a[-1] = -np.inf
+    mean, std = ref_mean_std(a)
+    finite = a[np.isfinite(a)]
+    amax = float(np.abs(finite).max()) if finite.size else 0.0
+    split = min(split, a.size)
+    halves = [StatsAccumulator(), StatsAccumulator()]
+    for acc, part in zip(halves, (a[:split], a[split:]), strict=True):
+        for i in range(0, part.size, chunk):
+            acc.update(part[i:i + chunk])
+    halves[0].merge(halves[1])
+    for s in (halves[0].result(a.shape, "float64", True), tensor_stats(a)):
+        if mean is None:
+            assert s.mean is None and s.std is None
+            continue
+        assert abs(s.mean - mean) <= 1e-12 * amax + 1e-323, (s.mean, mean)
+        assert abs(s.std - std) <= 1e-9 * std + 1e-12 * amax + 1e-323, (s.std, std)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from gradtool import tensor_stats
-from tests.reference import ref_l2
+from tests.reference import ref_l2, ref_mean_std
 
 
 def test_stats_against_numpy_float64(xp):
@@ -62,6 +62,44 @@ def test_stats_low_precision(dtype):
     s = tensor_stats(a)
     assert s.norm == pytest.approx(ref_l2(a.astype(np.float64)), rel=1e-12)
     assert s.dtype == np.dtype(dtype).name
+
+
+EXTREME_FLOAT64 = {
+    "1e155": np.array([1.0, -2.0, 3.0, 4.5]) * 1e155,  # squared deviations overflow float64
+    "1e300": np.array([1.0, -2.0, 3.0, 4.5]) * 1e300,
+    "max": np.array([-1.7e308, 1.7e308]),  # Σx and the deviations themselves reach float64's limit
+    "1e-160": np.array([1e-160, 3e-160, -2e-160]),  # squared deviations lose digits to subnormals
+    "1e-170": np.array([1e-170, 3e-170]),  # ... or underflow to 0
+    "subnormal": np.array([1e-310, 3e-310, -2e-310]),
+    "zeros, then tiny": np.r_[np.zeros(2 * 262144), [1e-160, 3e-160]],  # scales combined across chunks
+    "huge chunk, then ordinary ones": np.r_[np.full(262144, 1e200), np.arange(300000.0)],
+    "NaN and inf beside huge values": np.array([np.nan, 1e300, -np.inf, 3e300]),
+}
+
+
+@pytest.mark.parametrize("name", list(EXTREME_FLOAT64))
+def test_mean_and_std_of_extreme_float64_values(name):
+    """Mean and std over float64's whole range, against the exact reference: they were NaN (Σx
+    overflowing), inf (squared deviations overflowing beyond |x| ~ 1e154) or 0 / a few digits (squared
+    deviations underflowing below ~1e-154)."""
+    a = EXTREME_FLOAT64[name]
+    mean, std = ref_mean_std(a)
+    s = tensor_stats(a)
+    assert s.mean == pytest.approx(mean, rel=1e-13, abs=1e-323)
+    assert s.std == pytest.approx(std, rel=1e-13, abs=1e-323)
+
+
+def test_norm_beyond_float64_is_inf_not_nan():
+    """A norm of finite elements past float64's range is inf (IEEE overflow), not NaN; mean and std stay
+    finite, and clipping it gives TF's zeros rather than NaN."""
+    from gradtool import clip_by_norm, tensor_norm
+
+    a = np.full(10**6, 1.7e308)
+    s = tensor_stats(a)
+    assert s.norm == math.inf and s.l2_norm == math.inf and tensor_norm(a) == math.inf
+    assert s.mean == pytest.approx(1.7e308, rel=1e-15) and s.std < 1e-15 * 1.7e308
+    assert (s.nan_count, s.inf_count) == (0, 0)
+    np.testing.assert_array_equal(clip_by_norm(np.array([1.7e308, 1.7e308]), 1.0), [0.0, 0.0])
 
 
 def test_std_is_stable_across_chunks():
