@@ -181,8 +181,7 @@ def shared_norms(reader: DumpReader, spec: ClipSpec) -> SharedNorms:
     norms = {name: acc.result() for name, acc in logical.items()}
     bad = [n for n, v in norms.items() if not math.isfinite(v)]
     if bad and spec.nonfinite == "error":
-        raise NonFiniteError(f"{reader.display_path}: NaN/Inf in {', '.join(bad)}; nothing written "
-                             "(--nonfinite zero or propagate to go on)", bad)
+        raise _refusal(reader, bad)
     n = combine_norms(norms.values(), p)
     scale = None
     if spec.mode == "global-norm":
@@ -226,8 +225,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
                     on_tensor(1)
         bad = [n for n, v in norms_before.items() if not math.isfinite(v)]
         if bad and spec.nonfinite == "error":
-            raise NonFiniteError(f"{reader.display_path}: NaN/Inf in {', '.join(bad)}; nothing written "
-                                 "(--nonfinite zero or propagate to go on)", bad)
+            raise _refusal(reader, bad)
         n = combine_norms(norms_before.values(), p)
         used = spec.use_norm if spec.use_norm is not None else n
         result.global_norm_before = n
@@ -268,8 +266,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         except NonFiniteError:
             bad = [info.name] + [c for c in chosen if c != info.name
                                  and not math.isfinite(_norm_of(reader, reader.info(c), 2.0, "propagate", xp))]
-            raise NonFiniteError(f"{reader.display_path}: NaN/Inf in {', '.join(bad)}; nothing written "
-                                 "(--nonfinite zero or propagate to go on)", bad) from None
+            raise _refusal(reader, bad) from None
         norms_after[info.name] = tc.norm_after  # type: ignore[assignment]
         result.tensors.append(tc)
         if on_tensor:
@@ -282,6 +279,29 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
             (t.norm_before for t in result.tensors if t.norm_before is not None), p)
     result.global_norm_after = combine_norms(norms_after.values(), p)
     return result
+
+
+def _refusal(reader: DumpReader, bad: list[str]) -> NonFiniteError:
+    """The error of the "error" policy for tensors whose norm is not finite: those holding NaN/Inf, and
+    apart from them those whose finite elements only make a norm beyond float64's range (float64 values
+    near its limit; TF would clip them to zeros). Tells them apart by one more read of each (an error
+    path: the norms did not keep the element flags)."""
+    flagged = set()
+    for shard in getattr(reader, "shards", None) or [reader]:
+        for info in shard.tensors:
+            if info.name in bad and info.name not in flagged:
+                acc = _norm_accumulator(shard, info, 2.0, "propagate")
+                if acc.nan or acc.inf:
+                    flagged.add(info.name)
+    holding = [n for n in bad if n in flagged]
+    overflowing = [n for n in bad if n not in flagged]
+    what = []
+    if holding:
+        what.append(f"NaN/Inf in {', '.join(holding)}")
+    if overflowing:
+        what.append(f"the norm of {', '.join(overflowing)} is beyond float64's range (values near 1.8e308)")
+    hint = "--nonfinite zero or propagate to go on" if holding else "--nonfinite propagate for TF's result"
+    return NonFiniteError(f"{reader.display_path}: {'; '.join(what)}; nothing written ({hint})", bad)
 
 
 def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite: str, xp: ModuleType | None,

@@ -127,6 +127,22 @@ def test_nonfinite_policies(run, nan_dump, tmp_path):
     assert sha(nan_dump) == before
 
 
+@pytest.mark.parametrize("mode", ["global-norm", "norm"])
+def test_a_norm_beyond_float64_is_not_called_nan_inf(run, tmp_path, mode):
+    """A float64 tensor of finite values whose norm overflows float64 is refused under the default
+    policy, but named for what it is, apart from a tensor that really holds NaN/Inf."""
+    src = str(tmp_path / "huge.npz")
+    save_dump(src, {"huge": np.full(1000, 1.7e308), "bad": np.array([1.0, np.nan]), "ok": np.ones(3)})
+    out = str(tmp_path / "x.npz")
+    r = run("clip", src, "-o", out, "--mode", mode, "--max", "1")
+    assert r.exit_code == 1 and not os.path.exists(out), r.stderr
+    assert "NaN/Inf in bad;" in r.stderr and "the norm of huge is beyond float64's range" in r.stderr
+    assert "NaN/Inf in huge" not in r.stderr and "ok" not in r.stderr.split(":", 2)[2]
+    save_dump(src, {"huge": np.full(1000, 1.7e308), "ok": np.ones(3)}, force=True)
+    r = run("clip", src, "-o", out, "--mode", mode, "--max", "1")
+    assert r.exit_code == 1 and "NaN/Inf" not in r.stderr and "--nonfinite propagate" in r.stderr
+
+
 def test_never_overwrite_input_and_force(run, dump, tmp_path):
     before = sha(dump)
     r = run("clip", dump, "-o", dump, "--mode", "norm", "--max", "1", "--force")
