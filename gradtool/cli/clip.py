@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -62,7 +63,8 @@ def _load_thresholds(path: str | None, mode: str) -> dict[str, float] | None:
     return {str(k): float(v) for k, v in table.items()}
 
 
-def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: bool) -> dict[str, str | None]:
+def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: bool,
+                  makedirs: Callable[[str], None]) -> dict[str, str | None]:
     """Map each source file to its output path (None for a dry run, '-' for stdout)."""
     from ..errors import UsageError
 
@@ -77,7 +79,7 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
             raise UsageError("refusing to write a binary dump to a terminal; redirect stdout or give -o FILE")
         return {sources[0]: "-"}
     if many or os.path.isdir(output):
-        os.makedirs(output, exist_ok=True)
+        makedirs(output)
         outs = {s: os.path.join(output, os.path.basename(s)) for s in sources}
         names = list(outs.values())
         dup = {n for n in names if names.count(n) > 1}
@@ -125,7 +127,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     tensor, the norm before and after and whether it was clipped. Inputs are never modified."""
     from ..clip_dump import ClipSpec, clip_dump
     from ..errors import UsageError
-    from ..io.atomic import check_output_path
+    from ..io.atomic import check_output_path, output_directories
     from ..io.detect import output_format
     from ..io.dump import make_writer
     from ..io.history import expand_inputs, open_each
@@ -134,62 +136,63 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     spec = ClipSpec(mode=mode, max=max_, min=min_, axes=_parse_axes(axes), use_norm=use_norm,
                     norm_type=float(norm_type), nonfinite=nonfinite, select=select, exclude=exclude,
                     thresholds=_load_thresholds(thresholds_file, mode)).validate()
-    xp = xp_for(backend)
-    refs = expand_inputs(list(dumps), sharded=sharded)
-    if any(r.shards is not None for r in refs):
-        if xp is not None:
-            raise UsageError("sharded steps are clipped on the NumPy backend")
-        reports = _clip_sharded(refs, output, spec, force, dry_run, durable=not no_fsync)
-        _render(reports, fmt, sys.stdout, per_tensor)
-        return
-    sources = list(dict.fromkeys(r.path for r in refs))
-    many = len(sources) > 1 or any(os.path.isdir(d) for d in dumps)
-    outputs = _plan_outputs(sources, output, dry_run, many)
-    all_inputs = [s for s in sources]
-    for out in outputs.values():
-        if out not in (None, "-"):
-            check_output_path(out, force=force, inputs=all_inputs)
-    report_stream = sys.stderr if output == "-" else sys.stdout
-    reports: list[dict[str, Any]] = []
-    single = len(refs) == 1
-    total = len(refs)
-    if single:  # one dump: count tensor passes instead (global-norm reads every tensor twice)
-        with refs[0].open() as r:
-            total = len(r.tensors) * (2 if mode == "global-norm" else 1)
-    with progress(total, "clip") as progress_advance:
-        per_tensor_advance = progress_advance if single else None
+    with output_directories() as makedirs:  # a failed run takes back the directories it made
+        xp = xp_for(backend)
+        refs = expand_inputs(list(dumps), sharded=sharded)
+        if any(r.shards is not None for r in refs):
+            if xp is not None:
+                raise UsageError("sharded steps are clipped on the NumPy backend")
+            reports = _clip_sharded(refs, output, spec, force, dry_run, makedirs, durable=not no_fsync)
+            _render(reports, fmt, sys.stdout, per_tensor)
+            return
+        sources = list(dict.fromkeys(r.path for r in refs))
+        many = len(sources) > 1 or any(os.path.isdir(d) for d in dumps)
+        outputs = _plan_outputs(sources, output, dry_run, many, makedirs)
+        all_inputs = [s for s in sources]
+        for out in outputs.values():
+            if out not in (None, "-"):
+                check_output_path(out, force=force, inputs=all_inputs)
+        report_stream = sys.stderr if output == "-" else sys.stdout
+        reports: list[dict[str, Any]] = []
+        single = len(refs) == 1
+        total = len(refs)
+        if single:  # one dump: count tensor passes instead (global-norm reads every tensor twice)
+            with refs[0].open() as r:
+                total = len(r.tensors) * (2 if mode == "global-norm" else 1)
+        with progress(total, "clip") as progress_advance:
+            per_tensor_advance = progress_advance if single else None
 
-        def advance(n: int) -> None:
-            if not single:
-                progress_advance(n)
+            def advance(n: int) -> None:
+                if not single:
+                    progress_advance(n)
 
-        for source in sources:
-            src_refs = [r for r in refs if r.path == source]
-            target = outputs[source]
-            fmt_in = src_refs[0].format
-            if target is None:
-                for ref, reader in open_each(src_refs):
-                    reports.append(_record(clip_dump(reader, None, spec, step=ref.step, xp=xp,
-                                                     on_tensor=per_tensor_advance), None))
-                    advance(1)
-                continue
-            out_fmt = output_format(target, fmt_in) if target != "-" else fmt_in
-            final = target
-            with _output_file(target, force, all_inputs, durable=not no_fsync) as tmp:
-                compress = _compressed(src_refs[0])
-                history = any(r.group for r in src_refs)
-                first_meta = {} if history else None
-                with make_writer(tmp, out_fmt, first_meta, compress=compress) as writer:
+            for source in sources:
+                src_refs = [r for r in refs if r.path == source]
+                target = outputs[source]
+                fmt_in = src_refs[0].format
+                if target is None:
                     for ref, reader in open_each(src_refs):
-                        if history:
-                            writer.begin_step(ref.group, reader.metadata)
-                        else:
-                            writer.metadata.update(reader.metadata)
-                            _set_root_meta(writer, reader.metadata)
-                        reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp,
-                                                         on_tensor=per_tensor_advance), final))
+                        reports.append(_record(clip_dump(reader, None, spec, step=ref.step, xp=xp,
+                                                         on_tensor=per_tensor_advance), None))
                         advance(1)
-    _render(reports, fmt, report_stream, per_tensor)
+                    continue
+                out_fmt = output_format(target, fmt_in) if target != "-" else fmt_in
+                final = target
+                with _output_file(target, force, all_inputs, durable=not no_fsync) as tmp:
+                    compress = _compressed(src_refs[0])
+                    history = any(r.group for r in src_refs)
+                    first_meta = {} if history else None
+                    with make_writer(tmp, out_fmt, first_meta, compress=compress) as writer:
+                        for ref, reader in open_each(src_refs):
+                            if history:
+                                writer.begin_step(ref.group, reader.metadata)
+                            else:
+                                writer.metadata.update(reader.metadata)
+                                _set_root_meta(writer, reader.metadata)
+                            reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp,
+                                                             on_tensor=per_tensor_advance), final))
+                            advance(1)
+        _render(reports, fmt, report_stream, per_tensor)
 
 
 def _set_root_meta(writer: Any, meta: dict[str, Any]) -> None:
@@ -295,7 +298,7 @@ def _render_history(reports: list[dict[str, Any]], out: Any) -> None:
 
 
 def _clip_sharded(refs: list[Any], output: str | None, spec: Any, force: bool, dry_run: bool,
-                  durable: bool = True) -> list[dict[str, Any]]:
+                  makedirs: Callable[[str], None], durable: bool = True) -> list[dict[str, Any]]:
     """Each sharded step: the norms of its logical tensors over every shard, then each shard clipped by
     the same factors and written next to its own layout (OUT/STEPDIR/SHARDFILE)."""
     from ..clip_dump import clip_dump, shared_norms
@@ -315,7 +318,7 @@ def _clip_sharded(refs: list[Any], output: str | None, spec: Any, force: bool, d
             target = None
             if output is not None and not dry_run:
                 target = os.path.join(output, os.path.basename(os.path.normpath(ref.path)), os.path.basename(shard))
-                os.makedirs(os.path.dirname(target), exist_ok=True)
+                makedirs(os.path.dirname(target))
                 check_output_path(target, force=force, inputs=all_inputs)
             plan.append((ref, shard, target))
     reports = []

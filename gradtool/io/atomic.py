@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import BinaryIO
 
@@ -43,6 +43,34 @@ def check_output_path(target: str, *, force: bool, inputs: Sequence[str] = ()) -
     parent = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(parent):
         raise OutputError(f"{target}: directory {parent} does not exist", exit_code=ExitCode.USAGE)
+
+
+@contextmanager
+def output_directories() -> Iterator[Callable[[str], None]]:
+    """A ``makedirs`` for a run's output directories that remembers which directories it created; when
+    the run fails (an error, Ctrl-C), those still empty are removed again, deepest first, so a refused run
+    leaves no empty directory behind (as a failed ``git clone`` does). A directory that existed before,
+    or that holds anything, is never removed (``os.rmdir`` refuses it)."""
+    made: list[str] = []
+
+    def makedirs(path: str) -> None:
+        missing = []
+        p = os.path.abspath(path)
+        while not os.path.isdir(p) and os.path.dirname(p) != p:
+            missing.append(p)
+            p = os.path.dirname(p)
+        os.makedirs(path, exist_ok=True)
+        made.extend(reversed(missing))
+
+    try:
+        yield makedirs
+    except BaseException:
+        for d in reversed(made):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise
 
 
 def _fsync_dir(path: str) -> None:

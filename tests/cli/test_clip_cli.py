@@ -143,6 +143,25 @@ def test_a_norm_beyond_float64_is_not_called_nan_inf(run, tmp_path, mode):
     assert r.exit_code == 1 and "NaN/Inf" not in r.stderr and "--nonfinite propagate" in r.stderr
 
 
+def test_a_refused_run_leaves_no_empty_output_directory(run, nan_dump, dump, tmp_path):
+    """The output directories a run made are taken back when it fails, unless something is in them;
+    a directory that existed before is kept even when empty."""
+    sharded = tmp_path / "in" / "step_00000003"
+    sharded.mkdir(parents=True)
+    save_dump(str(sharded / "rank0.npz"), {"w": np.array([1.0, np.nan])})
+    save_dump(str(sharded / "rank1.npz"), {"w": np.array([2.0])})
+    out = tmp_path / "new" / "deeper"
+    r = run("clip", str(sharded), "-o", str(out), "--mode", "global-norm", "--max", "1")
+    assert r.exit_code == 1 and "NaN/Inf in w" in r.stderr
+    assert not (tmp_path / "new").exists()
+    r = run("clip", dump, nan_dump, "-o", str(out), "--mode", "norm", "--max", "1")  # the first is written
+    assert r.exit_code == 1 and sorted(os.listdir(out)) == [os.path.basename(dump)]
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    r = run("clip", nan_dump, dump, "-o", str(kept), "--mode", "norm", "--max", "1")
+    assert r.exit_code == 1 and kept.is_dir() and os.listdir(kept) == []
+
+
 def test_never_overwrite_input_and_force(run, dump, tmp_path):
     before = sha(dump)
     r = run("clip", dump, "-o", dump, "--mode", "norm", "--max", "1", "--force")
