@@ -284,8 +284,8 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
 def _refusal(reader: DumpReader, bad: list[str]) -> NonFiniteError:
     """The error of the "error" policy for tensors whose norm is not finite: those holding NaN/Inf, and
     apart from them those whose finite elements only make a norm beyond float64's range (float64 values
-    near its limit; TF would clip them to zeros). Tells them apart by one more read of each (an error
-    path: the norms did not keep the element flags)."""
+    near its limit). Tells them apart by one more read of each (an error path: the norms did not keep
+    the element flags)."""
     flagged = set()
     for shard in getattr(reader, "shards", None) or [reader]:
         for info in shard.tensors:
