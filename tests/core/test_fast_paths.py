@@ -65,15 +65,16 @@ FLOAT64_SCALES = [0.0, 1e-320, 1e-300, 1e-160, 1e-120, 1e-50, 1.0, 1e50, 1e120, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(FLOAT64_SCALES), st.integers(0, 3 * ROW), st.integers(0, 2**32 - 1)),
-                min_size=1, max_size=4),
+@given(st.lists(st.tuples(st.sampled_from(FLOAT64_SCALES), st.integers(0, 3 * ROW),
+                          st.integers(0, 2**32 - 1)), min_size=1, max_size=4),
        st.integers(1, 5 * ROW), st.integers(0, 12 * ROW), st.booleans())
 def test_float64_mean_and_std_over_the_whole_range(segments, chunk, split, nonfinite):
     """float64 runs at any scale from subnormal to near float64's limit, streamed in chunks and merged
     from two halves: mean and std equal the exact reference to rounding (relative to the largest |x| for
     values that cancel), never NaN or inf for finite data."""
     with np.errstate(over="ignore", under="ignore"):
-        a = np.concatenate([np.random.default_rng(seed).standard_normal(n) * scale for scale, n, seed in segments])
+        a = np.concatenate([np.random.default_rng(seed).standard_normal(n) * scale
+                            for scale, n, seed in segments])
     if nonfinite and a.size:
         a[a.size // 2] = np.nan
         a[-1] = -np.inf
