@@ -112,17 +112,17 @@ class TensorStats:
 _TENSOR_STATS_FIELDS = tuple(f.name for f in fields(TensorStats))
 
 
-Moments = tuple[int, float, float, float]  # (count, mean, m2, s): M2 = Σ(x − mean)² = m2 · s²
+Moments = tuple[int, float, float, float]  # (count, m, m2, s): mean = m · s, M2 = Σ(x − mean)² = m2 · s²
 NO_MOMENTS: Moments = (0, 0.0, 0.0, 1.0)
 UNSCALED_MOMENTS_RANGE = 1e100  # max |x| within [1/this, this]: (x − mean)² cannot overflow or underflow
 
 
 def chunk_moments(fin: Any, count: int, amax: float, xp: ModuleType, finite: Any = None) -> Moments:
-    """(count, mean, m2, s) of a float64 chunk's ``count`` finite elements (``fin``: the chunk with zeros
+    """(count, m, m2, s) of a float64 chunk's ``count`` finite elements (``fin``: the chunk with zeros
     where ``finite`` is False; all finite when it is None), amax = their max |x|. s = 1 when amax is
-    within [1e-100, 1e100]: mean = Σx / count, m2 = Σ(x − mean)². Otherwise s = 2^(e−1) for amax =
-    f·2^e (f in [0.5, 1)), and the same formulas run on x/s (exact: s is a power of two), so M2 = m2·s²
-    is kept without overflowing or underflowing, and mean = s·mean(x/s) is finite and accurate."""
+    within [1e-100, 1e100]: m = mean = Σx / count, m2 = Σ(x − mean)². Otherwise s = 2^(e−1) for amax =
+    f·2^e (f in [0.5, 1)), and the same formulas run on x/s (exact: s is a power of two): mean = m·s and
+    M2 = m2·s² are kept without overflowing or underflowing (nor rounding to subnormals until the end)."""
     s = 1.0
     if amax > UNSCALED_MOMENTS_RANGE or 0.0 < amax < 1.0 / UNSCALED_MOMENTS_RANGE:
         s = math.ldexp(1.0, math.frexp(amax)[1] - 1)
@@ -132,14 +132,14 @@ def chunk_moments(fin: Any, count: int, amax: float, xp: ModuleType, finite: Any
     if finite is not None:
         dev = xp.where(finite, dev, xp.zeros_like(dev))
     m2 = float(np.dot(dev, dev)) if xp is np else float(xp.sum(dev * dev))
-    return count, mean * s, m2, s
+    return count, mean, m2, s
 
 
 def _combine(a: Moments, b: Moments) -> Moments:
-    """Chan et al.'s parallel combination of (count, mean, m2, s), M2 = m2·s²:
+    """Chan et al.'s parallel combination of (count, m, m2, s), mean = m·s, M2 = m2·s²:
     n = na + nb, δ = mb − ma, mean = ma + δ·nb/n, M2 = M2a + M2b + δ²·na·nb/n. Unscaled (s = 1) on both
-    sides, exactly that arithmetic; otherwise computed at the larger scale of the two sides that hold
-    anything (a side of zeros has none), so neither δ² nor the M2s overflow or underflow."""
+    sides, exactly that arithmetic; otherwise computed in units of the larger scale of the two sides that
+    hold anything (a side of zeros has none), so neither δ² nor the M2s overflow or underflow."""
     na, ma, m2a, sa = a
     nb, mb, m2b, sb = b
     n = na + nb
@@ -153,13 +153,15 @@ def _combine(a: Moments, b: Moments) -> Moments:
         delta = mb - ma
         return n, ma + delta * nb / n, m2a + m2b + delta * delta * na * nb / n, 1.0
     s = max(sa if (m2a or ma) else 0.0, sb if (m2b or mb) else 0.0) or 1.0
-    delta = mb / s - ma / s
+    ma = ma * (sa / s) if ma else 0.0  # in units of s (a power-of-two ratio: exact unless negligible)
+    mb = mb * (sb / s) if mb else 0.0
+    delta = mb - ma
     m2 = delta * delta * na * nb / n
     if m2a:
         m2 += m2a * (sa / s) ** 2
     if m2b:
         m2 += m2b * (sb / s) ** 2
-    return n, s * (ma / s + delta * nb / n), m2, s
+    return n, ma + delta * nb / n, m2, s
 
 
 class StatsAccumulator:
@@ -347,7 +349,7 @@ class StatsAccumulator:
             max_abs=None if all_nan else amax,
             min=None if all_nan else lo,
             max=None if all_nan else hi,
-            mean=mean if count else None,
+            mean=mean * scale if count else None,
             std=scale * math.sqrt(m2 / count) if count else None,
             nan_count=self.nan, inf_count=self.inf, zero_count=self.zeros,
         )
