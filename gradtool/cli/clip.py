@@ -68,10 +68,10 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
     """Map each source file to its output path (None for a dry run, '-' for stdout)."""
     from ..errors import UsageError
 
-    if output is None:
-        if not dry_run:
-            raise UsageError("give an output with -o FILE (or DIR for several inputs, - for stdout), or use --dry-run")
+    if dry_run:  # writes nothing, whatever -o says
         return {s: None for s in sources}
+    if output is None:
+        raise UsageError("give an output with -o FILE (or DIR for several inputs, - for stdout), or use --dry-run")
     if output == "-":
         if many:
             raise UsageError("-o - writes one dump to stdout; give a single input")

@@ -162,6 +162,17 @@ def test_a_refused_run_leaves_no_empty_output_directory(run, nan_dump, dump, tmp
     assert r.exit_code == 1 and kept.is_dir() and os.listdir(kept) == []
 
 
+def test_dry_run_with_an_output_writes_nothing(run, dump, nan_dump, tmp_path):
+    """--dry-run with -o wrote the clipped dumps (and made the directory) all the same."""
+    where = tmp_path / "outputs"
+    where.mkdir()
+    r = run("clip", dump, "-o", str(where / "o.npz"), "--mode", "norm", "--max", "1", "--dry-run")
+    assert r.exit_code == 0 and os.listdir(where) == []
+    r = run("clip", dump, nan_dump, "-o", str(where / "d"), "--mode", "norm", "--max", "100",
+            "--nonfinite", "zero", "--dry-run")
+    assert r.exit_code == 0 and os.listdir(where) == []
+
+
 def test_never_overwrite_input_and_force(run, dump, tmp_path):
     before = sha(dump)
     r = run("clip", dump, "-o", dump, "--mode", "norm", "--max", "1", "--force")
