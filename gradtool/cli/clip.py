@@ -79,6 +79,9 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
             raise UsageError("refusing to write a binary dump to a terminal; redirect stdout or give -o FILE")
         return {sources[0]: "-"}
     if many or os.path.isdir(output):
+        if "-" in sources:
+            raise UsageError(f"{output} is a directory, and standard input has no file name to write into it: "
+                             f"give -o {os.path.join(output, 'NAME.npz')}" + (" and clip - on its own" if many else ""))
         makedirs(output)
         outs = {s: os.path.join(output, os.path.basename(s)) for s in sources}
         names = list(outs.values())
@@ -131,12 +134,13 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     from ..io.detect import output_format
     from ..io.dump import make_writer
     from ..io.history import expand_inputs, open_each
-    from .common import xp_for
+    from .common import stdin_inputs, xp_for
 
     spec = ClipSpec(mode=mode, max=max_, min=min_, axes=_parse_axes(axes), use_norm=use_norm,
                     norm_type=float(norm_type), nonfinite=nonfinite, select=select, exclude=exclude,
                     thresholds=_load_thresholds(thresholds_file, mode)).validate()
-    with output_directories() as makedirs:  # a failed run takes back the directories it made
+    # a failed run takes back the directories it made; - is spooled once (global-norm reads it twice)
+    with output_directories() as makedirs, stdin_inputs(dumps):
         xp = xp_for(backend)
         refs = expand_inputs(list(dumps), sharded=sharded)
         if any(r.shards is not None for r in refs):

@@ -57,6 +57,30 @@ def progress(total: int, description: str) -> Iterator[Callable[[int], None]]:
         yield lambda n=1: bar.advance(task, n)
 
 
+@contextmanager
+def stdin_inputs(inputs: Sequence[str]) -> Iterator[str | None]:
+    """For the length of a command: standard input, when ``-`` is among ``inputs``, spooled once to a
+    temporary file (yielded; None without ``-``) that every later open of ``-`` reads. Standard input can
+    be read only once, and a command looks at a dump more than once: its format, its steps, two passes of
+    global-norm clipping. The copy is removed when the command ends."""
+    if "-" not in inputs:
+        yield None
+        return
+    from ..errors import InputError, UsageError
+    from ..io.dump import stdin_spooled
+
+    if list(inputs).count("-") > 1:
+        raise UsageError("standard input (-) can be given only once")
+    if sys.stdin is None or sys.stdin.isatty():
+        raise UsageError("- reads standard input, which is a terminal: pipe a dump or a log in (cmd | gradtool ... -)")
+    with stdin_spooled() as copy:
+        import os
+
+        if os.path.getsize(copy) == 0:
+            raise InputError("<stdin>: empty (nothing was piped in)")
+        yield copy
+
+
 def xp_for(backend: str | None) -> Any:
     """The namespace for --backend; None means NumPy on the host (the streaming fast path, and no
     array-api-compat import at start-up)."""

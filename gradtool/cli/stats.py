@@ -94,23 +94,24 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     from ..errors import ExitCode, GradtoolError
     from ..io.history import expand_inputs
     from ..summarize import summarize_dump
-    from .common import xp_for
+    from .common import stdin_inputs, xp_for
 
     xp = xp_for(backend)
     from ..engine import with_fallback_steps
 
-    refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False)  # each dump is opened once, below
-    if engine == "local" and len(refs) == 1:  # one dump: the progress bar counts its tensors
-        with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
-            summaries = with_fallback_steps(refs, [summarize_dump(reader, step=refs[0].step, select=select,
-                                                                  exclude=exclude, norm_type=norm_type, xp=xp,
-                                                                  on_tensor=advance)])
-    else:
-        from ..engine import summarize_refs
+    with stdin_inputs(dumps):  # - is spooled once: a multi-step HDF5 file on stdin is opened per step
+        refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False)  # each dump is opened once, below
+        if engine == "local" and len(refs) == 1:  # one dump: the progress bar counts its tensors
+            with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
+                summaries = with_fallback_steps(refs, [summarize_dump(reader, step=refs[0].step, select=select,
+                                                                      exclude=exclude, norm_type=norm_type, xp=xp,
+                                                                      on_tensor=advance)])
+        else:
+            from ..engine import summarize_refs
 
-        with progress(len(refs), "stats") as advance:
-            summaries = summarize_refs(refs, select=select, exclude=exclude, norm_type=norm_type, xp=xp,
-                                       engine=engine, scheduler=scheduler, on_dump=advance)
+            with progress(len(refs), "stats") as advance:
+                summaries = summarize_refs(refs, select=select, exclude=exclude, norm_type=norm_type, xp=xp,
+                                           engine=engine, scheduler=scheduler, on_dump=advance)
     records = [dump_record(s, sort, top) for s in summaries]
     _render(records, summaries, fmt, per_tensor, sort, top)
     if fail_on_nonfinite:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .common import backend_option, engine_options, message, progress, select_options, sharded_option
+from .common import backend_option, engine_options, message, progress, select_options, sharded_option, stdin_inputs
 
 MODES = ("global-norm", "norm", "average-norm", "value")
 
@@ -20,6 +20,7 @@ Examples:
   gradtool suggest-threshold output/trainer_state.json       # Hugging Face log: global-norm only
   gradtool suggest-threshold output/                         # a run dir of checkpoint-*/trainer_state.json
   gradtool suggest-threshold metrics.csv --key grad_2.0_norm_total --current 1.0
+  kubectl logs trainer-0 | gradtool suggest-threshold -      # a log (or a dump) on standard input
   gradtool clip run.h5 -o clipped.h5 --mode global-norm \\
       --max "$(gradtool suggest-threshold run.h5 --mode global-norm --format value)"
   gradtool suggest-threshold dumps/ --per-tensor -o thresholds.json
@@ -38,15 +39,17 @@ window, then tau = exp(median(log x) + 3.5 * 1.4826 * MAD(log x)), kept within [
 """
 
 
-def _split_inputs(inputs: list[str], sharded: bool = False) -> tuple[list[str], list[str]]:
-    """(dump inputs, log inputs), by content."""
+def _split_inputs(inputs: list[str], sharded: bool = False, stdin_copy: str | None = None
+                  ) -> tuple[list[str], list[str]]:
+    """(dump inputs, log inputs), by content; ``-`` by the content of ``stdin_copy``, standard input
+    spooled to a file."""
     from ..io.detect import detect_format
     from ..io.history import _dir_files, _step_dirs
 
     dumps, logs = [], []
     for p in inputs:
         if p == "-":
-            dumps.append(p)
+            (dumps if stdin_copy is None or detect_format(stdin_copy) else logs).append(p)
         elif os.path.isdir(p):
             (dumps if sharded or _dir_files(p) or _step_dirs(p) else logs).append(p)
         elif not os.path.exists(p):
@@ -59,9 +62,11 @@ def _split_inputs(inputs: list[str], sharded: bool = False) -> tuple[list[str], 
 
 
 def _merge_logs(paths: list[str], key: str | None) -> Any:
+    from ..io.dump import stdin_copy_path
     from ..io.logs import NormHistory, read_norm_log
 
-    hists = [read_norm_log(p, key) for p in paths]
+    hists = [read_norm_log(stdin_copy_path() or p, key, source="<stdin>") if p == "-" else read_norm_log(p, key)
+             for p in paths]
     if len(hists) == 1:
         return hists[0]
     by: dict[int, tuple] = {}
@@ -116,8 +121,10 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
         raise UsageError("--per-tensor writes a file: give it with -o FILE")
     if output and not per_tensor:
         raise UsageError("-o is for --per-tensor thresholds")
-    dump_inputs, log_inputs = _split_inputs(list(inputs), sharded)
-    doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded, engine, scheduler)
+    with stdin_inputs(inputs) as stdin_copy:  # a dump or a log: spooled once, looked at, read from the copy
+        dump_inputs, log_inputs = _split_inputs(list(inputs), sharded, stdin_copy)
+        doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded, engine,
+                       scheduler)
     if explicit_modes:
         missing = [m for m in wanted if m in doc["cannot_derive"]]
         if missing and not any(m["mode"] in wanted for m in doc["modes"]):

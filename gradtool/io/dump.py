@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -29,6 +30,34 @@ def _spool_stdin() -> str:
     return tmp
 
 
+_stdin_copy: str | None = None  # within stdin_spooled(): the copy that open_dump("-") opens
+
+
+@contextmanager
+def stdin_spooled() -> Iterator[str]:
+    """Standard input copied once to a temporary file, removed when the block ends. For a command that must
+    look at its standard input before it knows what it is (a dump or a training log): within the block
+    ``open_dump("-")`` opens this copy instead of reading standard input again (which would be empty)."""
+    global _stdin_copy
+    if _stdin_copy is not None:
+        raise RuntimeError("standard input is already spooled")
+    tmp = _spool_stdin()
+    _stdin_copy = tmp
+    try:
+        yield tmp
+    finally:
+        _stdin_copy = None
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def stdin_copy_path() -> str | None:
+    """The file standard input is spooled to within :func:`stdin_spooled`, else None."""
+    return _stdin_copy
+
+
 def open_dump(path: str, *, group: str | None = None, format: str | None = None) -> DumpReader:
     """Open one dump lazily (only its index is read). ``path`` may be ``-`` for standard input.
 
@@ -38,8 +67,11 @@ def open_dump(path: str, *, group: str | None = None, format: str | None = None)
     display = path
     temp = None
     if path == "-":
-        temp = path = _spool_stdin()
         display = "<stdin>"
+        if _stdin_copy is not None:
+            path = _stdin_copy
+        else:
+            temp = path = _spool_stdin()
     try:
         if not os.path.exists(path):
             raise InputError(f"{display}: no such file")

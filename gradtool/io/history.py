@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import InputError
 from .base import DumpReader
 from .detect import detect_format
-from .dump import open_dump
+from .dump import open_dump, stdin_copy_path
 
 _INT = re.compile(r"\d+")
 
@@ -67,12 +67,23 @@ def _dir_files(directory: str) -> list[str]:
     return out
 
 
+def _readable(path: str) -> tuple[str, str]:
+    """(the file to read, the name for messages) of an input: ``-`` is standard input's spooled copy
+    (:func:`~gradtool.io.dump.stdin_spooled`), when there is one."""
+    if path == "-":
+        copy = stdin_copy_path()
+        if copy is not None:
+            return copy, "<stdin>"
+    return path, path
+
+
 def _refs_for_file(path: str) -> list[DumpRef]:
-    fmt = detect_format(path) if path != "-" else None
+    real, display = _readable(path)
+    fmt = detect_format(real) if real != "-" else None
     if fmt == "hdf5":
         from .hdf5 import open_h5, step_groups
 
-        with open_h5(path, path) as f:
+        with open_h5(real, display) as f:
             groups = step_groups(f)
         if groups:
             return [DumpRef(path, "hdf5", g, s) for g, s in groups]
@@ -144,7 +155,7 @@ def fallback_step(ref: DumpRef, order: int) -> int | None:
 
 
 def _metadata_step(ref: DumpRef) -> int | None:
-    if ref.path == "-" or ref.format is None:
+    if ref.format is None:
         return None
     if ref.shards is not None:
         with open_dump(ref.shards[0]) as r:
@@ -164,13 +175,14 @@ def open_each(refs: Sequence[DumpRef]) -> Iterator[tuple[DumpRef, DumpReader]]:
             if ref.format == "hdf5" and ref.group is not None and ref.shards is None:
                 from .hdf5 import Hdf5Reader, open_h5
 
+                real, display = _readable(ref.path)
                 if ref.path != shared_path:
                     if shared is not None:
                         shared.close()
                         shared = None
-                    shared = open_h5(ref.path, ref.path)
+                    shared = open_h5(real, display)
                     shared_path = ref.path
-                reader: DumpReader = Hdf5Reader(ref.path, group=ref.group, display_path=ref.path, _file=shared)
+                reader: DumpReader = Hdf5Reader(real, group=ref.group, display_path=display, _file=shared)
             else:
                 reader = ref.open()
             with reader:

@@ -305,16 +305,18 @@ def _loads(text: str, source: str) -> Any:
         raise InputError(f"{source}: JSON nested too deeply to be a training log") from None
 
 
-def _read_text(path: str) -> str:
+def _read_text(path: str, source: str | None = None) -> str:
+    """The text of the log at ``path`` (``source``, default ``path``, names it in errors)."""
+    source = source or path
     try:
         if os.path.getsize(path) > MAX_LOG_BYTES:
-            raise InputError(f"{path}: log larger than {MAX_LOG_BYTES >> 30} GiB")
+            raise InputError(f"{source}: log larger than {MAX_LOG_BYTES >> 30} GiB")
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
     if b"\0" in raw[:4096]:
-        raise InputError(f"{path}: binary file, not a training log")
+        raise InputError(f"{source}: binary file, not a training log")
     return raw.decode("utf-8", "replace")
 
 
@@ -634,31 +636,32 @@ def is_log_file(path: str) -> bool:
     return os.path.isfile(path) and detect_format(path) is None
 
 
-def read_norm_log(path: str, key: str | None = None) -> NormHistory:
-    """Read any supported training log (format detected from name and content). The cyclic garbage
-    collector is paused meanwhile: a 10^6-line log makes millions of objects that hold no cycles, and its
-    repeated full scans of them cost more than the parse."""
+def read_norm_log(path: str, key: str | None = None, *, source: str | None = None) -> NormHistory:
+    """Read any supported training log (format detected from name and content); ``source`` (default
+    ``path``) names it in errors and in the result, e.g. ``<stdin>`` for a spooled copy of standard input.
+    The cyclic garbage collector is paused meanwhile: a 10^6-line log makes millions of objects that hold
+    no cycles, and its repeated full scans of them cost more than the parse."""
     import gc
 
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _read_norm_log(path, key)
+        return _read_norm_log(path, key, source or path)
     finally:
         if enabled:
             gc.enable()
 
 
-def _read_norm_log(path: str, key: str | None = None) -> NormHistory:
+def _read_norm_log(path: str, key: str | None, source: str) -> NormHistory:
     if os.path.isdir(path):
         return read_run_directory(path, key)
-    base = os.path.basename(path).lower()
+    base = os.path.basename(source).lower()
     if "tfevents" in base:
         return read_tensorboard(path, key)
-    text = _read_text(path)
+    text = _read_text(path, source)
     stripped = text.lstrip()
     if not stripped:
-        raise InputError(f"{path}: empty log")
+        raise InputError(f"{source}: empty log")
     if stripped.startswith("{") or stripped.startswith("["):
         if stripped.startswith("{"):
             try:
@@ -666,15 +669,15 @@ def _read_norm_log(path: str, key: str | None = None) -> NormHistory:
             except (ValueError, RecursionError):
                 doc = None
             if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
-                return from_records(doc["log_history"], path, "trainer_state", key)
+                return from_records(doc["log_history"], source, "trainer_state", key)
             if isinstance(doc, dict):
-                return from_records([doc], path, "jsonl", key)
-            return read_jsonl(path, key, text)
-        doc = _loads(text, path)
+                return from_records([doc], source, "jsonl", key)
+            return read_jsonl(source, key, text)
+        doc = _loads(text, source)
         if isinstance(doc, list):
-            return from_records(doc, path, "json", key)
+            return from_records(doc, source, "json", key)
     first = stripped.split("\n", 1)[0]
     if base.endswith((".csv", ".tsv")) or (("," in first or "\t" in first) and _find_norm_key(
             re.split(r"[,\t]", first), key) is not None):
-        return read_csv(path, key, text)
-    return read_text_log(path, key, text)
+        return read_csv(source, key, text)
+    return read_text_log(source, key, text)

@@ -1,0 +1,188 @@
+"""`-` as an input of every command: standard input is spooled once and every later open reads the copy.
+
+Before, each open of `-` read standard input again (empty the second time): `clip -` failed outright (it
+opens a dump to count its tensors, then to clip it), a multi-step HDF5 file on stdin was refused, and
+`suggest-threshold -` took a piped training log for a broken dump."""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from gradtool import Recorder, open_dump, save_dump
+from gradtool.io import dump as dump_module
+
+REAL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "real-logs")
+REAL_FILES = sorted(f for f in os.listdir(REAL) if f.endswith(".json")) if os.path.isdir(REAL) else []
+
+
+@pytest.fixture(autouse=True)
+def private_tempdir(tmp_path, monkeypatch):
+    """Spooled copies go to a directory of this test's own, which must be empty again afterwards."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spool))
+    yield
+    assert os.listdir(spool) == [], "the copy of standard input was left behind"
+    assert dump_module.stdin_copy_path() is None
+
+
+def _bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.fixture
+def h5_history(tmp_path):
+    rng = np.random.default_rng(3)
+    p = str(tmp_path / "run.h5")
+    rec = Recorder(p)
+    for s in range(40):
+        k = 25.0 if s == 31 else 1.0
+        rec.write(s * 10, {"w": rng.standard_normal((6, 5)).astype(np.float32) * k,
+                           "b": rng.standard_normal(5).astype(np.float32)}, loss=1.0 - s / 100)
+    return p
+
+
+def _without_paths(doc):
+    for d in doc["dumps"]:
+        d.pop("path")
+    return doc
+
+
+@pytest.mark.parametrize("mode", ["global-norm", "norm", "value"])
+def test_clip_from_stdin_equals_clipping_the_file(run, dump, tmp_path, mode):
+    direct, piped = str(tmp_path / "direct.npz"), str(tmp_path / "piped.npz")
+    a = run("clip", dump, "-o", direct, "--mode", mode, "--max", "2", "--format", "json")
+    b = run("clip", "-", "-o", piped, "--mode", mode, "--max", "2", "--format", "json", input=_bytes(dump))
+    assert a.exit_code == 0 and b.exit_code == 0, b.stderr
+    assert b.json()["dumps"][0]["input"] == "<stdin>"
+    for da, db in zip(a.json()["dumps"], b.json()["dumps"]):
+        da.pop("input"), db.pop("input"), da.pop("output"), db.pop("output")
+        assert da == db
+    with open_dump(direct) as x, open_dump(piped) as y:
+        assert x.names == y.names
+        for n in x.names:
+            assert np.array_equal(x.read(n), y.read(n))
+            assert x.read(n).dtype == y.read(n).dtype
+
+
+def test_clip_stdin_to_stdout_in_a_real_pipe(run, dump, tmp_path):
+    """`cat dump | gradtool clip - -o - | ...`: the output keeps the input's format (npz), equals clipping
+    the file, and the copy of stdin is gone when the process ends (TMPDIR is this test's)."""
+    import subprocess
+    import sys
+
+    direct = str(tmp_path / "direct.npz")
+    assert run("clip", dump, "-o", direct, "--mode", "global-norm", "--max", "1").exit_code == 0
+    spool = tmp_path / "subprocess-spool"
+    spool.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "gradtool", "clip", "-", "-o", "-", "--mode", "global-norm",
+                           "--max", "1", "--format", "json"], input=_bytes(dump), capture_output=True,
+                          env={**os.environ, "TMPDIR": str(spool)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout[:4] == b"PK\x03\x04" and json.loads(proc.stderr)["dumps"][0]["input"] == "<stdin>"
+    piped = tmp_path / "piped.npz"
+    piped.write_bytes(proc.stdout)
+    with open_dump(direct) as x, open_dump(str(piped)) as y:
+        assert x.names == y.names and all(np.array_equal(x.read(n), y.read(n)) for n in x.names)
+    assert os.listdir(spool) == []
+
+
+def test_clip_stdin_into_a_directory_is_refused(run, dump, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = run("clip", "-", "-o", str(out), "--mode", "value", "--max", "1", input=_bytes(dump))
+    assert r.exit_code == 2 and "standard input has no file name" in r.stderr
+    assert os.listdir(out) == []
+
+
+def test_a_multi_step_hdf5_file_on_stdin_is_a_history(run, h5_history):
+    a = run("stats", h5_history, "--format", "json")
+    b = run("stats", "-", "--format", "json", input=_bytes(h5_history))
+    assert a.exit_code == 0 and b.exit_code == 0, b.stderr
+    assert len(b.json()["dumps"]) == 40
+    assert [d["step"] for d in b.json()["dumps"]] == list(range(0, 400, 10))
+    assert _without_paths(a.json()) == _without_paths(b.json())
+
+
+def test_suggest_from_a_piped_history_equals_the_file(run, h5_history):
+    a = run("suggest-threshold", h5_history, "--format", "json")
+    b = run("suggest-threshold", "-", "--format", "json", input=_bytes(h5_history))
+    assert a.exit_code == 0 and b.exit_code == 0, b.stderr
+    da, db = a.json(), b.json()
+    assert db["source"]["inputs"] == ["-"]
+    da.pop("source"), db.pop("source")
+    assert da == db
+    assert {m["mode"] for m in db["modes"]} == {"global-norm", "norm", "average-norm", "value"}
+
+
+def _log_cases(tmp_path):
+    csv = tmp_path / "metrics.csv"
+    rng = np.random.default_rng(5)
+    norms = np.exp(rng.standard_normal(300) * 0.3)
+    norms[200] = 80.0
+    csv.write_text("step,loss,grad_norm\n" + "".join(f"{i},{2 - i / 300},{v!r}\n" for i, v in enumerate(norms)))
+    text = tmp_path / "megatron.log"
+    text.write_text("".join(f" iteration {i}/ 300 | lm loss: {2 - i / 300:.4f} | grad norm: {v:.6f} |\n"
+                            for i, v in enumerate(norms)))
+    jsonl = tmp_path / "log.jsonl"
+    jsonl.write_text("".join(json.dumps({"step": i, "grad_norm": v}) + "\n" for i, v in enumerate(norms)))
+    cases = [str(csv), str(text), str(jsonl)]
+    cases += [os.path.join(REAL, f) for f in REAL_FILES]
+    return cases
+
+
+def test_suggest_reads_a_piped_training_log(run, tmp_path):
+    for path in _log_cases(tmp_path):
+        a = run("suggest-threshold", path, "--format", "json")
+        b = run("suggest-threshold", "-", "--format", "json", input=_bytes(path))
+        assert a.exit_code == b.exit_code, (path, b.stderr)
+        if a.exit_code != 0:
+            continue
+        da, db = a.json(), b.json()
+        assert db["source"]["inputs"] == ["-"] and db["source"]["kind"] == da["source"]["kind"], path
+        da.pop("source"), db.pop("source")
+        assert da == db, path
+        assert db["modes"][0]["threshold"] > 0
+
+
+def test_a_piped_log_adds_loss_to_dumps(run, h5_history, tmp_path):
+    log = tmp_path / "loss.csv"
+    log.write_text("step,loss,grad_norm\n" + "".join(f"{s},{5.0 + s},{1.0}\n" for s in range(0, 400, 10)))
+    a = run("suggest-threshold", h5_history, str(log), "--format", "json")
+    b = run("suggest-threshold", h5_history, "-", "--format", "json", input=_bytes(str(log)))
+    assert a.exit_code == 0 and b.exit_code == 0, b.stderr
+    da, db = a.json(), b.json()
+    da.pop("source"), db.pop("source")
+    assert da == db
+
+
+def test_errors_on_stdin_name_it(run, tmp_path):
+    r = run("suggest-threshold", "-", input=b"hello, world\nno norms here\n")
+    assert r.exit_code == 1 and r.stderr.startswith("gradtool: error: <stdin>:"), r.stderr
+    for cmd in (["stats", "-"], ["suggest-threshold", "-"], ["clip", "-", "--dry-run", "--mode", "value", "--max", "1"]):
+        r = run(*cmd, input=b"")
+        assert r.exit_code == 1 and "<stdin>: empty" in r.stderr, (cmd, r.stderr)
+        r = run(*cmd, "-", input=b"x")
+        assert r.exit_code == 2 and "only once" in r.stderr, (cmd, r.stderr)
+    r = run("stats", "-", input=b"step,grad_norm\n1,2.0\n")
+    assert r.exit_code == 1 and "<stdin>: is not a gradient dump" in r.stderr
+
+
+def test_dask_engine_refuses_stdin_before_starting_a_cluster(run, dump):
+    r = run("stats", "-", "--engine", "dask", input=_bytes(dump))
+    assert r.exit_code == 2 and "standard input" in r.stderr
+
+
+def test_library_open_dump_of_stdin_still_spools_by_itself(tmp_path, monkeypatch):
+    import io
+    import sys
+
+    p = str(tmp_path / "x.npz")
+    save_dump(p, {"w": np.arange(4.0)})
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(_bytes(p))))
+    with open_dump("-") as r:
+        assert r.read("w").tolist() == [0, 1, 2, 3] and r.display_path == "<stdin>"
