@@ -89,8 +89,10 @@ def summarize_refs(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclu
         raise UsageError(f"--engine must be one of {', '.join(ENGINES)}")
     if xp is not None:
         raise UsageError("--engine dask computes on the workers' CPUs; use --backend numpy with it")
-    if any(r.path == "-" for r in refs):
-        raise UsageError("--engine dask workers cannot read standard input; save the dump to a file first")
+    from .io.dump import spooled_copy
+
+    if any(r.path == "-" or spooled_copy(r.path) for r in refs):
+        raise UsageError("--engine dask workers cannot read standard input or a pipe; save the dump to a file first")
     return with_fallback_steps(refs, _summarize_dask(refs, select, exclude, p, scheduler, on_dump))
 
 

@@ -79,9 +79,13 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
             raise UsageError("refusing to write a binary dump to a terminal; redirect stdout or give -o FILE")
         return {sources[0]: "-"}
     if many or os.path.isdir(output):
-        if "-" in sources:
-            raise UsageError(f"{output} is a directory, and standard input has no file name to write into it: "
-                             f"give -o {os.path.join(output, 'NAME.npz')}" + (" and clip - on its own" if many else ""))
+        from ..io.dump import spooled_copy, stream_name
+
+        stream = next((s for s in sources if spooled_copy(s) is not None), None)
+        if stream is not None:  # '-' or a pipe such as /dev/fd/63: no name worth keeping
+            raise UsageError(f"{output} is a directory, and {stream_name(stream)} (a stream) has no file name to "
+                             f"write into it: give -o {os.path.join(output, 'NAME.npz')}"
+                             + (f" and clip {stream} on its own" if many else ""))
         makedirs(output)
         outs = {s: os.path.join(output, os.path.basename(s)) for s in sources}
         names = list(outs.values())
@@ -134,13 +138,13 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     from ..io.detect import output_format
     from ..io.dump import make_writer
     from ..io.history import expand_inputs, open_each
-    from .common import stdin_inputs, xp_for
+    from .common import spooled_inputs, xp_for
 
     spec = ClipSpec(mode=mode, max=max_, min=min_, axes=_parse_axes(axes), use_norm=use_norm,
                     norm_type=float(norm_type), nonfinite=nonfinite, select=select, exclude=exclude,
                     thresholds=_load_thresholds(thresholds_file, mode)).validate()
-    # a failed run takes back the directories it made; - is spooled once (global-norm reads it twice)
-    with output_directories() as makedirs, stdin_inputs(dumps):
+    # a failed run takes back the directories it made; - and pipes are read once (global-norm reads twice)
+    with output_directories() as makedirs, spooled_inputs(dumps):
         xp = xp_for(backend)
         refs = expand_inputs(list(dumps), sharded=sharded)
         if any(r.shards is not None for r in refs):

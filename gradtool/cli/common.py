@@ -58,27 +58,30 @@ def progress(total: int, description: str) -> Iterator[Callable[[int], None]]:
 
 
 @contextmanager
-def stdin_inputs(inputs: Sequence[str]) -> Iterator[str | None]:
-    """For the length of a command: standard input, when ``-`` is among ``inputs``, spooled once to a
-    temporary file (yielded; None without ``-``) that every later open of ``-`` reads. Standard input can
-    be read only once, and a command looks at a dump more than once: its format, its steps, two passes of
-    global-norm clipping. The copy is removed when the command ends."""
-    if "-" not in inputs:
-        yield None
+def spooled_inputs(inputs: Sequence[str]) -> Iterator[dict[str, str]]:
+    """For the length of a command: every read-once input (``-`` for standard input, a named pipe, a
+    shell's ``<(cmd)``) copied once to a temporary file that every later open of it reads; yields
+    {input: copy}. A stream can be read only once, and a command looks at a dump more than once: its
+    format, its steps, two passes of global-norm clipping. The copies are removed when the command ends."""
+    from ..io.dump import is_stream
+
+    if not any(is_stream(p) for p in inputs):
+        yield {}
         return
     from ..errors import InputError, UsageError
-    from ..io.dump import stdin_spooled
+    from ..io.dump import stream_name, streams_spooled
 
     if list(inputs).count("-") > 1:
         raise UsageError("standard input (-) can be given only once")
-    if sys.stdin is None or sys.stdin.isatty():
+    if "-" in inputs and (sys.stdin is None or sys.stdin.isatty()):
         raise UsageError("- reads standard input, which is a terminal: pipe a dump or a log in (cmd | gradtool ... -)")
-    with stdin_spooled() as copy:
+    with streams_spooled(inputs) as copies:
         import os
 
-        if os.path.getsize(copy) == 0:
-            raise InputError("<stdin>: empty (nothing was piped in)")
-        yield copy
+        for p, copy in copies.items():
+            if os.path.getsize(copy) == 0:
+                raise InputError(f"{stream_name(p)}: empty (nothing was piped in)")
+        yield copies
 
 
 def xp_for(backend: str | None) -> Any:

@@ -94,12 +94,12 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     from ..errors import ExitCode, GradtoolError
     from ..io.history import expand_inputs
     from ..summarize import summarize_dump
-    from .common import stdin_inputs, xp_for
+    from .common import spooled_inputs, xp_for
 
     xp = xp_for(backend)
     from ..engine import with_fallback_steps
 
-    with stdin_inputs(dumps):  # - is spooled once: a multi-step HDF5 file on stdin is opened per step
+    with spooled_inputs(dumps):  # - and pipes are read once: a multi-step HDF5 file is opened per step
         refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False)  # each dump is opened once, below
         if engine == "local" and len(refs) == 1:  # one dump: the progress bar counts its tensors
             with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:

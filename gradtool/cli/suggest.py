@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .common import backend_option, engine_options, message, progress, select_options, sharded_option, stdin_inputs
+from .common import backend_option, engine_options, message, progress, select_options, sharded_option, spooled_inputs
 
 MODES = ("global-norm", "norm", "average-norm", "value")
 
@@ -39,17 +39,19 @@ window, then tau = exp(median(log x) + 3.5 * 1.4826 * MAD(log x)), kept within [
 """
 
 
-def _split_inputs(inputs: list[str], sharded: bool = False, stdin_copy: str | None = None
+def _split_inputs(inputs: list[str], sharded: bool = False, copies: dict[str, str] | None = None
                   ) -> tuple[list[str], list[str]]:
-    """(dump inputs, log inputs), by content; ``-`` by the content of ``stdin_copy``, standard input
-    spooled to a file."""
+    """(dump inputs, log inputs), by content; a read-once input (``-``, a pipe) by that of its copy in
+    ``copies`` (:func:`~gradtool.cli.common.spooled_inputs`)."""
     from ..io.detect import detect_format
     from ..io.history import _dir_files, _step_dirs
 
     dumps, logs = [], []
     for p in inputs:
-        if p == "-":
-            (dumps if stdin_copy is None or detect_format(stdin_copy) else logs).append(p)
+        if copies and p in copies:
+            (dumps if detect_format(copies[p]) else logs).append(p)
+        elif p == "-":
+            dumps.append(p)
         elif os.path.isdir(p):
             (dumps if sharded or _dir_files(p) or _step_dirs(p) else logs).append(p)
         elif not os.path.exists(p):
@@ -62,11 +64,10 @@ def _split_inputs(inputs: list[str], sharded: bool = False, stdin_copy: str | No
 
 
 def _merge_logs(paths: list[str], key: str | None) -> Any:
-    from ..io.dump import stdin_copy_path
+    from ..io.dump import spooled_copy, stream_name
     from ..io.logs import NormHistory, read_norm_log
 
-    hists = [read_norm_log(stdin_copy_path() or p, key, source="<stdin>") if p == "-" else read_norm_log(p, key)
-             for p in paths]
+    hists = [read_norm_log(spooled_copy(p) or p, key, source=stream_name(p)) for p in paths]
     if len(hists) == 1:
         return hists[0]
     by: dict[int, tuple] = {}
@@ -121,8 +122,8 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
         raise UsageError("--per-tensor writes a file: give it with -o FILE")
     if output and not per_tensor:
         raise UsageError("-o is for --per-tensor thresholds")
-    with stdin_inputs(inputs) as stdin_copy:  # a dump or a log: spooled once, looked at, read from the copy
-        dump_inputs, log_inputs = _split_inputs(list(inputs), sharded, stdin_copy)
+    with spooled_inputs(inputs) as copies:  # - and pipes: a dump or a log, read once, looked at in the copy
+        dump_inputs, log_inputs = _split_inputs(list(inputs), sharded, copies)
         doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded, engine,
                        scheduler)
     if explicit_modes:

@@ -15,63 +15,93 @@ from .base import DumpReader, DumpWriter, TensorInfo, check_tensor_name, check_u
 from .detect import detect_format, format_from_extension, output_format
 
 
-def _spool_stdin() -> str:
-    """Standard input copied to a temporary file (dumps need random access); removed on close."""
+def is_stream(path: str) -> bool:
+    """True for an input that can be read only once, front to back: standard input (``-``), a named pipe,
+    a shell's process substitution (``<(cmd)``, a ``/dev/fd/N`` pipe), a character device or a socket."""
+    if path == "-":
+        return True
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def stream_name(path: str) -> str:
+    """How messages name a read-once input: ``<stdin>`` for ``-``, else its path."""
+    return "<stdin>" if path == "-" else path
+
+
+def _spool(path: str) -> str:
+    """A read-once input (:func:`is_stream`) copied to a temporary file, for dumps need random access."""
     import shutil
     import tempfile  # here, not at the top: with shutil ~10 ms of every command's start-up
 
-    fd, tmp = tempfile.mkstemp(prefix="gradtool-stdin-")
+    fd, tmp = tempfile.mkstemp(prefix="gradtool-stdin-" if path == "-" else "gradtool-pipe-")
     try:
         with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+            if path == "-":
+                shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+            else:
+                try:
+                    src = open(path, "rb")
+                except OSError as exc:
+                    raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+                with src:
+                    shutil.copyfileobj(src, out, 1 << 20)
     except BaseException:  # Ctrl-C while a slow producer streams gigabytes: no copy left in the temp dir
         os.unlink(tmp)
         raise
     return tmp
 
 
-_stdin_copy: str | None = None  # within stdin_spooled(): the copy that open_dump("-") opens
+_spooled: dict[str, str] = {}  # within streams_spooled(): read-once input -> the copy every open reads
 
 
 @contextmanager
-def stdin_spooled() -> Iterator[str]:
-    """Standard input copied once to a temporary file, removed when the block ends. For a command that must
-    look at its standard input before it knows what it is (a dump or a training log): within the block
-    ``open_dump("-")`` opens this copy instead of reading standard input again (which would be empty)."""
-    global _stdin_copy
-    if _stdin_copy is not None:
-        raise RuntimeError("standard input is already spooled")
-    tmp = _spool_stdin()
-    _stdin_copy = tmp
+def streams_spooled(inputs: Iterable[str]) -> Iterator[dict[str, str]]:
+    """Each read-once input among ``inputs`` (:func:`is_stream`) copied once to a temporary file, removed
+    when the block ends; yields {input: copy}. A command looks at a dump more than once (its format, its
+    step groups, two passes of global-norm clipping) and must look at a stream before it knows whether it
+    is a dump or a training log: within the block :func:`open_dump` and :func:`spooled_copy` give the
+    copy, where a second read of the stream itself would find it empty."""
+    if _spooled:
+        raise RuntimeError("inputs are already spooled")
     try:
-        yield tmp
+        for p in dict.fromkeys(inputs):
+            if is_stream(p):
+                _spooled[p] = _spool(p)
+        yield dict(_spooled)
     finally:
-        _stdin_copy = None
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        for copy in _spooled.values():
+            try:
+                os.unlink(copy)
+            except OSError:
+                pass
+        _spooled.clear()
 
 
-def stdin_copy_path() -> str | None:
-    """The file standard input is spooled to within :func:`stdin_spooled`, else None."""
-    return _stdin_copy
+def spooled_copy(path: str) -> str | None:
+    """The copy of read-once input ``path`` within :func:`streams_spooled`, else None."""
+    return _spooled.get(path)
 
 
 def open_dump(path: str, *, group: str | None = None, format: str | None = None) -> DumpReader:
-    """Open one dump lazily (only its index is read). ``path`` may be ``-`` for standard input.
+    """Open one dump lazily (only its index is read). ``path`` may be ``-`` for standard input, or a pipe.
 
     The format is detected from the file's first bytes; ``format`` forces it. ``group`` selects one step
-    group of a multi-step HDF5 file.
+    group of a multi-step HDF5 file. A read-once input (standard input, a pipe) is read from its copy
+    within :func:`streams_spooled`, else copied to a temporary file removed when the reader closes.
     """
     display = path
     temp = None
-    if path == "-":
-        display = "<stdin>"
-        if _stdin_copy is not None:
-            path = _stdin_copy
-        else:
-            temp = path = _spool_stdin()
+    if (copy := _spooled.get(path)) is not None:
+        display, path = stream_name(path), copy
+    elif is_stream(path):
+        display = stream_name(path)
+        temp = path = _spool(path)
     try:
         if not os.path.exists(path):
             raise InputError(f"{display}: no such file")

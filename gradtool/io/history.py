@@ -18,9 +18,10 @@ from typing import Any
 from ..errors import InputError
 from .base import DumpReader
 from .detect import detect_format
-from .dump import open_dump, stdin_copy_path
+from .dump import is_stream, open_dump, spooled_copy, stream_name
 
 _INT = re.compile(r"\d+")
+_FD_PATH = re.compile(r"/(?:dev|proc/(?:self|\d+))/fd/\d+")  # a shell's <(cmd): its number is no step
 
 
 @dataclass
@@ -68,18 +69,15 @@ def _dir_files(directory: str) -> list[str]:
 
 
 def _readable(path: str) -> tuple[str, str]:
-    """(the file to read, the name for messages) of an input: ``-`` is standard input's spooled copy
-    (:func:`~gradtool.io.dump.stdin_spooled`), when there is one."""
-    if path == "-":
-        copy = stdin_copy_path()
-        if copy is not None:
-            return copy, "<stdin>"
-    return path, path
+    """(the file to read, the name for messages) of an input: a read-once input (``-``, a pipe) is read
+    from its copy (:func:`~gradtool.io.dump.streams_spooled`), when there is one."""
+    copy = spooled_copy(path)
+    return (path, path) if copy is None else (copy, stream_name(path))
 
 
 def _refs_for_file(path: str) -> list[DumpRef]:
     real, display = _readable(path)
-    fmt = detect_format(real) if real != "-" else None
+    fmt = None if real == path and is_stream(path) else detect_format(real)  # an unspooled stream: unsniffed
     if fmt == "hdf5":
         from .hdf5 import open_h5, step_groups
 
@@ -150,7 +148,7 @@ def fallback_step(ref: DumpRef, order: int) -> int | None:
     ``order`` in the history (None for standard input)."""
     if ref.path == "-":
         return None
-    step = step_from_filename(ref.path)
+    step = None if _FD_PATH.fullmatch(ref.path) else step_from_filename(ref.path)
     return order if step is None else step
 
 
