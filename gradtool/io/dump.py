@@ -17,7 +17,8 @@ from .detect import detect_format, format_from_extension, output_format
 
 def is_stream(path: str) -> bool:
     """True for an input that can be read only once, front to back: standard input (``-``), a named pipe,
-    a shell's process substitution (``<(cmd)``, a ``/dev/fd/N`` pipe), a character device or a socket."""
+    a shell's process substitution (``<(cmd)``, a ``/dev/fd/N`` pipe) or a socket. Not a character device:
+    ``/dev/zero`` would be copied until the disk is full; read as a file, it is refused at its first bytes."""
     if path == "-":
         return True
     import stat
@@ -26,7 +27,7 @@ def is_stream(path: str) -> bool:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def stream_name(path: str) -> str:
@@ -39,18 +40,27 @@ def _spool(path: str) -> str:
     import shutil
     import tempfile  # here, not at the top: with shutil ~10 ms of every command's start-up
 
-    fd, tmp = tempfile.mkstemp(prefix="gradtool-stdin-" if path == "-" else "gradtool-pipe-")
+    name = stream_name(path)
     try:
+        fd, tmp = tempfile.mkstemp(prefix="gradtool-stdin-" if path == "-" else "gradtool-pipe-")
+    except OSError as exc:
+        raise InputError(f"{name}: cannot make a temporary copy in {tempfile.gettempdir()} "
+                         f"({exc.strerror or exc}); set TMPDIR to a writable directory") from None
+    try:
+        try:
+            src = sys.stdin.buffer if path == "-" else open(path, "rb")
+        except OSError as exc:
+            raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
         with os.fdopen(fd, "wb") as out:
-            if path == "-":
-                shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
-            else:
-                try:
-                    src = open(path, "rb")
-                except OSError as exc:
-                    raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
-                with src:
-                    shutil.copyfileobj(src, out, 1 << 20)
+            try:
+                shutil.copyfileobj(src, out, 1 << 20)
+                out.flush()
+            except OSError as exc:  # ENOSPC: a 20 GB dump piped into a small /tmp
+                raise InputError(f"{name}: cannot copy it to {tempfile.gettempdir()} ({exc.strerror or exc}); "
+                                 f"set TMPDIR to a disk with room for the whole dump") from None
+            finally:
+                if path != "-":
+                    src.close()
     except BaseException:  # Ctrl-C while a slow producer streams gigabytes: no copy left in the temp dir
         os.unlink(tmp)
         raise

@@ -308,11 +308,23 @@ def _loads(text: str, source: str) -> Any:
 def _read_text(path: str, source: str | None = None) -> str:
     """The text of the log at ``path`` (``source``, default ``path``, names it in errors)."""
     source = source or path
+    too_big = f"{source}: log larger than {MAX_LOG_BYTES >> 30} GiB"
     try:
-        if os.path.getsize(path) > MAX_LOG_BYTES:
-            raise InputError(f"{source}: log larger than {MAX_LOG_BYTES >> 30} GiB")
         with open(path, "rb") as f:
-            raw = f.read()
+            if os.path.isfile(path):
+                if os.fstat(f.fileno()).st_size > MAX_LOG_BYTES:
+                    raise InputError(too_big)
+                raw = f.read()
+            else:  # a device such as /dev/zero has no size and no end: read it up to the limit only
+                parts, total = [], 0
+                while (part := f.read(1 << 20)):
+                    if not parts and b"\0" in part[:4096]:
+                        break  # refused below, before megabytes of zeros are read
+                    parts.append(part)
+                    total += len(part)
+                    if total > MAX_LOG_BYTES:
+                        raise InputError(too_big)
+                raw = part if not parts else b"".join(parts)
     except OSError as exc:
         raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
     if b"\0" in raw[:4096]:

@@ -248,3 +248,34 @@ def test_process_substitution_in_a_real_shell(tmp_path):
     assert dumps[0]["path"].startswith("/dev/fd/") and dumps[0]["global_norm"] == 5.0
     assert [d["step"] for d in dumps] == [0, 1]  # positions: neither file name holds a step
     assert os.listdir(spool) == []
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+@pytest.mark.parametrize("cmd", ["stats", "suggest-threshold"])
+def test_an_endless_device_is_refused_at_its_first_bytes(cmd):
+    """/dev/zero is a character device, not a pipe: it is not copied (that would fill the disk) and a log
+    reader does not read it to the end (that filled memory: `suggest-threshold /dev/zero` was killed)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "gradtool", cmd, "/dev/zero"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() in ("gradtool: error: /dev/zero: binary file, not a training log",
+                                   "gradtool: error: /dev/zero: is not a gradient dump (unrecognised content; "
+                                   "formats: .npz .npy .h5 .safetensors)")
+
+
+def test_a_full_temporary_disk_is_a_one_line_error(run, dump, monkeypatch):
+    import errno
+    import shutil
+
+    def full(src, dst, length=0):
+        dst.write(src.read(10))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfileobj", full)
+    r = run("stats", "-", input=_bytes(dump))
+    assert r.exit_code == 1
+    assert r.stderr.startswith("gradtool: error: <stdin>: cannot copy it to ") and "No space left on device" in r.stderr
+    assert "TMPDIR" in r.stderr and len(r.stderr.strip().splitlines()) == 1
