@@ -105,7 +105,15 @@ def test_ctrl_c_while_standard_input_is_spooled_leaves_no_copy(dump, tmp_path):
     assert os.listdir(spool_dir), "the spool file never appeared"
     time.sleep(0.05)  # into the copy loop, waiting for more input
     proc.send_signal(signal.SIGINT)
-    code = proc.wait(timeout=60)
+    try:
+        code = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        # A signal that lands between two of the read calls a buffered read makes in C (while the process
+        # is descheduled there) is acted on when the next read returns; this producer never writes again,
+        # so it is a second Ctrl-C that gets it there, as a user's second Ctrl-C would. (In a terminal, the
+        # producer gets the same Ctrl-C, ends, and the read returns at once.) Seen once in CI under load.
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
     proc.stdin.close()
     stderr = proc.stderr.read().decode()
     assert code == 130 and "interrupted" in stderr and "Traceback" not in stderr
