@@ -92,7 +92,8 @@ def summarize_refs(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclu
     from .io.dump import spooled_copy
 
     if any(r.path == "-" or spooled_copy(r.path) for r in refs):
-        raise UsageError("--engine dask workers cannot read standard input or a pipe; save the dump to a file first")
+        raise UsageError("--engine dask workers cannot read standard input or a pipe; "
+                         "save the dump to a file first")
     return with_fallback_steps(refs, _summarize_dask(refs, select, exclude, p, scheduler, on_dump))
 
 

@@ -83,8 +83,8 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
 
         stream = next((s for s in sources if spooled_copy(s) is not None), None)
         if stream is not None:  # '-' or a pipe such as /dev/fd/63: no name worth keeping
-            raise UsageError(f"{output} is a directory, and {stream_name(stream)} (a stream) has no file name to "
-                             f"write into it: give -o {os.path.join(output, 'NAME.npz')}"
+            raise UsageError(f"{output} is a directory, and {stream_name(stream)} (a stream) has no file name "
+                             f"to write into it: give -o {os.path.join(output, 'NAME.npz')}"
                              + (f" and clip {stream} on its own" if many else ""))
         makedirs(output)
         outs = {s: os.path.join(output, os.path.basename(s)) for s in sources}

@@ -100,12 +100,13 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     from ..engine import with_fallback_steps
 
     with spooled_inputs(dumps):  # - and pipes are read once: a multi-step HDF5 file is opened per step
-        refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False)  # each dump is opened once, below
+        # each dump is opened once, below
+        refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False)
         if engine == "local" and len(refs) == 1:  # one dump: the progress bar counts its tensors
             with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
-                summaries = with_fallback_steps(refs, [summarize_dump(reader, step=refs[0].step, select=select,
-                                                                      exclude=exclude, norm_type=norm_type, xp=xp,
-                                                                      on_tensor=advance)])
+                summary = summarize_dump(reader, step=refs[0].step, select=select, exclude=exclude,
+                                         norm_type=norm_type, xp=xp, on_tensor=advance)
+                summaries = with_fallback_steps(refs, [summary])
         else:
             from ..engine import summarize_refs
 

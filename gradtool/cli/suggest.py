@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from .common import backend_option, engine_options, message, progress, select_options, sharded_option, spooled_inputs
+from .common import (backend_option, engine_options, message, progress, select_options, sharded_option,
+                     spooled_inputs)
 
 MODES = ("global-norm", "norm", "average-norm", "value")
 

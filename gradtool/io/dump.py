@@ -56,8 +56,9 @@ def _spool(path: str) -> str:
                 shutil.copyfileobj(src, out, 1 << 20)
                 out.flush()
             except OSError as exc:  # ENOSPC: a 20 GB dump piped into a small /tmp
-                raise InputError(f"{name}: cannot copy it to {tempfile.gettempdir()} ({exc.strerror or exc}); "
-                                 f"set TMPDIR to a disk with room for the whole dump") from None
+                raise InputError(f"{name}: cannot copy it to {tempfile.gettempdir()} "
+                                 f"({exc.strerror or exc}); set TMPDIR to a disk with room for the whole dump"
+                                 ) from None
             finally:
                 if path != "-":
                     src.close()

@@ -125,7 +125,8 @@ def _log_cases(tmp_path):
     rng = np.random.default_rng(5)
     norms = np.exp(rng.standard_normal(300) * 0.3)
     norms[200] = 80.0
-    csv.write_text("step,loss,grad_norm\n" + "".join(f"{i},{2 - i / 300},{v!r}\n" for i, v in enumerate(norms)))
+    rows = "".join(f"{i},{2 - i / 300},{v!r}\n" for i, v in enumerate(norms))
+    csv.write_text("step,loss,grad_norm\n" + rows)
     text = tmp_path / "megatron.log"
     text.write_text("".join(f" iteration {i}/ 300 | lm loss: {2 - i / 300:.4f} | grad norm: {v:.6f} |\n"
                             for i, v in enumerate(norms)))
@@ -164,7 +165,8 @@ def test_a_piped_log_adds_loss_to_dumps(run, h5_history, tmp_path):
 def test_errors_on_stdin_name_it(run, tmp_path):
     r = run("suggest-threshold", "-", input=b"hello, world\nno norms here\n")
     assert r.exit_code == 1 and r.stderr.startswith("gradtool: error: <stdin>:"), r.stderr
-    for cmd in (["stats", "-"], ["suggest-threshold", "-"], ["clip", "-", "--dry-run", "--mode", "value", "--max", "1"]):
+    clip = ["clip", "-", "--dry-run", "--mode", "value", "--max", "1"]
+    for cmd in (["stats", "-"], ["suggest-threshold", "-"], clip):
         r = run(*cmd, input=b"")
         assert r.exit_code == 1 and "<stdin>: empty" in r.stderr, (cmd, r.stderr)
         r = run(*cmd, "-", input=b"x")
@@ -222,7 +224,8 @@ def test_a_named_pipe_is_read_once_for_every_command(run, h5_history, dump, tmp_
     assert da == db
 
     out = str(tmp_path / "clipped.npz")
-    r = run("clip", _fifo_feeding(tmp_path, "npzpipe", _bytes(dump)), "-o", out, "--mode", "global-norm", "--max", "1")
+    fifo = _fifo_feeding(tmp_path, "npzpipe", _bytes(dump))
+    r = run("clip", fifo, "-o", out, "--mode", "global-norm", "--max", "1")
     assert r.exit_code == 0, r.stderr
     with open_dump(out) as c:
         assert c.names == ["a/w", "attn[weight]", "count"]
@@ -241,8 +244,9 @@ def test_process_substitution_in_a_real_shell(tmp_path):
     save_dump(p, {"w": np.array([3.0, 4.0])})
     spool = tmp_path / "subprocess-spool"
     spool.mkdir()
-    proc = subprocess.run(["bash", "-c", f'"{sys.executable}" -m gradtool stats <(cat "{p}") "{p}" --format json'],
-                          capture_output=True, text=True, env={**os.environ, "TMPDIR": str(spool)})
+    command = f'"{sys.executable}" -m gradtool stats <(cat "{p}") "{p}" --format json'
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                          env={**os.environ, "TMPDIR": str(spool)})
     assert proc.returncode == 0, proc.stderr
     dumps = json.loads(proc.stdout)["dumps"]
     assert dumps[0]["path"].startswith("/dev/fd/") and dumps[0]["global_norm"] == 5.0
@@ -258,12 +262,13 @@ def test_an_endless_device_is_refused_at_its_first_bytes(cmd):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "gradtool", cmd, "/dev/zero"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "gradtool", cmd, "/dev/zero"], capture_output=True,
+                          text=True, timeout=60)
     assert proc.returncode == 1
-    assert proc.stderr.strip() in ("gradtool: error: /dev/zero: binary file, not a training log",
-                                   "gradtool: error: /dev/zero: is not a gradient dump (unrecognised content; "
-                                   "formats: .npz .npy .h5 .safetensors)")
+    assert proc.stderr.strip() in (
+        "gradtool: error: /dev/zero: binary file, not a training log",
+        "gradtool: error: /dev/zero: is not a gradient dump "
+        "(unrecognised content; formats: .npz .npy .h5 .safetensors)")
 
 
 def test_a_full_temporary_disk_is_a_one_line_error(run, dump, monkeypatch):
@@ -277,5 +282,6 @@ def test_a_full_temporary_disk_is_a_one_line_error(run, dump, monkeypatch):
     monkeypatch.setattr(shutil, "copyfileobj", full)
     r = run("stats", "-", input=_bytes(dump))
     assert r.exit_code == 1
-    assert r.stderr.startswith("gradtool: error: <stdin>: cannot copy it to ") and "No space left on device" in r.stderr
+    assert r.stderr.startswith("gradtool: error: <stdin>: cannot copy it to ")
+    assert "No space left on device" in r.stderr
     assert "TMPDIR" in r.stderr and len(r.stderr.strip().splitlines()) == 1
