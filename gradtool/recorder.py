@@ -24,8 +24,30 @@ import numpy as np
 from .errors import UsageError
 
 
+# PyTorch dtypes NumPy lacks -> (the same-width integer dtype PyTorch can export, the ml_dtypes type)
+_TORCH_BITS_AS = {"torch.bfloat16": ("int16", "bfloat16"), "torch.float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+                  "torch.float8_e5m2": ("uint8", "float8_e5m2")}
+
+
+def _torch_bits_as_ml_dtypes(x: Any) -> np.ndarray | None:
+    """A PyTorch bfloat16/float8 tensor (on the host) as the ml_dtypes array with the same bits: PyTorch
+    exports neither dtype through ``__array__`` or DLPack to NumPy, but it does export the integers of the
+    same width, which ``.view`` reinterprets exactly. None for anything else."""
+    wanted = _TORCH_BITS_AS.get(str(getattr(x, "dtype", "")))
+    if wanted is None or not type(x).__module__.startswith("torch"):
+        return None
+    import sys
+
+    import ml_dtypes
+
+    torch = sys.modules["torch"]  # imported already: x is one of its tensors
+    bits = x.contiguous().view(getattr(torch, wanted[0])).numpy()
+    return bits.view(getattr(ml_dtypes, wanted[1]))
+
+
 def to_numpy(x: Any, name: str = "tensor") -> np.ndarray:
-    """A host NumPy array from any array-like, without importing its framework."""
+    """A host NumPy array from any array-like, without importing its framework. PyTorch bfloat16 and
+    float8 tensors become ml_dtypes arrays with the same bits."""
     if isinstance(x, np.ndarray):
         return x
     for attr in ("detach",):  # PyTorch tensors that require grad refuse __array__/dlpack export
@@ -33,6 +55,8 @@ def to_numpy(x: Any, name: str = "tensor") -> np.ndarray:
             x = x.detach()
             if hasattr(x, "cpu"):
                 x = x.cpu()
+    if (bits := _torch_bits_as_ml_dtypes(x)) is not None:
+        return bits
     if hasattr(x, "get") and type(x).__module__.startswith("cupy"):
         return x.get()
     if hasattr(x, "__array__"):
@@ -48,8 +72,7 @@ def to_numpy(x: Any, name: str = "tensor") -> np.ndarray:
     try:
         a = np.asarray(x)
     except Exception as exc:
-        raise UsageError(f"cannot convert tensor {name!r} ({type(x).__name__}) to an array: {exc}; "
-                         "for bfloat16 PyTorch tensors pass t.float() or t.view(torch.int16)") from None
+        raise UsageError(f"cannot convert tensor {name!r} ({type(x).__name__}) to an array: {exc}") from None
     if a.dtype.hasobject:
         raise UsageError(f"tensor {name!r} is not numeric ({type(x).__name__})")
     return a
@@ -106,22 +129,36 @@ class Recorder:
                          compress=self.compress)
 
     def _append_group(self, step: int, grads: Mapping[str, Any], meta: dict[str, Any]) -> str:
+        """Write the step into a group ``NAME.partial`` without attributes, then give it its attributes
+        (``step`` among them) and its name: a write that fails (a tensor that cannot be converted or stored, Ctrl-C)
+        removes the partial group and leaves the file as it was, with no phantom step of zero tensors and
+        the step it was to replace (``force``) still there. A writer killed outright leaves a group
+        without a ``step`` attribute, which readers do not take for a step; the next write removes it."""
         import h5py
 
         from .io.base import TensorInfo, check_tensor_name
         from .io.hdf5 import Hdf5Writer
 
         group = f"{self.prefix}{step:08d}"
+        partial = f"{group}.partial"
         with h5py.File(self.target, "a", track_order=True) as f:
-            if group in f:
-                if not self.force:
-                    raise UsageError(f"{self.target}: step {step} is already recorded")
-                del f[group]
+            if group in f and not self.force:
+                raise UsageError(f"{self.target}: step {step} is already recorded")
+            if partial in f:
+                del f[partial]
             w = Hdf5Writer(self.target, file=f)
-            w.begin_step(group, meta)
-            for name, t in grads.items():
-                a = to_numpy(t, name)
-                w.add(TensorInfo(check_tensor_name(name, self.target), tuple(a.shape), a.dtype), a)
+            w.begin_step(partial, {})
+            try:
+                for name, t in grads.items():
+                    a = to_numpy(t, name)
+                    w.add(TensorInfo(check_tensor_name(name, self.target), tuple(a.shape), a.dtype), a)
+                w.set_group_attrs("", meta)  # the step (first, as before) and the scalars
+                if group in f:
+                    del f[group]
+                f.move(partial, group)
+            except BaseException:
+                del f[partial]
+                raise
             f.flush()
         return self.target
 

@@ -125,3 +125,97 @@ def test_open_each_closes_the_shared_file_when_left_early_or_failing(tmp_path, m
             if ref.group and ref.path.endswith("b.h5"):
                 raise RuntimeError("the consumer failed")
     assert len(files) == 3 and not any(f.id.valid for f in files)
+
+
+def test_a_failed_hdf5_recording_leaves_the_history_as_it_was(tmp_path):
+    """A step whose second tensor cannot be stored (bfloat16: HDF5 has no such dtype) left an empty step
+    group behind, read as a step of 0 tensors and global norm 0; with force, the step it was to replace
+    was deleted first and lost."""
+    import h5py
+    import ml_dtypes
+
+    from gradtool.errors import GradtoolError
+
+    path = str(tmp_path / "run.h5")
+    rec = Recorder(path)
+    rec.write(1, {"w": np.ones(3, np.float32)}, loss=2.0)
+    bad = {"ok": np.ones(2), "bf16": np.ones(2, ml_dtypes.bfloat16)}
+    with pytest.raises(GradtoolError, match="bfloat16"):
+        rec.write(2, bad)
+    with pytest.raises(GradtoolError, match="bfloat16"):
+        Recorder(path, force=True).write(1, bad, loss=9.0)
+    with h5py.File(path) as f:
+        assert list(f) == ["step_00000001"]
+    refs = expand_inputs([path])
+    assert [r.step for r in refs] == [1]
+    with refs[0].open() as r:
+        assert r.names == ["w"] and r.metadata == {"step": 1, "loss": 2.0}
+
+    # a writer killed mid-step leaves a group without a step attribute: not a step; the next write clears it
+    with h5py.File(path, "a") as f:
+        f.create_group("step_00000002.partial").create_dataset("half", data=np.ones(1))
+    assert [r.step for r in expand_inputs([path])] == [1]
+    rec.write(2, {"w": np.full(3, 2.0, np.float32)})
+    Recorder(path, force=True).write(1, {"w": np.full(3, 5.0, np.float32)}, loss=3.0)
+    with h5py.File(path) as f:
+        assert sorted(f) == ["step_00000001", "step_00000002"]
+        assert list(f["step_00000001"].attrs) == ["step", "loss"]
+    refs = expand_inputs([path])
+    assert sorted(r.step for r in refs) == [1, 2]
+    with next(r for r in refs if r.step == 1).open() as r:
+        assert r.read("w").tolist() == [5.0, 5.0, 5.0] and r.metadata["loss"] == 3.0
+
+
+class _FakeTorchTensor:
+    """What to_numpy sees of a PyTorch bfloat16/float8 tensor: no __array__ NumPy can take, a .view to the
+    integer dtype of the same width, .numpy() of that (runs without PyTorch installed)."""
+
+    __module__ = "torch"
+
+    def __init__(self, bits, dtype):
+        self.bits, self.dtype = bits, dtype
+
+    def contiguous(self):
+        return self
+
+    def view(self, dtype):
+        assert dtype == {"torch.bfloat16": "int16", "torch.float8_e4m3fn": "uint8", "torch.float8_e5m2": "uint8"}[
+            self.dtype]
+        return _FakeTorchTensor(self.bits, dtype)
+
+    def numpy(self):
+        return self.bits
+
+
+@pytest.mark.parametrize("torch_dtype,ml_name", [("torch.bfloat16", "bfloat16"),
+                                                 ("torch.float8_e4m3fn", "float8_e4m3fn"),
+                                                 ("torch.float8_e5m2", "float8_e5m2")])
+def test_torch_bfloat16_and_float8_keep_their_bits(tmp_path, monkeypatch, torch_dtype, ml_name):
+    """PyTorch exports neither bfloat16 nor float8 to NumPy; the Recorder told users to pass t.float().
+    It now reinterprets the same-width integers as ml_dtypes arrays: exact, and safetensors keeps them."""
+    import sys
+    import types
+
+    import ml_dtypes
+
+    from gradtool.recorder import to_numpy
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(int16="int16", uint8="uint8"))
+    mdt = np.dtype(getattr(ml_dtypes, ml_name))
+    values = np.array([0.0, -1.5, 2.0, 0.25, 448.0 if "e4m3" in ml_name else 57344.0, np.nan], np.float32)
+    bits = values.astype(mdt).view(np.int16 if mdt.itemsize == 2 else np.uint8)
+    a = to_numpy(_FakeTorchTensor(bits, torch_dtype), "g")
+    assert a.dtype == mdt and np.array_equal(a.view(bits.dtype), bits)
+    p = Recorder(str(tmp_path), format="safetensors").write(4, {"g": _FakeTorchTensor(bits, torch_dtype)})
+    with open_dump(p) as r:
+        back = r.read("g")
+        assert back.dtype == mdt and np.array_equal(back.view(bits.dtype), bits)
+
+
+def test_real_torch_bfloat16_gradients(tmp_path):
+    torch = pytest.importorskip("torch")
+    g = (torch.arange(-3, 5, dtype=torch.float32) / 3).to(torch.bfloat16).requires_grad_()
+    p = Recorder(str(tmp_path), format="safetensors").write(1, {"g": g})
+    with open_dump(p) as r:
+        assert str(r.read("g").dtype) == "bfloat16"
+        assert np.array_equal(r.read("g").astype(np.float32), g.detach().float().numpy())
