@@ -287,7 +287,11 @@ def explain(doc: dict[str, Any]) -> list[str]:
     h = doc["history"]
     lines = []
     b = h["burn_in"]
-    lines.append(f"- warm-up skipped: {b['observations']} observations (to step {b['until_step']}): {b['reason']}")
+    if b["observations"]:
+        lines.append(f"- warm-up skipped: {b['observations']} observations (to step {b['until_step']}): "
+                     f"{b['reason']}")
+    else:
+        lines.append(f"- warm-up skipped: none ({b['reason']})")
     w = h["window"]
     lines.append(f"- window: {w['observations']} observations, steps {w['first_step']}..{w['last_step']}")
     if h["divergence"]:

@@ -124,3 +124,11 @@ def test_methods_on_cli(run, run_h5):
     for method in ("percentile", "zscore", "pascanu"):
         r = run("suggest-threshold", run_h5, "--mode", "global-norm", "--method", method, "--format", "value")
         assert r.exit_code == 0 and float(r.stdout) > 0
+
+
+def test_no_warm_up_skipped_is_said_so_not_to_step_none(run, run_h5):
+    r = run("suggest-threshold", run_h5, "--burn-in", "0")
+    assert r.exit_code == 0, r.stderr
+    assert "- warm-up skipped: none (given with --burn-in)" in r.stdout and "step None" not in r.stdout
+    r = run("suggest-threshold", run_h5, "--burn-in", "30")
+    assert "- warm-up skipped: 30 observations (to step 29)" in r.stdout
