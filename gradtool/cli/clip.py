@@ -138,7 +138,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     from ..io.detect import output_format
     from ..io.dump import make_writer
     from ..io.history import expand_inputs, open_each
-    from .common import spooled_inputs, xp_for
+    from .common import check_selection, spooled_inputs, xp_for
 
     spec = ClipSpec(mode=mode, max=max_, min=min_, axes=_parse_axes(axes), use_norm=use_norm,
                     norm_type=float(norm_type), nonfinite=nonfinite, select=select, exclude=exclude,
@@ -147,6 +147,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     with output_directories() as makedirs, spooled_inputs(dumps):
         xp = xp_for(backend)
         refs = expand_inputs(list(dumps), sharded=sharded)
+        check_selection(refs, select, exclude)
         if any(r.shards is not None for r in refs):
             if xp is not None:
                 raise UsageError("sharded steps are clipped on the NumPy backend")

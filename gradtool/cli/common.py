@@ -85,6 +85,30 @@ def spooled_inputs(inputs: Sequence[str]) -> Iterator[dict[str, str]]:
         yield copies
 
 
+def check_selection(refs: Sequence[Any], select: Sequence[str], exclude: Sequence[str]) -> None:
+    """A usage error when ``--select``/``--exclude`` leave no tensor in any of the dumps ``refs``: a mistyped
+    glob would otherwise read as a model whose gradients are all zero (``global norm 0``, "zero norms
+    at every step"), or a clip that changes nothing. Reads dump indexes until one has a selected tensor:
+    one, in the usual case."""
+    if not (select or exclude) or not refs:
+        return
+    from ..errors import UsageError
+    from ..io.history import open_each
+    from ..summarize import name_selected
+
+    sample: list[str] = []
+    for _, reader in open_each(refs):
+        names = reader.names
+        if any(name_selected(n, select, exclude) for n in names):
+            return
+        sample = sample or names
+    flags = " ".join([f"--select '{g}'" for g in select] + [f"--exclude '{g}'" for g in exclude])
+    where = refs[0].label if len(refs) == 1 else f"any of the {len(refs)} dumps"
+    hint = (f"; tensor names there look like: {', '.join(sample[:4])}" + (", ..." if len(sample) > 4 else "")
+            if sample else f"; {'it holds' if len(refs) == 1 else 'they hold'} no tensors at all")
+    raise UsageError(f"{flags} leaves no tensor in {where}{hint}")
+
+
 def xp_for(backend: str | None) -> Any:
     """The namespace for --backend; None means NumPy on the host (the streaming fast path, and no
     array-api-compat import at start-up)."""

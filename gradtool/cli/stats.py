@@ -94,7 +94,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     from ..errors import ExitCode, GradtoolError
     from ..io.history import expand_inputs
     from ..summarize import summarize_dump
-    from .common import spooled_inputs, xp_for
+    from .common import check_selection, spooled_inputs, xp_for
 
     xp = xp_for(backend)
     from ..engine import with_fallback_steps
@@ -102,6 +102,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     with spooled_inputs(dumps):  # - and pipes are read once: a multi-step HDF5 file is opened per step
         # each dump is opened once, below
         refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False)
+        check_selection(refs, select, exclude)
         if engine == "local" and len(refs) == 1:  # one dump: the progress bar counts its tensors
             with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
                 summary = summarize_dump(reader, step=refs[0].step, select=select, exclude=exclude,

@@ -157,9 +157,10 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
     if dump_inputs:
         from ..io.history import expand_inputs
         from ..summarize import dump_history
-        from .common import xp_for
+        from .common import check_selection, xp_for
 
         refs = expand_inputs(dump_inputs, sharded=sharded)
+        check_selection(refs, select, exclude)
         with progress(len(refs), "reading dumps") as advance:
             h = dump_history(refs, select=select, exclude=exclude, xp=xp_for(backend), on_dump=advance,
                              engine=engine, scheduler=scheduler)

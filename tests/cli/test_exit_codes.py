@@ -135,3 +135,26 @@ def test_readme_and_help_list_the_table(run):
     helptext = run("--help").stdout
     for code, text in EXIT_CODE_TABLE:
         assert re.search(rf"^\s+{code}\s", helptext, flags=re.M), code
+
+
+def test_a_selection_that_matches_nothing_is_a_usage_error(run, dump, history, tmp_path):
+    """A mistyped --select used to give 'global norm 0 over 0 tensors' (stats), 'zero norms at every
+    step' and no threshold (suggest-threshold), or an unclipped copy (clip), all with exit 0 or 4."""
+    out = str(tmp_path / "out.npz")
+    for args in (["stats", dump], ["clip", dump, "-o", out, "--mode", "norm", "--max", "1"],
+                 ["suggest-threshold", history], ["stats", history]):
+        r = run(*args, "--select", "atn*")
+        assert r.exit_code == 2, (args, r.stderr)
+        assert r.stderr.startswith("gradtool: error: --select 'atn*' leaves no tensor in ")
+        assert "tensor names there look like: " in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(out)
+    r = run("stats", history, "--exclude", "*")
+    assert r.exit_code == 2 and "--exclude '*' leaves no tensor in any of the 6 dumps" in r.stderr
+    # a selection that matches in some step of a history is fine (a tensor that appears later in training)
+    late = tmp_path / "late"
+    late.mkdir()
+    save_dump(str(late / "step_1.npz"), {"a": np.ones(2)})
+    save_dump(str(late / "step_2.npz"), {"a": np.ones(2), "b": np.full(2, 3.0)})
+    r = run("stats", str(late), "--select", "b", "--format", "json")
+    assert r.exit_code == 0 and [d["num_tensors"] for d in r.json()["dumps"]] == [0, 1]
+    assert run("stats", dump, "--select", "attn*", "--format", "json").json()["dumps"][0]["num_tensors"] == 1
