@@ -130,10 +130,11 @@ class Recorder:
 
     def _append_group(self, step: int, grads: Mapping[str, Any], meta: dict[str, Any]) -> str:
         """Write the step into a group ``NAME.partial`` without attributes, then give it its attributes
-        (``step`` among them) and its name: a write that fails (a tensor that cannot be converted or stored, Ctrl-C)
-        removes the partial group and leaves the file as it was, with no phantom step of zero tensors and
-        the step it was to replace (``force``) still there. A writer killed outright leaves a group
-        without a ``step`` attribute, which readers do not take for a step; the next write removes it."""
+        (``step`` among them) and its name: a write that fails (a tensor that cannot be converted or
+        stored, Ctrl-C) removes the partial group and leaves the file as it was: no phantom step of zero
+        tensors, and the step it was to replace (``force``) still there. A writer killed outright leaves a
+        group without a ``step`` attribute, which readers do not take for a step; the next write removes
+        it."""
         import h5py
 
         from .io.base import TensorInfo, check_tensor_name

@@ -58,9 +58,30 @@ def _load_thresholds(path: str | None, mode: str) -> dict[str, float] | None:
     table = doc.get("thresholds") if isinstance(doc, dict) else None
     if isinstance(table, dict) and mode in table and isinstance(table[mode], dict):
         table = table[mode]
+    elif isinstance(table, dict) and table and all(isinstance(v, dict) for v in table.values()):
+        raise InputError(f"{path}: no per-tensor thresholds for --mode {mode} (it has: {', '.join(table)})")
     if not isinstance(table, dict) or not all(isinstance(v, (int, float)) for v in table.values()):
         raise InputError(f"{path}: expected {{\"thresholds\": {{\"<mode>\": {{\"tensor name\": number, ...}}}}}}")
     return {str(k): float(v) for k, v in table.items()}
+
+
+def _check_thresholds_apply(refs: list[Any], table: dict[str, float], path: str) -> None:
+    """A usage error when no tensor of any dump has an entry in the ``--thresholds`` table and no ``--max``
+    covers the others: a table made for another model would clip nothing, silently. Reads dump indexes
+    until one has a tensor of the table (the first, usually)."""
+    from ..errors import UsageError
+    from ..io.history import open_each
+
+    sample: list[str] = []
+    for _, reader in open_each(refs):
+        if any(n in table for n in reader.names):
+            return
+        sample = sample or reader.names
+    where = refs[0].label if len(refs) == 1 else f"any of the {len(refs)} dumps"
+    names = ", ".join(list(table)[:3]) + (", ..." if len(table) > 3 else "")
+    raise UsageError(f"{path}: none of its tensor names ({names}) is a tensor of {where} "
+                     f"(whose names look like: {', '.join(sample[:3]) or 'none'}); "
+                     "were these thresholds made for another model?")
 
 
 def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: bool,
@@ -83,8 +104,8 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
 
         stream = next((s for s in sources if spooled_copy(s) is not None), None)
         if stream is not None:  # '-' or a pipe such as /dev/fd/63: no name worth keeping
-            raise UsageError(f"{output} is a directory, and {stream_name(stream)} (a stream) has no file name "
-                             f"to write into it: give -o {os.path.join(output, 'NAME.npz')}"
+            raise UsageError(f"{output} is a directory, and {stream_name(stream)} (a stream) has no file "
+                             f"name to write into it: give -o {os.path.join(output, 'NAME.npz')}"
                              + (f" and clip {stream} on its own" if many else ""))
         makedirs(output)
         outs = {s: os.path.join(output, os.path.basename(s)) for s in sources}
@@ -148,6 +169,8 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
         xp = xp_for(backend)
         refs = expand_inputs(list(dumps), sharded=sharded)
         check_selection(refs, select, exclude)
+        if spec.thresholds and spec.max is None:
+            _check_thresholds_apply(refs, dict(spec.thresholds), str(thresholds_file))
         if any(r.shards is not None for r in refs):
             if xp is not None:
                 raise UsageError("sharded steps are clipped on the NumPy backend")

@@ -131,8 +131,7 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
         missing = [m for m in wanted if m in doc["cannot_derive"]]
         if missing and not any(m["mode"] in wanted for m in doc["modes"]):
             raise UsageError(f"cannot derive {', '.join(missing)} from this input: {doc['cannot_derive'][missing[0]]}")
-    if per_tensor:
-        _write_thresholds(doc, output, force, list(inputs))
+    wrote = _write_thresholds(doc, output, force, list(inputs)) if per_tensor else True
     if plot_path:
         from .plot import plot_history
 
@@ -142,6 +141,10 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
     if not any(m["threshold"] is not None for m in doc["modes"]):
         reasons = "; ".join(f"{m['mode']}: {m['reason']}" for m in doc["modes"]) or "no mode could be derived"
         raise GradtoolError(f"no threshold recommended ({reasons})", exit_code=ExitCode.NO_THRESHOLD)
+    if not wrote:
+        reasons = "; ".join(f"{m['mode']}: {m['reason']}" for m in doc["modes"] if "per_tensor" in m)
+        raise GradtoolError(f"no per-tensor threshold could be derived ({reasons}); {output} was not written",
+                            exit_code=ExitCode.NO_THRESHOLD)
 
 
 def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], cfg: Any, key: str | None,
@@ -221,7 +224,9 @@ def _mode_record(mode: str, s: Any) -> dict[str, Any]:
     return {"mode": mode, "threshold": s.threshold, "method": s.method, "reason": s.reason, **ev}
 
 
-def _write_thresholds(doc: dict[str, Any], output: str, force: bool, inputs: list[str]) -> None:
+def _write_thresholds(doc: dict[str, Any], output: str, force: bool, inputs: list[str]) -> bool:
+    """Write the per-tensor thresholds of the modes that have any; False (nothing written) when none has:
+    an empty table would make a later ``clip --thresholds`` clip nothing."""
     from ..errors import UsageError
     from ..io.atomic import atomic_output
 
@@ -229,12 +234,16 @@ def _write_thresholds(doc: dict[str, Any], output: str, force: bool, inputs: lis
              for m in doc["modes"] if "per_tensor" in m}
     if not table:
         raise UsageError("--per-tensor needs gradient dumps (a log carries only the global norm)")
+    table = {mode: t for mode, t in table.items() if t}
+    if not table:
+        return False
     from .render import dumps_json
 
     with atomic_output(output, force=force, inputs=inputs) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(dumps_json({"method": doc["method"], "source": doc["source"], "thresholds": table}) + "\n")
     message(f"wrote per-tensor thresholds for {', '.join(table)} to {output}")
+    return True
 
 
 # ------------------------------------------------------------------------------------------ rendering

@@ -179,8 +179,8 @@ class _FakeTorchTensor:
         return self
 
     def view(self, dtype):
-        assert dtype == {"torch.bfloat16": "int16", "torch.float8_e4m3fn": "uint8", "torch.float8_e5m2": "uint8"}[
-            self.dtype]
+        widths = {"torch.bfloat16": "int16", "torch.float8_e4m3fn": "uint8", "torch.float8_e5m2": "uint8"}
+        assert dtype == widths[self.dtype]
         return _FakeTorchTensor(self.bits, dtype)
 
     def numpy(self):

@@ -132,3 +132,40 @@ def test_no_warm_up_skipped_is_said_so_not_to_step_none(run, run_h5):
     assert "- warm-up skipped: none (given with --burn-in)" in r.stdout and "step None" not in r.stdout
     r = run("suggest-threshold", run_h5, "--burn-in", "30")
     assert "- warm-up skipped: 30 observations (to step 29)" in r.stdout
+
+
+def test_no_per_tensor_threshold_writes_no_empty_table(run, tmp_path):
+    """Every tensor is non-zero at only 6 steps (too few for a per-tensor threshold) while the global norm
+    is fine at all 72: the thresholds file used to be written with empty tables (exit 0), which a later
+    `clip --thresholds` read as 'clip nothing'."""
+    rec = Recorder(str(tmp_path / "run.h5"))
+    rng = np.random.default_rng(1)
+    for s in range(72):
+        rec.write(s, {f"t{k}": (rng.standard_normal(4) if k == s // 6 else np.zeros(4)).astype(np.float32)
+                      for k in range(12)})
+    th = str(tmp_path / "th.json")
+    r = run("suggest-threshold", str(tmp_path / "run.h5"), "--burn-in", "0", "--per-tensor", "-o", th,
+            "--format", "json")
+    assert r.exit_code == 4, r.stderr
+    assert next(m for m in r.json()["modes"] if m["mode"] == "global-norm")["threshold"] > 0
+    assert "no per-tensor threshold could be derived" in r.stderr and "th.json was not written" in r.stderr
+    assert not os.path.exists(th)
+
+
+def test_clip_refuses_thresholds_that_fit_nothing(run, run_h5, tmp_path):
+    th = str(tmp_path / "th.json")
+    assert run("suggest-threshold", run_h5, "--per-tensor", "-o", th, "--mode", "norm").exit_code == 0
+    out = str(tmp_path / "out.h5")
+    r = run("clip", run_h5, "-o", out, "--mode", "value", "--thresholds", th)
+    assert r.exit_code == 1 and "no per-tensor thresholds for --mode value (it has: norm)" in r.stderr
+    other = str(tmp_path / "other.json")
+    with open(other, "w") as f:
+        json.dump({"thresholds": {"norm": {"encoder/typo": 1.0}}}, f)
+    r = run("clip", run_h5, "-o", out, "--mode", "norm", "--thresholds", other)
+    assert r.exit_code == 2
+    assert "none of its tensor names (encoder/typo) is a tensor of any of the 200 dumps" in r.stderr
+    assert not os.path.exists(out)
+    # with --max for the tensors the table does not name, a table for other tensors is fine
+    r = run("clip", run_h5, "--dry-run", "--mode", "norm", "--thresholds", other, "--max", "1",
+            "--nonfinite", "zero")
+    assert r.exit_code == 0, r.stderr
