@@ -1,0 +1,28 @@
+"""Shell completion, as the README tells users to set it up: click's protocol through the real console
+entry point (the lazily loaded commands included)."""
+
+import os
+import subprocess
+import sys
+
+
+def _complete(words, cword):
+    env = {**os.environ, "COMP_WORDS": words, "COMP_CWORD": str(cword), "_GRADTOOL_COMPLETE": "bash_complete"}
+    proc = subprocess.run([sys.executable, "-m", "gradtool"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [line.split(",", 1)[1] for line in proc.stdout.splitlines()]
+
+
+def test_commands_options_and_choices_complete():
+    assert _complete("gradtool s", 1) == ["stats", "suggest-threshold"]
+    assert "--nonfinite" in _complete("gradtool clip --no", 2)
+    assert _complete("gradtool clip --mode ", 3) == ["value", "norm", "average-norm", "global-norm"]
+    assert _complete("gradtool suggest-threshold --method ", 3) == ["robust", "percentile", "zscore", "pascanu"]
+
+
+def test_the_readme_setup_lines_give_scripts():
+    for shell in ("bash", "zsh", "fish"):
+        env = {**os.environ, "_GRADTOOL_COMPLETE": f"{shell}_source"}
+        proc = subprocess.run([sys.executable, "-m", "gradtool"], env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0 and "_GRADTOOL_COMPLETE" in proc.stdout, (shell, proc.stderr)
