@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import BinaryIO
 
 from ..errors import InputError, UsageError
 
@@ -13,6 +14,7 @@ EXTENSIONS = {
     ".st": "safetensors",
 }
 FORMAT_EXTENSION = {"npz": ".npz", "npy": ".npy", "hdf5": ".h5", "safetensors": ".safetensors"}
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def sniff(head: bytes) -> str | None:
@@ -21,7 +23,7 @@ def sniff(head: bytes) -> str | None:
         return "npy"
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return "npz"
-    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+    if head.startswith(HDF5_SIGNATURE):
         return "hdf5"
     if len(head) >= 9:
         (n,) = struct.unpack("<Q", head[:8])
@@ -30,16 +32,33 @@ def sniff(head: bytes) -> str | None:
     return None
 
 
+def hdf5_after_user_block(f: BinaryIO) -> bool:
+    """True when an HDF5 superblock follows a user block: the HDF5 format puts it at byte 0 or at 512,
+    1024, 2048, ... (MATLAB v7.3 ``.mat`` files and ``h5py.File(userblock_size=...)`` have one). Reads 8
+    bytes at each such offset within the file (at most ~50 reads for any file size)."""
+    size = os.fstat(f.fileno()).st_size
+    offset = 512
+    while offset + 8 <= size:
+        f.seek(offset)
+        if f.read(8) == HDF5_SIGNATURE:
+            return True
+        offset *= 2
+    return False
+
+
 def detect_format(path: str) -> str | None:
     """Read the first bytes of ``path`` and return its dump format (None if it is not a dump)."""
     try:
         with open(path, "rb") as f:
             head = f.read(16)
+            fmt = sniff(head)
+            if fmt is None and os.path.isfile(path) and hdf5_after_user_block(f):
+                fmt = "hdf5"
     except IsADirectoryError:
         return None
     except OSError as exc:
         raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
-    return sniff(head)
+    return fmt
 
 
 def format_from_extension(path: str) -> str | None:
