@@ -73,7 +73,10 @@ def spooled_inputs(inputs: Sequence[str]) -> Iterator[dict[str, str]]:
 
     if list(inputs).count("-") > 1:
         raise UsageError("standard input (-) can be given only once")
-    if "-" in inputs and (sys.stdin is None or sys.stdin.isatty()):
+    if "-" in inputs and sys.stdin is None:
+        raise UsageError("- reads standard input, which is closed: pipe a dump or a log in "
+                         "(cmd | gradtool ... -)")
+    if "-" in inputs and sys.stdin.isatty():
         raise UsageError("- reads standard input, which is a terminal: pipe a dump or a log in "
                          "(cmd | gradtool ... -)")
     with streams_spooled(inputs) as copies:

@@ -285,3 +285,19 @@ def test_a_full_temporary_disk_is_a_one_line_error(run, dump, monkeypatch):
     assert r.stderr.startswith("gradtool: error: <stdin>: cannot copy it to ")
     assert "No space left on device" in r.stderr
     assert "TMPDIR" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_closed_stdin_and_the_table_heading(run, tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "gradtool", "stats", "-"], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, close_fds=True)
+    assert proc.returncode == 1 and "<stdin>: empty" in proc.stderr
+    proc = subprocess.run(["bash", "-c", f'"{sys.executable}" -m gradtool stats - <&-'], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "standard input, which is closed" in proc.stderr, proc.stderr
+    log = tmp_path / "m.csv"
+    log.write_text("step,grad_norm\n" + "".join(f"{i},{1 + (i % 5) / 10}\n" for i in range(100)))
+    r = run("suggest-threshold", "-", input=_bytes(str(log)))
+    assert r.exit_code == 0 and r.stdout.startswith("history: 100 observations, steps 0..99 from <stdin> (csv")
