@@ -255,6 +255,10 @@ def test_thresholds_file(run, dump, tmp_path):
     t = {x["name"]: x for x in r.json()["dumps"][0]["tensors"]}
     assert t["a/w"]["clipped"] and t["a/w"]["norm_after"] == pytest.approx(1.0, rel=1e-6)
     assert not t["attn[weight]"]["clipped"]
+    th.write_text(json.dumps({"thresholds": {"a/w": 2.0}}))  # the bare form the README allows
+    r = run("clip", dump, "--dry-run", "--mode", "norm", "--thresholds", str(th), "--format", "json")
+    t = {x["name"]: x for x in r.json()["dumps"][0]["tensors"]}
+    assert t["a/w"]["threshold"] == 2.0 and t["a/w"]["norm_after"] == pytest.approx(2.0, rel=1e-6)
 
 
 def test_report_formats(run, dump):
