@@ -159,7 +159,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     from ..io.detect import output_format
     from ..io.dump import make_writer
     from ..io.history import expand_inputs, open_each
-    from .common import check_selection, spooled_inputs, xp_for
+    from .common import check_selection, spooled_inputs, warn_unmatched_selects, xp_for
 
     spec = ClipSpec(mode=mode, max=max_, min=min_, axes=_parse_axes(axes), use_norm=use_norm,
                     norm_type=float(norm_type), nonfinite=nonfinite, select=select, exclude=exclude,
@@ -175,6 +175,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
             if xp is not None:
                 raise UsageError("sharded steps are clipped on the NumPy backend")
             reports = _clip_sharded(refs, output, spec, force, dry_run, makedirs, durable=not no_fsync)
+            warn_unmatched_selects(select, _selected_names(reports), "floating-point tensor")
             _render(reports, fmt, sys.stdout, per_tensor)
             return
         sources = list(dict.fromkeys(r.path for r in refs))
@@ -224,7 +225,13 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
                             reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp,
                                                              on_tensor=per_tensor_advance), final))
                             advance(1)
+        warn_unmatched_selects(select, _selected_names(reports), "floating-point tensor")
         _render(reports, fmt, report_stream, per_tensor)
+
+
+def _selected_names(reports: list[dict[str, Any]]) -> set[str]:
+    """The float tensors a clip run considered (selected), over all its reports."""
+    return {t["name"] for r in reports for t in r["tensors"] if t["skipped"] is None}
 
 
 def _set_root_meta(writer: Any, meta: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -110,6 +110,20 @@ def check_selection(refs: Sequence[Any], select: Sequence[str], exclude: Sequenc
     hint = (f"; tensor names there look like: {', '.join(sample[:4])}" + (", ..." if len(sample) > 4 else "")
             if sample else f"; {'it holds' if len(refs) == 1 else 'they hold'} no tensors at all")
     raise UsageError(f"{flags} leaves no tensor in {where}{hint}")
+
+
+def warn_unmatched_selects(select: Sequence[str], kept: Iterable[str], what: str = "tensor") -> None:
+    """A warning on stderr for each of several ``--select`` globs that matched none of ``kept`` (the names
+    the whole selection kept, over every dump): while another glob matches, a mistyped one would pass
+    unnoticed. (A selection that keeps nothing is refused before: :func:`check_selection`.)"""
+    if len(select) < 2:
+        return
+    import fnmatch
+
+    kept = set(kept)
+    for g in select:
+        if not any(fnmatch.fnmatchcase(n, g) for n in kept):
+            message(f"gradtool: warning: --select '{g}' matched no {what}")
 
 
 def xp_for(backend: str | None) -> Any:

@@ -94,7 +94,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     from ..errors import ExitCode, GradtoolError
     from ..io.history import expand_inputs
     from ..summarize import summarize_dump
-    from .common import check_selection, spooled_inputs, xp_for
+    from .common import check_selection, spooled_inputs, warn_unmatched_selects, xp_for
 
     xp = xp_for(backend)
     from ..engine import with_fallback_steps
@@ -114,6 +114,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
             with progress(len(refs), "stats") as advance:
                 summaries = summarize_refs(refs, select=select, exclude=exclude, norm_type=norm_type, xp=xp,
                                            engine=engine, scheduler=scheduler, on_dump=advance)
+    warn_unmatched_selects(select, (n for s in summaries for n, _ in s.tensors))
     records = [dump_record(s, sort, top) for s in summaries]
     _render(records, summaries, fmt, per_tensor, sort, top)
     if fail_on_nonfinite:

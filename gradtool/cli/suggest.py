@@ -160,7 +160,7 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
     if dump_inputs:
         from ..io.history import expand_inputs
         from ..summarize import dump_history
-        from .common import check_selection, xp_for
+        from .common import check_selection, warn_unmatched_selects, xp_for
 
         refs = expand_inputs(dump_inputs, sharded=sharded)
         check_selection(refs, select, exclude)
@@ -168,6 +168,7 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
             h = dump_history(refs, select=select, exclude=exclude, xp=xp_for(backend), on_dump=advance,
                              engine=engine, scheduler=scheduler)
         steps, norms, loss, lr = h.steps, h.global_norms, h.loss, h.lr
+        warn_unmatched_selects(select, h.tensor_sizes, "floating-point tensor")
         if log_inputs:  # a log given with dumps adds its loss and learning rate, matched by step
             log = _merge_logs(log_inputs, key)
             lmap = dict(zip(log.steps, zip(log.loss, log.lr)))

@@ -158,3 +158,17 @@ def test_a_selection_that_matches_nothing_is_a_usage_error(run, dump, history, t
     r = run("stats", str(late), "--select", "b", "--format", "json")
     assert r.exit_code == 0 and [d["num_tensors"] for d in r.json()["dumps"]] == [0, 1]
     assert run("stats", dump, "--select", "attn*", "--format", "json").json()["dumps"][0]["num_tensors"] == 1
+
+
+def test_one_mistyped_glob_among_several_is_warned_about(run, dump, history, tmp_path):
+    cases = ((["stats", dump], "tensor", ["atn*", "w"]),
+             (["clip", dump, "--dry-run", "--mode", "norm", "--max", "1"], "floating-point tensor", ["atn*", "w"]),
+             (["suggest-threshold", history, "--mode", "norm", "--burn-in", "0", "--window", "8"],
+              "floating-point tensor", ["a/*", "atn*"]))
+    for args, what, unmatched in cases:
+        r = run(*args, "--select", "a/*", "--select", "atn*", "--select", "w")
+        assert r.exit_code in (0, 4), r.stderr
+        warned = [line for line in r.stderr.splitlines() if "warning" in line]
+        assert warned == [f"gradtool: warning: --select '{g}' matched no {what}" for g in unmatched], r.stderr
+    r = run("stats", dump, "--select", "a/*", "--select", "attn*")  # every glob matches: no warning
+    assert r.exit_code == 0 and r.stderr == ""
