@@ -41,6 +41,20 @@ class LazyGroup(click.Group):
         module, attr = self.commands_by_module[name]
         return getattr(import_module(module), attr)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                           list[str]]:
+        """click's, with git's hint for a mistyped command: ``gradtool stat`` -> "Did you mean 'stats'?"."""
+        name = args[0] if args else ""
+        known = name in self.commands_by_module
+        if name and not name.startswith("-") and not known and not ctx.resilient_parsing:  # not while completing
+            from difflib import get_close_matches
+
+            close = get_close_matches(name, self.commands_by_module, n=1, cutoff=0.6)
+            close = close or [c for c in self.commands_by_module if c.startswith(name)][:1]
+            if close:
+                ctx.fail(f"No such command {name!r}. Did you mean {close[0]!r}?")
+        return super().resolve_command(ctx, args)
+
 
 def _version_message() -> str:
     """`gradtool --version`: the version, whether the optional compiled kernel was built and which SIMD

@@ -10,7 +10,7 @@ def _complete(words, cword):
     env = {**os.environ, "COMP_WORDS": words, "COMP_CWORD": str(cword), "_GRADTOOL_COMPLETE": "bash_complete"}
     proc = subprocess.run([sys.executable, "-m", "gradtool"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    return [line.split(",", 1)[1] for line in proc.stdout.splitlines()]
+    return [line.split(",", 1)[1] for line in proc.stdout.splitlines() if "," in line]
 
 
 def test_commands_options_and_choices_complete():
@@ -26,3 +26,12 @@ def test_the_readme_setup_lines_give_scripts():
         proc = subprocess.run([sys.executable, "-m", "gradtool"], env=env, capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 0 and "_GRADTOOL_COMPLETE" in proc.stdout, (shell, proc.stderr)
+
+
+def test_a_mistyped_command_gets_a_hint(run):
+    for typed, meant in (("stat", "stats"), ("suggest", "suggest-threshold"), ("clp", "clip")):
+        r = run(typed, "x.npz")
+        assert r.exit_code == 2 and f"No such command {typed!r}. Did you mean {meant!r}?" in r.stderr, r.stderr
+    r = run("frobnicate", "x.npz")
+    assert r.exit_code == 2 and "No such command 'frobnicate'." in r.stderr and "Did you mean" not in r.stderr
+    assert _complete("gradtool stat --mo", 2) == []  # completion after a mistyped command stays quiet
