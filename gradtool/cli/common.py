@@ -58,11 +58,12 @@ def progress(total: int, description: str) -> Iterator[Callable[[int], None]]:
 
 
 @contextmanager
-def spooled_inputs(inputs: Sequence[str]) -> Iterator[dict[str, str]]:
+def spooled_inputs(inputs: Sequence[str], *, dumps_only: bool = True) -> Iterator[dict[str, str]]:
     """For the length of a command: every read-once input (``-`` for standard input, a named pipe, a
     shell's ``<(cmd)``) copied once to a temporary file that every later open of it reads; yields
     {input: copy}. A stream can be read only once, and a command looks at a dump more than once: its
-    format, its steps, two passes of global-norm clipping. The copies are removed when the command ends."""
+    format, its steps, two passes of global-norm clipping. The copies are removed when the command ends.
+    ``dumps_only`` (stats, clip) refuses a stream that does not start like a dump before copying it all."""
     from ..io.dump import is_stream
 
     if not any(is_stream(p) for p in inputs):
@@ -79,7 +80,7 @@ def spooled_inputs(inputs: Sequence[str]) -> Iterator[dict[str, str]]:
     if "-" in inputs and sys.stdin.isatty():
         raise UsageError("- reads standard input, which is a terminal: pipe a dump or a log in "
                          "(cmd | gradtool ... -)")
-    with streams_spooled(inputs) as copies:
+    with streams_spooled(inputs, dumps_only=dumps_only) as copies:
         import os
 
         for p, copy in copies.items():

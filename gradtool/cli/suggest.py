@@ -123,7 +123,7 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
         raise UsageError("--per-tensor writes a file: give it with -o FILE")
     if output and not per_tensor:
         raise UsageError("-o is for --per-tensor thresholds")
-    with spooled_inputs(inputs) as copies:  # - and pipes: a dump or a log, read once, looked at in the copy
+    with spooled_inputs(inputs, dumps_only=False) as copies:  # - and pipes: a dump or a log, read once, looked at in the copy
         dump_inputs, log_inputs = _split_inputs(list(inputs), sharded, copies)
         doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded, engine,
                        scheduler)

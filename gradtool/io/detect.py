@@ -46,6 +46,18 @@ def hdf5_after_user_block(f: BinaryIO) -> bool:
     return False
 
 
+def sniff_prefix(prefix: bytes) -> str | None:
+    """The dump format that the first bytes of a stream announce, HDF5 after a user block included when
+    its superblock lies within ``prefix``; None when ``prefix`` shows no dump."""
+    fmt = sniff(prefix[:16])
+    offset = 512
+    while fmt is None and offset + 8 <= len(prefix):
+        if prefix[offset:offset + 8] == HDF5_SIGNATURE:
+            fmt = "hdf5"
+        offset *= 2
+    return fmt
+
+
 def detect_format(path: str) -> str | None:
     """Read the first bytes of ``path`` and return its dump format (None if it is not a dump)."""
     try:

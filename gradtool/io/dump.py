@@ -35,8 +35,14 @@ def stream_name(path: str) -> str:
     return "<stdin>" if path == "-" else path
 
 
-def _spool(path: str) -> str:
-    """A read-once input (:func:`is_stream`) copied to a temporary file, for dumps need random access."""
+NOT_A_DUMP = "is not a gradient dump (unrecognised content; formats: .npz .npy .h5 .safetensors)"
+SNIFF_BYTES = 1 << 20  # a stream must show a dump format in these before the rest is copied
+
+
+def _spool(path: str, dumps_only: bool = True) -> str:
+    """A read-once input (:func:`is_stream`) copied to a temporary file, for dumps need random access.
+    With ``dumps_only``, a stream whose first ``SNIFF_BYTES`` show no dump format is refused there, before
+    gigabytes of something else (a log piped to ``stats``, ``yes |``) are copied."""
     import shutil
     import tempfile  # here, not at the top: with shutil ~10 ms of every command's start-up
 
@@ -53,6 +59,13 @@ def _spool(path: str) -> str:
             raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
         with os.fdopen(fd, "wb") as out:
             try:
+                head = src.read(SNIFF_BYTES)
+                if dumps_only and head:
+                    from .detect import sniff_prefix
+
+                    if sniff_prefix(head) is None:
+                        raise InputError(f"{name}: {NOT_A_DUMP}")
+                out.write(head)
                 shutil.copyfileobj(src, out, 1 << 20)
                 out.flush()
             except OSError as exc:  # ENOSPC: a 20 GB dump piped into a small /tmp
@@ -72,18 +85,19 @@ _spooled: dict[str, str] = {}  # within streams_spooled(): read-once input -> th
 
 
 @contextmanager
-def streams_spooled(inputs: Iterable[str]) -> Iterator[dict[str, str]]:
+def streams_spooled(inputs: Iterable[str], *, dumps_only: bool = True) -> Iterator[dict[str, str]]:
     """Each read-once input among ``inputs`` (:func:`is_stream`) copied once to a temporary file, removed
     when the block ends; yields {input: copy}. A command looks at a dump more than once (its format, its
     step groups, two passes of global-norm clipping) and must look at a stream before it knows whether it
     is a dump or a training log: within the block :func:`open_dump` and :func:`spooled_copy` give the
-    copy, where a second read of the stream itself would find it empty."""
+    copy, where a second read of the stream itself would find it empty. ``dumps_only=False`` (a command
+    that also reads training logs) copies any content."""
     if _spooled:
         raise RuntimeError("inputs are already spooled")
     try:
         for p in dict.fromkeys(inputs):
             if is_stream(p):
-                _spooled[p] = _spool(p)
+                _spooled[p] = _spool(p, dumps_only)
         yield dict(_spooled)
     finally:
         for copy in _spooled.values():

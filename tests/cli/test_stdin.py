@@ -300,4 +300,33 @@ def test_closed_stdin_and_the_table_heading(run, tmp_path):
     log = tmp_path / "m.csv"
     log.write_text("step,grad_norm\n" + "".join(f"{i},{1 + (i % 5) / 10}\n" for i in range(100)))
     r = run("suggest-threshold", "-", input=_bytes(str(log)))
-    assert r.exit_code == 0 and r.stdout.startswith("history: 100 observations, steps 0..99 from <stdin> (csv")
+    assert r.exit_code == 0
+    assert r.stdout.startswith("history: 100 observations, steps 0..99 from <stdin> (csv")
+
+
+def test_an_endless_stream_that_is_no_dump_is_refused_at_once(tmp_path):
+    """`yes | gradtool stats -` (or a multi-gigabyte log piped to stats by mistake) was copied to $TMPDIR
+    to its end, or until the disk was full, before being called 'not a gradient dump'."""
+    import subprocess
+    import sys
+
+    spool = tmp_path / "subprocess-spool"
+    spool.mkdir()
+    for cmd in (["stats", "-"], ["clip", "-", "--dry-run", "--mode", "value", "--max", "1"]):
+        proc = subprocess.run(["bash", "-c", f'yes | "{sys.executable}" -m gradtool ' + " ".join(cmd)],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "TMPDIR": str(spool)})
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.startswith("gradtool: error: <stdin>: is not a gradient dump"), proc.stderr
+        assert os.listdir(spool) == []
+
+
+def test_a_dump_behind_a_user_block_still_streams(run, tmp_path):
+    import h5py
+
+    p = str(tmp_path / "ub.h5")
+    with h5py.File(p, "w", userblock_size=4096) as f:
+        f["w"] = np.array([3.0, 4.0])
+    r = run("stats", "-", "--format", "json", input=_bytes(p))
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["dumps"][0]["global_norm"] == 5.0
