@@ -171,7 +171,7 @@ def shared_norms(reader: DumpReader, spec: ClipSpec) -> SharedNorms:
     p = spec.norm_type if spec.mode == "global-norm" else 2.0
     logical: dict[str, NormAccumulator] = {}
     pieces: dict[str, dict[str, float]] = {}
-    for shard in getattr(reader, "shards", None) or [reader]:
+    for shard in _files_of(reader):
         own = pieces.setdefault(shard.display_path, {})
         for info in shard.tensors:
             if name_selected(info.name, spec.select, spec.exclude) and _float_info(info):
@@ -210,11 +210,12 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
 
     norms_before: dict[str, float] = {}
     used: float | None = None
-    if shared is not None and reader.display_path in shared.piece_norms:  # measured in pass 1
-        own = shared.piece_norms[reader.display_path]
+    measured = shared is not None and reader.display_path in shared.piece_norms  # in pass 1 (shared_norms)
+    if measured:
+        own = shared.piece_norms[reader.display_path]  # type: ignore[union-attr]
         norms_before = {name: v for name, v in own.items() if name in chosen_set}
     if spec.mode == "global-norm":
-        if not norms_before:
+        if not measured:
             fast = _norms_in_parallel(reader, chosen, p, spec.nonfinite, xp, on_tensor)
             for name in chosen:
                 if name in fast:
@@ -233,7 +234,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         if shared is not None:  # a shard of a larger step: the whole step's norm decides
             result.global_norm_before, result.scale = shared.global_norm, shared.scale
             used = spec.use_norm if spec.use_norm is not None else shared.global_norm
-    elif xp is None and (spec.mode != "norm" or spec.axes is None) and not norms_before:
+    elif xp is None and (spec.mode != "norm" or spec.axes is None) and not measured:
         # per-tensor modes: the streamed tensors' L2 norms before (scale and report) on two cores where
         # that applies, the same bits as the serial pass that _clip_streamed takes for the others
         streamed = [name for name in chosen if not reader.info(name).fortran]
@@ -281,13 +282,18 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
     return result
 
 
+def _files_of(reader: DumpReader) -> list[DumpReader]:
+    """The one-file readers behind ``reader``: a sharded step's shards, else the reader itself."""
+    return getattr(reader, "shards", None) or [reader]
+
+
 def _refusal(reader: DumpReader, bad: list[str]) -> NonFiniteError:
     """The error of the "error" policy for tensors whose norm is not finite: those holding NaN/Inf, and
     apart from them those whose finite elements only make a norm beyond float64's range (float64 values
     near its limit). Tells them apart by one more read of each (an error path: the norms did not keep
     the element flags)."""
     flagged = set()
-    for shard in getattr(reader, "shards", None) or [reader]:
+    for shard in _files_of(reader):
         for info in shard.tensors:
             if info.name in bad and info.name not in flagged:
                 acc = _norm_accumulator(shard, info, 2.0, "propagate")

@@ -70,16 +70,13 @@ def _check_thresholds_apply(refs: list[Any], table: dict[str, float], path: str)
     covers the others: a table made for another model would clip nothing, silently. Reads dump indexes
     until one has a tensor of the table (the first, usually)."""
     from ..errors import UsageError
-    from ..io.history import open_each
+    from .common import dumps_phrase, names_if_none_match
 
-    sample: list[str] = []
-    for _, reader in open_each(refs):
-        if any(n in table for n in reader.names):
-            return
-        sample = sample or reader.names
-    where = refs[0].label if len(refs) == 1 else f"any of the {len(refs)} dumps"
+    sample = names_if_none_match(refs, table.__contains__)
+    if sample is None:
+        return
     names = ", ".join(list(table)[:3]) + (", ..." if len(table) > 3 else "")
-    raise UsageError(f"{path}: none of its tensor names ({names}) is a tensor of {where} "
+    raise UsageError(f"{path}: none of its tensor names ({names}) is a tensor of {dumps_phrase(refs)} "
                      f"(whose names look like: {', '.join(sample[:3]) or 'none'}); "
                      "were these thresholds made for another model?")
 

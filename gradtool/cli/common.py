@@ -97,20 +97,35 @@ def check_selection(refs: Sequence[Any], select: Sequence[str], exclude: Sequenc
     if not (select or exclude) or not refs:
         return
     from ..errors import UsageError
-    from ..io.history import open_each
     from ..summarize import name_selected
+
+    sample = names_if_none_match(refs, lambda n: name_selected(n, select, exclude))
+    if sample is None:
+        return
+    flags = " ".join([f"--select '{g}'" for g in select] + [f"--exclude '{g}'" for g in exclude])
+    hint = (f"; tensor names there look like: {', '.join(sample[:4])}" + (", ..." if len(sample) > 4 else "")
+            if sample else f"; {'it holds' if len(refs) == 1 else 'they hold'} no tensors at all")
+    raise UsageError(f"{flags} leaves no tensor in {dumps_phrase(refs)}{hint}")
+
+
+def names_if_none_match(refs: Sequence[Any], wanted: Callable[[str], bool]) -> list[str] | None:
+    """None as soon as a dump of ``refs`` has a tensor name that is ``wanted`` (reading dump indexes in
+    order: one, in the usual case); else the names of the first dump that has any (for an error's hint),
+    or [] when none has."""
+    from ..io.history import open_each
 
     sample: list[str] = []
     for _, reader in open_each(refs):
         names = reader.names
-        if any(name_selected(n, select, exclude) for n in names):
-            return
+        if any(wanted(n) for n in names):
+            return None
         sample = sample or names
-    flags = " ".join([f"--select '{g}'" for g in select] + [f"--exclude '{g}'" for g in exclude])
-    where = refs[0].label if len(refs) == 1 else f"any of the {len(refs)} dumps"
-    hint = (f"; tensor names there look like: {', '.join(sample[:4])}" + (", ..." if len(sample) > 4 else "")
-            if sample else f"; {'it holds' if len(refs) == 1 else 'they hold'} no tensors at all")
-    raise UsageError(f"{flags} leaves no tensor in {where}{hint}")
+    return sample
+
+
+def dumps_phrase(refs: Sequence[Any]) -> str:
+    """How an error names the dumps it looked in: the one dump's label, or "any of the N dumps"."""
+    return refs[0].label if len(refs) == 1 else f"any of the {len(refs)} dumps"
 
 
 def warn_unmatched_selects(select: Sequence[str], kept: Iterable[str], what: str = "tensor") -> None:

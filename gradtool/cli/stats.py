@@ -100,7 +100,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     from ..engine import with_fallback_steps
 
     with spooled_inputs(dumps):  # - and pipes are read once: a multi-step HDF5 file is opened per step
-        # each dump is opened once, below
+        # steps from metadata when each dump is opened, below (not in an extra pass)
         refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False)
         check_selection(refs, select, exclude)
         if engine == "local" and len(refs) == 1:  # one dump: the progress bar counts its tensors

@@ -268,7 +268,9 @@ def _render(doc: dict[str, Any], fmt: str) -> None:
         return
     out = render.console()
     src, hist = doc["source"], doc["history"]
-    inputs = ", ".join("<stdin>" if i == "-" else i for i in src["inputs"])
+    from ..io.dump import stream_name
+
+    inputs = ", ".join(map(stream_name, src["inputs"]))
     render.print_line(f"history: {hist['n']} observations, steps {hist['first_step']}..{hist['last_step']} "
                       f"from {inputs} ({src['kind']}, key {src['key']}); method {doc['method']}", out)
     g = next((m for m in doc["modes"] if m["mode"] == "global-norm"), None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from ..errors import InputError, UsageError
@@ -32,17 +33,22 @@ def sniff(head: bytes) -> str | None:
     return None
 
 
-def hdf5_after_user_block(f: BinaryIO) -> bool:
-    """True when an HDF5 superblock follows a user block: the HDF5 format puts it at byte 0 or at 512,
-    1024, 2048, ... (MATLAB v7.3 ``.mat`` files and ``h5py.File(userblock_size=...)`` have one). Reads 8
-    bytes at each such offset within the file (at most ~50 reads for any file size)."""
-    size = os.fstat(f.fileno()).st_size
+def _user_block_ends(size: int) -> Iterator[int]:
+    """Where an HDF5 superblock may follow a user block in ``size`` bytes: 512, 1024, 2048, ... (the
+    format puts it at byte 0 or at a power of two from 512; MATLAB v7.3 ``.mat`` files and
+    ``h5py.File(userblock_size=...)`` have a user block). At most ~50 offsets for any size."""
     offset = 512
-    while offset + 8 <= size:
+    while offset + len(HDF5_SIGNATURE) <= size:
+        yield offset
+        offset *= 2
+
+
+def hdf5_after_user_block(f: BinaryIO) -> bool:
+    """True when an HDF5 superblock follows a user block in file ``f`` (8 bytes read at each offset)."""
+    for offset in _user_block_ends(os.fstat(f.fileno()).st_size):
         f.seek(offset)
         if f.read(8) == HDF5_SIGNATURE:
             return True
-        offset *= 2
     return False
 
 
@@ -50,11 +56,8 @@ def sniff_prefix(prefix: bytes) -> str | None:
     """The dump format that the first bytes of a stream announce, HDF5 after a user block included when
     its superblock lies within ``prefix``; None when ``prefix`` shows no dump."""
     fmt = sniff(prefix[:16])
-    offset = 512
-    while fmt is None and offset + 8 <= len(prefix):
-        if prefix[offset:offset + 8] == HDF5_SIGNATURE:
-            fmt = "hdf5"
-        offset *= 2
+    if fmt is None and any(prefix[o:o + 8] == HDF5_SIGNATURE for o in _user_block_ends(len(prefix))):
+        fmt = "hdf5"
     return fmt
 
 

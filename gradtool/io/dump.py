@@ -35,7 +35,7 @@ def stream_name(path: str) -> str:
     return "<stdin>" if path == "-" else path
 
 
-NOT_A_DUMP = "is not a gradient dump (unrecognised content; formats: .npz .npy .h5 .safetensors)"
+UNRECOGNISED = "(unrecognised content; formats: .npz .npy .h5 .safetensors)"
 SNIFF_BYTES = 1 << 20  # a stream must show a dump format in these before the rest is copied
 
 
@@ -64,7 +64,7 @@ def _spool(path: str, dumps_only: bool = True) -> str:
                     from .detect import sniff_prefix
 
                     if sniff_prefix(head) is None:
-                        raise InputError(f"{name}: {NOT_A_DUMP}")
+                        raise InputError(f"{name}: is not a gradient dump {UNRECOGNISED}")
                 out.write(head)
                 shutil.copyfileobj(src, out, 1 << 20)
                 out.flush()
@@ -136,7 +136,7 @@ def open_dump(path: str, *, group: str | None = None, format: str | None = None)
         if fmt is None:
             ext = format_from_extension(display)
             what = f"does not look like a {ext} file" if ext else "is not a gradient dump"
-            raise InputError(f"{display}: {what} (unrecognised content; formats: .npz .npy .h5 .safetensors)")
+            raise InputError(f"{display}: {what} {UNRECOGNISED}")
         reader = _reader(fmt, path, display, group)
     except BaseException:
         if temp:
