@@ -640,6 +640,8 @@ def csv_numbers_msgspec(body: str, delim: str, ncols: int) -> Any:
         values = msgspec.json.decode(b"[" + raw.replace(b"\n", b",") + b"]", type=list[float])
     except msgspec.DecodeError:  # ValidationError included
         return None
+    if len(values) != lines * ncols:  # a line of blanks (" ", "\t") is no cell to JSON: "[ ]" is empty
+        return None
     return np.fromiter(values, np.float64, len(values)).reshape(lines, ncols)
 
 
