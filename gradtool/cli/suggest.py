@@ -23,6 +23,7 @@ Examples:
   gradtool suggest-threshold metrics.csv --key grad_2.0_norm_total --current 1.0
   kubectl logs trainer-0 | gradtool suggest-threshold -      # a log (or a dump) on standard input
   gradtool suggest-threshold lightning_logs/version_0/       # TensorBoard logs (gradtool[tensorboard])
+  gradtool suggest-threshold mlflow.db --run latest          # MLflow's store (mlruns/ too)
   gradtool clip run.h5 -o clipped.h5 --mode global-norm \\
       --max "$(gradtool suggest-threshold run.h5 --mode global-norm --format value)"
   gradtool suggest-threshold dumps/ --per-tensor -o thresholds.json
@@ -31,8 +32,9 @@ Examples:
 \b
 Inputs: gradient dumps (files, directories, multi-step HDF5: every mode can be derived) and/or training
 logs (trainer_state.json, CSV/TSV, JSON Lines, Megatron text logs, console output of the Hugging Face
-Trainer or fairseq, TensorBoard events with gradtool[tensorboard]; gzip/bzip2/xz-compressed too); a log
-given with dumps adds its loss and learning rate. Logs carry only the global norm, so per-tensor modes
+Trainer or fairseq, TensorBoard events with gradtool[tensorboard], MLflow's mlflow.db and mlruns/;
+gzip/bzip2/xz-compressed too); a log given with dumps adds its loss and learning rate. A store of several
+runs lists them: choose one with --run. Logs carry only the global norm, so per-tensor modes
 cannot be derived from them.
 
 \b
@@ -66,12 +68,17 @@ def _split_inputs(inputs: list[str], sharded: bool = False, copies: dict[str, st
     return dumps, logs
 
 
-def _merge_logs(paths: list[str], key: str | None) -> tuple[Any, list[Any]]:
-    """(the logs at ``paths`` as one history, merged by step, the later log winning; each log's own)."""
+def _merge_logs(paths: list[str], key: str | None, run: str | None = None) -> tuple[Any, list[Any]]:
+    """(the logs at ``paths`` as one history, merged by step, the later log winning; each log's own).
+    ``run`` chooses a run in stores of several (MLflow, TensorBoard); it must have been used."""
+    from ..errors import UsageError
     from ..io.dump import spooled_copy, stream_name
     from ..io.logs import NormHistory, read_norm_log
 
-    hists = [read_norm_log(spooled_copy(p) or p, key, source=stream_name(p)) for p in paths]
+    hists = [read_norm_log(spooled_copy(p) or p, key, source=stream_name(p), run=run) for p in paths]
+    if run is not None and not any(h.run for h in hists):
+        raise UsageError(f"--run {run}: no input is a store of runs (an MLflow store, a directory of "
+                         "TensorBoard runs)")
     if len(hists) == 1:
         return hists[0], hists
     by: dict[int, tuple] = {}
@@ -98,6 +105,8 @@ def _merge_logs(paths: list[str], key: str | None) -> tuple[Any, list[Any]]:
 @click.option("--window", type=click.IntRange(min=8), default=None, help="Observations in the recent window (default automatic).")
 @click.option("--current", type=float, default=None, metavar="X", help="Your present threshold: report how often it clips.")
 @click.option("--key", default=None, help="Log column/key that holds the gradient norm (default: found automatically).")
+@click.option("--run", default=None, metavar="NAME|ID|latest",
+              help="Which run of an MLflow store or a directory of TensorBoard runs (default: the only one).")
 @select_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "value"]), default="table", show_default=True,
               help="table for people, json for pipelines, value = just the number (needs one mode).")
@@ -110,7 +119,8 @@ def _merge_logs(paths: list[str], key: str | None) -> tuple[Any, list[Any]]:
 @backend_option
 def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str, percentile: float, k: float,
                     z: float, factor: float, burn_in: int | None, window: int | None, current: float | None,
-                    key: str | None, select: tuple[str, ...], exclude: tuple[str, ...], fmt: str, per_tensor: bool,
+                    key: str | None, run: str | None, select: tuple[str, ...], exclude: tuple[str, ...],
+                    fmt: str, per_tensor: bool,
                     output: str | None, plot_path: str | None, force: bool, sharded: bool, engine: str,
                     scheduler: str | None, backend: str | None) -> None:
     """Recommend a clipping threshold per mode from a gradient-norm HISTORY, and show why: clip rates,
@@ -128,8 +138,11 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
         raise UsageError("-o is for --per-tensor thresholds")
     with spooled_inputs(inputs, dumps_only=False) as copies:  # - and pipes: a dump or a log, read once, looked at in the copy
         dump_inputs, log_inputs = _split_inputs(list(inputs), sharded, copies)
+        if run is not None and not log_inputs:
+            raise UsageError(f"--run {run}: no input is a store of runs (an MLflow store, a directory of "
+                             "TensorBoard runs)")
         doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded, engine,
-                       scheduler)
+                       scheduler, run)
     if explicit_modes:
         missing = [m for m in wanted if m in doc["cannot_derive"]]
         if missing and not any(m["mode"] in wanted for m in doc["modes"]):
@@ -152,7 +165,8 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
 
 def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], cfg: Any, key: str | None,
              select: tuple[str, ...], exclude: tuple[str, ...], backend: str | None,
-             sharded: bool = False, engine: str = "local", scheduler: str | None = None) -> dict[str, Any]:
+             sharded: bool = False, engine: str = "local", scheduler: str | None = None,
+             run: str | None = None) -> dict[str, Any]:
     import numpy as np
 
     from ..suggest import analyze_history, suggest_per_tensor, suggest_threshold
@@ -174,7 +188,7 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
         steps, norms, loss, lr = h.steps, h.global_norms, h.loss, h.lr
         warn_unmatched_selects(select, h.tensor_sizes, "floating-point tensor")
         if log_inputs:  # a log given with dumps adds its loss and learning rate, matched by step
-            log, logs_read = _merge_logs(log_inputs, key)
+            log, logs_read = _merge_logs(log_inputs, key, run)
             lmap = dict(zip(log.steps, zip(log.loss, log.lr)))
             loss = [lmap.get(s, (lo, None))[0] if lo is None else lo for s, lo in zip(steps, loss)]
             lr = [lmap.get(s, (None, r))[1] if r is None else r for s, r in zip(steps, lr)]
@@ -182,7 +196,7 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
         columns = (steps, norms, loss, lr)
         history = None
     else:
-        history, logs_read = _merge_logs(log_inputs, key)
+        history, logs_read = _merge_logs(log_inputs, key, run)
         # the analysis computes on the arrays; a log read with NumPy has no lists until a chart asks
         columns = steps, norms, loss, lr = history.arrays()
         source = {"kind": history.kind, "inputs": log_inputs, "key": history.key}
@@ -191,6 +205,11 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
         h = None
     from ..errors import InputError, listed
 
+    runs = [{"input": log.source, "id": log.run.id, "name": log.run.name} for log in logs_read if log.run]
+    if len(runs) == 1:
+        source["run"] = {"id": runs[0]["id"], "name": runs[0]["name"]}
+    elif runs:
+        source["runs"] = runs
     if len(steps) == 0:
         raise InputError(f"{', '.join(source['inputs'])}: no gradient-norm values found")
     if not np.isfinite(np.asarray(norms, dtype=np.float64)).any():
@@ -289,7 +308,8 @@ def _render(doc: dict[str, Any], fmt: str) -> None:
 
     inputs = ", ".join(map(stream_name, src["inputs"]))
     render.print_line(f"history: {hist['n']} observations, steps {hist['first_step']}..{hist['last_step']} "
-                      f"from {inputs} ({src['kind']}, key {src['key']}); method {doc['method']}", out)
+                      f"from {inputs} ({src['kind']}{_run_of(src)}, key {src['key']}); "
+                      f"method {doc['method']}", out)
     g = next((m for m in doc["modes"] if m["mode"] == "global-norm"), None)
     series = doc["series"]["global_norm"]
     for line in ascii_chart(series, g["threshold"] if g else None):
@@ -305,6 +325,12 @@ def _render(doc: dict[str, Any], fmt: str) -> None:
                               "spikes above"], out=out)
     for line in explain(doc):
         render.print_line(line, out)
+
+
+def _run_of(source: dict[str, Any]) -> str:
+    """", run NAME" for the history line when one run was chosen from a store of runs."""
+    run = source.get("run")
+    return f", run {run['name']}" if run else ""
 
 
 def _pct(v: Any) -> str | None:

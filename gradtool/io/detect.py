@@ -71,6 +71,9 @@ def not_a_dump(head: bytes, name: str) -> str:
         return f"is a Python pickle; {NEVER_PICKLES}"
     if (comp := compression(head)) is not None:
         return f"is {comp}-compressed; {decompress_first(comp, name)}"
+    if head.startswith(b"SQLite format 3\x00"):
+        return ("is an SQLite database (an MLflow tracking store? suggest-threshold reads the gradient norms "
+                "its runs logged)")
     ext = format_from_extension(name)
     what = f"does not look like a {ext} file" if ext else "is not a gradient dump"
     if head and _is_text(head[:512]):

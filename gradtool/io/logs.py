@@ -4,8 +4,8 @@ Read: Hugging Face ``trainer_state.json`` (its ``log_history``; a run directory 
 ``checkpoint-*/trainer_state.json`` is merged by step), CSV/TSV with a header (Lightning ``metrics.csv``,
 W&B exports), JSON Lines, Megatron/fairseq-style text logs (``grad norm: 1.234``), console lines that end
 in a dict of metrics (the Hugging Face Trainer's, fairseq's JSON log format), and TensorBoard event
-files (extra ``gradtool[tensorboard]``); gzip, bzip2 or xz-compressed, with or without a byte-order
-mark. The non-standard tokens ``NaN``/``Infinity`` are accepted. The norm key is found automatically
+files (extra ``gradtool[tensorboard]``), MLflow's stores (:mod:`~gradtool.io.mlflow_store`); gzip, bzip2 or
+xz-compressed, with or without a byte-order mark. The non-standard tokens ``NaN``/``Infinity`` are accepted. The norm key is found automatically
 (see ``NORM_KEYS``) or named with ``key``.
 """
 
@@ -69,6 +69,7 @@ class NormHistory:
         self.other_keys: list[str] = []  # other columns that hold a norm too (see other_norm_keys)
         self.notes: list[str] = []  # what a reader of the recommendation should know about this log
         self.line_order = False  # steps are the order of the log's lines (it gives no step numbers)
+        self.run: Any = None  # the runs.Run read, when the log is a store of runs (MLflow, TensorBoard)
         self._arrays = _arrays
 
     steps = _column_list(0, "_steps")  # list[int]
@@ -406,28 +407,50 @@ def read_trainer_state(path: str, key: str | None = None) -> NormHistory:
     return from_records(doc["log_history"], path, "trainer_state", key)
 
 
-def read_run_directory(path: str, key: str | None = None) -> NormHistory:
-    """A run directory: trainer_state.json files of its checkpoints (and itself), merged by step."""
+def read_run_directory(path: str, key: str | None = None, run: str | None = None) -> NormHistory:
+    """A run directory: trainer_state.json files of its checkpoints (and itself), merged by step; else
+    the TensorBoard or MLflow runs under it, one of them (``run`` chooses among several)."""
     files = sorted(glob.glob(os.path.join(path, "checkpoint-*", "trainer_state.json")),
                    key=lambda p: int(re.findall(r"checkpoint-(\d+)", p)[-1]) if re.findall(r"checkpoint-(\d+)", p) else 0)
     top = os.path.join(path, "trainer_state.json")
     if os.path.exists(top):
         files.append(top)
     if not files:
-        runs = tensorboard_runs(path)
-        if len(runs) == 1:
-            return read_tensorboard(runs[0], key)
-        if runs:
-            raise UsageError(f"{path}: holds {len(runs)} TensorBoard runs ({listed(runs, 4)}); "
-                             "give one of them")
-        raise InputError(f"{path}: directory holds no gradient dumps, trainer_state.json or TensorBoard "
-                         "event files")
+        return _read_store_of_runs(path, key, run)
     records: list[dict[str, Any]] = []
     for f in files:
         doc = _loads(_read_text(f), f)
         if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
             records.extend(doc["log_history"])  # later files repeat earlier steps: from_records keeps the last
     return from_records(records, path, "trainer_state", key)
+
+
+def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHistory:
+    """One run of the TensorBoard and MLflow file-store runs under directory ``path``."""
+    from .mlflow_store import file_store_runs, read_file_store
+    from .runs import Run, choose_run
+
+    mlflow = file_store_runs(path)
+    tb = [Run(os.path.relpath(d, path), os.path.relpath(d, path), _newest_mtime(d), d)
+          for d in tensorboard_runs(path)]
+    if mlflow and not tb:
+        return read_file_store(path, key, run, mlflow)
+    if not tb:
+        raise InputError(f"{path}: directory holds no gradient dumps, trainer_state.json, TensorBoard event "
+                         "files or MLflow runs")
+    what = "TensorBoard or MLflow runs" if mlflow else "TensorBoard runs"
+    chosen = choose_run(tb + mlflow, run, path, what)
+    if chosen in mlflow:
+        return read_file_store(path, key, chosen.id, [chosen])
+    hist = read_tensorboard(chosen.where, key)
+    hist.run = chosen
+    return hist
+
+
+def _newest_mtime(d: str) -> float | None:
+    """When the newest TensorBoard event file in directory ``d`` was last written."""
+    times = [os.path.getmtime(os.path.join(d, n)) for n in os.listdir(d) if "tfevents" in n]
+    return max(times) if times else None
 
 
 def tensorboard_runs(path: str, depth: int = 3) -> list[str]:
@@ -796,7 +819,8 @@ def is_log_file(path: str) -> bool:
     return os.path.isfile(path) and detect_format(path) is None
 
 
-def read_norm_log(path: str, key: str | None = None, *, source: str | None = None) -> NormHistory:
+def read_norm_log(path: str, key: str | None = None, *, source: str | None = None,
+                  run: str | None = None) -> NormHistory:
     """Read any supported training log (format detected from name and content); ``source`` (default
     ``path``) names it in errors and in the result, e.g. ``<stdin>`` for a spooled copy of standard input.
     The cyclic garbage collector is paused meanwhile: a 10^6-line log makes millions of objects that hold
@@ -806,22 +830,29 @@ def read_norm_log(path: str, key: str | None = None, *, source: str | None = Non
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _read_norm_log(path, key, source or path)
+        return _read_norm_log(path, key, source or path, run)
     finally:
         if enabled:
             gc.enable()
 
 
-def _read_norm_log(path: str, key: str | None, source: str) -> NormHistory:
+def _read_norm_log(path: str, key: str | None, source: str, run: str | None = None) -> NormHistory:
+    from . import mlflow_store
+    from .detect import head_of
+
     if os.path.isdir(path):
-        return read_run_directory(path, key)
+        return read_run_directory(path, key, run)
     base = re.sub(r"\.(gz|bz2|xz)$", "", os.path.basename(source).lower())  # metrics.csv.gz is a CSV
     if "tfevents" in base:
         return read_tensorboard(path, key)
+    if head_of(path).startswith(mlflow_store.SQLITE_MAGIC):  # mlflow.db, MLflow's default store
+        return mlflow_store.read_sqlite_store(path, key, run, source)
     text = _read_text(path, source)
     stripped = text.lstrip()
     if not stripped:
         raise InputError(f"{source}: empty log")
+    if mlflow_store.is_metric_file_text(stripped):  # mlruns/<experiment>/<run>/metrics/grad_norm
+        return mlflow_store.read_metric_file(path, text, key, source)
     # a JSON array opens with [ then { (or is empty); "[rank0]: step: 1 ...", "[2024-01-01 ...] INFO" are text
     if stripped.startswith("{") or (stripped.startswith("[") and stripped[1:].lstrip()[:1] in ("{", "]", "")):
         if stripped.startswith("{"):

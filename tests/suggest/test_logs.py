@@ -141,13 +141,20 @@ def test_a_tensorboard_log_directory(tmp_path, run):
     other = tmp_path / "output" / "runs" / "Nov25_09-00-00_host"
     other.mkdir()
     _tb_events(other, list(range(1, 11)))
-    with pytest.raises(UsageError, match=r"output: holds 2 TensorBoard runs \(.*Nov24_10-00-00_host, "
-                                         r".*Nov25_09-00-00_host\); give one of them"):
+    os.utime(next(other.iterdir()), (2e9, 2e9))  # the newest run's events: listed first
+    with pytest.raises(UsageError, match=r"output: holds 2 TensorBoard runs \('runs/Nov25_09-00-00_host' "
+                                         r"\(.*\), 'runs/Nov24_10-00-00_host' \(.*\)\); choose one with "):
         read_norm_log(str(tmp_path / "output"))
+    assert len(read_norm_log(str(tmp_path / "output"), run="runs/Nov24_10-00-00_host")) == 40
+    assert len(read_norm_log(str(tmp_path / "output"), run="latest")) == 10
+    r = run("suggest-threshold", str(tmp_path / "output"), "--run", "runs/Nov24_10-00-00_host",
+            "--format", "json")
+    assert r.exit_code == 0 and r.json()["source"]["run"]["name"] == "runs/Nov24_10-00-00_host"
     empty = tmp_path / "empty"
     empty.mkdir()
     r = run("suggest-threshold", str(empty))
-    assert r.exit_code == 1 and "no gradient dumps, trainer_state.json or TensorBoard event files" in r.stderr
+    assert r.exit_code == 1
+    assert "no gradient dumps, trainer_state.json, TensorBoard event files or MLflow runs" in r.stderr
 
 
 # --- the JSON Lines fast paths (msgspec decoder, lines joined without a loop) equal the plain reader -----

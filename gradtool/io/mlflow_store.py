@@ -1,0 +1,321 @@
+"""MLflow tracking stores as gradient-norm histories.
+
+Two layouts: the SQLite store (``mlflow.db``, MLflow's default since 3.7: tables ``runs`` and
+``metrics(key, value, timestamp, step, is_nan, run_uuid)``) and the file store (``mlruns/<experiment>/
+<run>/metrics/<name>``, the default before: one ``<ms timestamp> <value> [<step>]`` line per value). The
+Hugging Face Trainer logs ``grad_norm``, ``loss`` and ``learning_rate`` there at ``state.global_step``
+whenever mlflow is installed. Read with the standard library (sqlite3, read-only), never through mlflow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from ..errors import InputError, UsageError, listed
+from .runs import Run, choose_run
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+DBL_MAX = 1.7976931348623157e308  # MLflow's SQL store writes +-Inf as +-DBL_MAX (SQL has no infinity)
+_METRIC_LINE = re.compile(r"\d{12,14} \S+(?: -?\d+)?")  # "<ms timestamp> <value> [<step>]"
+_META_FIELD = re.compile(r"^(\w+):\s*(.*?)\s*$", re.MULTILINE)
+
+Series = tuple[Any, Any, Any]  # (steps, ms timestamps, values) as int64, int64, float64 arrays
+
+
+def is_metric_file_text(text: str) -> bool:
+    """True when ``text`` opens with a line of MLflow's file store (``1700000000000 1.25 10``)."""
+    first = text.lstrip("\r\n").split("\n", 1)[0].rstrip("\r")
+    return bool(_METRIC_LINE.fullmatch(first))
+
+
+def parse_metric_lines(text: str, source: str) -> Series:
+    """The file store's ``<timestamp> <value> [<step>]`` lines as (steps, timestamps, values); a line
+    without a step is step 0, as MLflow reads it. A malformed line is an InputError naming it."""
+    import numpy as np
+
+    tokens = text.split()
+    if _three_fields_per_line(text, len(tokens)):  # what MLflow writes: convert the columns at once
+        try:
+            return (np.array(tokens[2::3], dtype=np.int64), np.array(tokens[0::3], dtype=np.int64),
+                    np.array(tokens[1::3], dtype=np.float64))
+        except (ValueError, OverflowError):
+            pass  # find the bad line below
+    steps, stamps, values = [], [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError
+            stamps.append(int(parts[0]))
+            values.append(float(parts[1]))
+            steps.append(int(parts[2]) if len(parts) == 3 else 0)
+        except (ValueError, OverflowError):
+            raise InputError(f"{source}: line {n} is not an MLflow metric line "
+                             f"('<timestamp> <value> [<step>]'): {line[:60]!r}") from None
+    return (np.array(steps, dtype=np.int64), np.array(stamps, dtype=np.int64),
+            np.array(values, dtype=np.float64))
+
+
+def _three_fields_per_line(text: str, ntokens: int) -> bool:
+    """True when every line of ``text`` is three fields with one space between each (``ntokens`` is the
+    number of whitespace-separated fields in all): the spaces before each line end are counted with NumPy,
+    so a line of two fields and one of four are not taken for two lines of three."""
+    import numpy as np
+
+    raw = np.frombuffer(text.encode("utf-8", "replace"), np.uint8)
+    ends = np.flatnonzero(raw == ord("\n"))
+    if raw.size and raw[-1] != ord("\n"):
+        ends = np.append(ends, raw.size)
+    if ntokens != 3 * ends.size:  # blank lines, doubled spaces, a line of two or four fields
+        return False
+    spaces = np.flatnonzero(raw == ord(" "))
+    return spaces.size == 2 * ends.size and np.array_equal(np.searchsorted(spaces, ends),
+                                                           2 * np.arange(1, ends.size + 1))
+
+
+def history_of_run(series: dict[str, Series], norm_key: str, loss_key: str | None, lr_key: str | None,
+                   source: str, run: Run | None) -> Any:
+    """A NormHistory from a run's metric series. A step logged more than once (a resumed run) keeps the
+    value logged last. When every value has the same step (``mlflow.log_metric`` without ``step``), the
+    steps are the order of logging and loss/learning rate are matched by timestamp instead."""
+    import numpy as np
+
+    from .logs import NormHistory
+
+    steps, stamps, values = series[norm_key]
+    line_order = len(steps) > 1 and bool((steps == steps[0]).all())
+    by = stamps if line_order else steps
+    order = np.lexsort((stamps, by))
+    by, values = by[order], values[order]
+    keep = np.ones(len(by), dtype=bool)
+    keep[:-1] = by[:-1] != by[1:]
+    by, values = by[keep], values[keep]
+
+    def matched(key: str | None) -> list[float | None] | None:
+        if key is None or key not in series:
+            return None
+        s, t, v = series[key]
+        k = t if line_order else s
+        o = np.lexsort((t, k))  # in logging order: the later of a step's values wins below
+        found = dict(zip(k[o].tolist(), v[o].tolist()))
+        return [found.get(b) for b in by.tolist()]
+
+    hist = NormHistory(list(range(len(by))) if line_order else by.tolist(), values.tolist(),
+                       matched(loss_key), matched(lr_key), source, norm_key, "mlflow")
+    hist.run = run
+    if line_order:
+        hist.line_order = True
+        hist.notes.append(f"{source}: the metric was logged without steps: steps are the order of logging "
+                          "(0, 1, 2, ...), not training steps")
+    return hist
+
+
+def _choose(runs: list[Run], keys: dict[str, list[str]], key: str | None, run: str | None,
+            source: str) -> Run:
+    """The run to read: among those with a gradient-norm metric (all runs when ``run`` names one, so that
+    a run without one is told so rather than not found)."""
+    from .logs import NORM_KEYS, _find_norm_key
+
+    if not runs:
+        raise InputError(f"{source}: an MLflow store with no runs")
+    by_name = run not in (None, "latest")  # a run named is looked for among all; latest: the last with a norm
+    candidates = runs if by_name else [r for r in runs if _find_norm_key(keys.get(r.where, []), key)]
+    if not candidates:
+        seen = sorted({k for r in runs for k in keys.get(r.where, [])})
+        tried = ", ".join(NORM_KEYS[:4])
+        named = f"no metric {key!r}" if key else f"no gradient-norm metric (tried {tried}, ...)"
+        raise InputError(f"{source}: {named} in its {len(runs)} MLflow run(s) (metrics: {listed(seen, 12)})"
+                         + ("" if key else "; name it with --key"))
+    what = "MLflow runs" if by_name else "MLflow runs with a gradient norm"
+    return choose_run(candidates, run, source, what)
+
+
+def _norm_key(keys: list[str], key: str | None, source: str, chosen: Run) -> str:
+    from .logs import _find_norm_key
+
+    nkey = _find_norm_key(keys, key)
+    if nkey is None:
+        what = f"no metric {key!r}" if key else "no gradient-norm metric"
+        raise (UsageError if key else InputError)(
+            f"{source}: run {chosen.label()} has {what} (metrics: {listed(sorted(keys), 12)})"
+            + ("" if key else "; name it with --key"))
+    return nkey
+
+
+# ---- the SQLite store ------------------------------------------------------------------------------------
+
+def read_sqlite_store(path: str, key: str | None = None, run: str | None = None,
+                      source: str | None = None) -> Any:
+    """The norm history of one run of the MLflow SQLite store at ``path``: the only run with a gradient
+    norm, or the one ``run`` names (see :func:`~gradtool.io.runs.choose_run`). Opened read-only; the
+    database's schema is not trusted (no views or triggers are read, only its two tables)."""
+    import sqlite3
+    from contextlib import closing
+    from urllib.parse import quote
+
+    source = source or path
+    try:
+        con = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise InputError(f"{source}: cannot open the SQLite database ({exc})") from None
+    try:
+        with closing(con):
+            con.execute("PRAGMA query_only = ON")
+            con.execute("PRAGMA trusted_schema = OFF")
+            return _read_sqlite(con, key, run, source)
+    except sqlite3.Error as exc:
+        raise InputError(f"{source}: cannot read the MLflow database ({exc})") from None
+
+
+def _read_sqlite(con: Any, key: str | None, run: str | None, source: str) -> Any:
+    import numpy as np
+
+    from .logs import LOSS_KEYS, LR_KEYS, _find_key, _with_others
+
+    tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not {"metrics", "runs"} <= tables:
+        raise InputError(f"{source}: an SQLite database, but not an MLflow tracking store (no metrics and "
+                         "runs tables)")
+    runs = [Run(str(rid), str(name or rid), start / 1000 if isinstance(start, (int, float)) else None,
+                str(rid))
+            for rid, name, start in con.execute(
+                "SELECT run_uuid, name, start_time FROM runs WHERE lifecycle_stage IS NOT 'deleted'")]
+    keys: dict[str, list[str]] = {}
+    for table in ("latest_metrics", "metrics") if "latest_metrics" in tables else ("metrics",):
+        for rid, k in con.execute(f"SELECT DISTINCT run_uuid, key FROM {table}"):
+            keys.setdefault(str(rid), []).append(str(k))
+        if keys:
+            break
+    chosen = _choose(runs, keys, key, run, source)
+    run_keys = keys.get(chosen.where, [])
+    nkey = _norm_key(run_keys, key, source, chosen)
+    wanted = [k for k in (nkey, _find_key(run_keys, LOSS_KEYS), _find_key(run_keys, LR_KEYS)) if k]
+    series: dict[str, Series] = {}
+    for k in dict.fromkeys(wanted):
+        rows = con.execute("SELECT step, timestamp, value, is_nan FROM metrics "
+                           "WHERE run_uuid = ? AND key = ?", (chosen.where, k)).fetchall()
+        cols = np.array(rows, dtype=np.float64).reshape(-1, 4)
+        values = np.where(cols[:, 3] != 0, np.nan, cols[:, 2])
+        values[np.abs(values) == DBL_MAX] *= np.inf  # +-DBL_MAX stood for +-Inf
+        series[k] = (cols[:, 0].astype(np.int64), cols[:, 1].astype(np.int64), values)
+    hist = history_of_run(series, nkey, _find_key(run_keys, LOSS_KEYS), _find_key(run_keys, LR_KEYS), source,
+                          chosen)
+    return _with_others(hist, run_keys, key)
+
+
+# ---- the file store --------------------------------------------------------------------------------------
+
+def _is_run_dir(d: str) -> bool:
+    return os.path.isfile(os.path.join(d, "meta.yaml")) and os.path.isdir(os.path.join(d, "metrics"))
+
+
+def _file_run(d: str) -> Run | None:
+    """The run in directory ``d`` from its ``meta.yaml`` (None when the run was deleted)."""
+    try:
+        with open(os.path.join(d, "meta.yaml"), encoding="utf-8", errors="replace") as f:
+            meta = dict(_META_FIELD.findall(f.read(1 << 16)))
+    except OSError:
+        meta = {}
+    meta = {k: v.strip("'\"") for k, v in meta.items()}
+    if meta.get("lifecycle_stage") == "deleted":
+        return None
+    rid = meta.get("run_id") or meta.get("run_uuid") or os.path.basename(d)
+    name = meta.get("run_name")
+    if not name:
+        try:
+            with open(os.path.join(d, "tags", "mlflow.runName"), encoding="utf-8", errors="replace") as f:
+                name = f.read(256).strip()
+        except OSError:
+            name = ""
+    start = meta.get("start_time", "")
+    return Run(rid, name or rid, int(start) / 1000 if start.isdigit() else None, d)
+
+
+def file_store_runs(path: str, depth: int = 2) -> list[Run]:
+    """The runs of an MLflow file store at ``path``: ``path`` itself when it is a run directory (or its
+    ``metrics`` directory), else the run directories ``depth`` levels down (``mlruns/<experiment>/<run>``),
+    deleted runs and hidden directories (``.trash``) left out."""
+    path = os.path.normpath(path)
+    parent = os.path.dirname(path)
+    if os.path.basename(path) == "metrics" and _is_run_dir(parent):
+        path = parent
+    found: list[str] = []
+
+    def visit(d: str, level: int) -> None:
+        if _is_run_dir(d):
+            found.append(d)
+            return
+        if level < depth:
+            try:
+                names = sorted(os.listdir(d))
+            except OSError:
+                return
+            for n in names:
+                if not n.startswith(".") and os.path.isdir(os.path.join(d, n)):
+                    visit(os.path.join(d, n), level + 1)
+
+    visit(path, 0)
+    return [r for r in map(_file_run, found) if r is not None]
+
+
+def metric_files(run_dir: str) -> dict[str, str]:
+    """A file-store run's metrics: name (``train/grad_norm`` for a nested file) -> file."""
+    top = os.path.join(run_dir, "metrics")
+    out = {}
+    for d, subdirs, names in os.walk(top):
+        subdirs.sort()
+        for n in sorted(names):
+            f = os.path.join(d, n)
+            out[os.path.relpath(f, top).replace(os.sep, "/")] = f
+    return out
+
+
+def read_file_store(path: str, key: str | None = None, run: str | None = None,
+                    runs: list[Run] | None = None) -> Any:
+    """The norm history of one run of the MLflow file store at ``path`` (a run directory, an experiment,
+    ``mlruns``): the only run with a gradient norm, or the one ``run`` names."""
+    runs = file_store_runs(path) if runs is None else runs
+    files = {r.where: metric_files(r.where) for r in runs}
+    chosen = _choose(runs, {w: list(f) for w, f in files.items()}, key, run, path)
+    return _read_file_run(chosen, files[chosen.where], key, path)
+
+
+def _read_file_run(chosen: Run, files: dict[str, str], key: str | None, source: str) -> Any:
+    from .logs import LOSS_KEYS, LR_KEYS, _find_key, _read_text, _with_others
+
+    nkey = _norm_key(list(files), key, source, chosen)
+    lkey, rkey = _find_key(files, LOSS_KEYS), _find_key(files, LR_KEYS)
+    series = {k: parse_metric_lines(_read_text(files[k]), files[k])
+              for k in dict.fromkeys((nkey, lkey, rkey)) if k}
+    return _with_others(history_of_run(series, nkey, lkey, rkey, source, chosen), files, key)
+
+
+def read_metric_file(path: str, text: str, key: str | None = None, source: str | None = None) -> Any:
+    """One file of a file store's ``metrics/`` directory given by itself. Inside its run directory the
+    run's loss and learning rate are read beside it; a copy elsewhere (or standard input) is the norm alone.
+    A file whose name is not a gradient norm's (``metrics/loss``) is refused unless ``key`` names it."""
+    from .logs import NORM_KEYS, _looks_like_norm_key
+
+    source = source or path
+    run_dir, name = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    while run_dir != os.path.dirname(run_dir) and os.path.basename(run_dir) != "metrics":
+        name = f"{os.path.basename(run_dir)}/{name}"  # a nested metric: metrics/train/grad_norm
+        run_dir = os.path.dirname(run_dir)
+    run_dir = os.path.dirname(run_dir)
+    chosen = _file_run(run_dir) if source == path and _is_run_dir(run_dir) else None
+    if chosen is None:
+        name = os.path.basename(path)
+    if source == path:
+        if key is not None and key != name:
+            raise UsageError(f"{source}: holds the metric {name!r}, not --key {key!r}")
+        if key is None and not (name.lower() in NORM_KEYS or _looks_like_norm_key(name)):
+            raise InputError(f"{source}: is the MLflow metric {name!r}, not a gradient norm; give the run's "
+                             f"norm metric file (or --key {name} to use this one)")
+    if chosen is None:  # a copy of the file, or standard input: the norm alone
+        name = key or (name if source == path else "value")
+        return history_of_run({name: parse_metric_lines(text, source)}, name, None, None, source, None)
+    return _read_file_run(chosen, metric_files(run_dir), name, source)

@@ -1,0 +1,65 @@
+"""Choosing one training run from a store that holds several (an MLflow tracking store, a directory of
+TensorBoard runs): by ``--run NAME``, ``--run ID`` (or a unique prefix of it) or ``--run latest``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import UsageError, listed
+
+RUN_HELP = "choose one with --run NAME, --run ID or --run latest"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a store: ``id`` (MLflow's run ID, a TensorBoard run's directory), ``name`` (MLflow's run
+    name, the directory relative to the path given), ``started`` (seconds since the epoch, None when not
+    known) and ``where`` (the path or database key its metrics are read from)."""
+
+    id: str
+    name: str
+    started: float | None = None
+    where: str = ""
+
+    def label(self) -> str:
+        """e.g. ``'bright-owl-7' (3f2a9c1e, 2026-11-20 10:02)``, for messages."""
+        extra = [self.id[:8]] if self.id and self.id != self.name else []
+        if self.started is not None:
+            extra.append(time.strftime("%Y-%m-%d %H:%M", time.gmtime(self.started)))
+        return repr(self.name) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def newest_first(runs: Sequence[Run]) -> list[Run]:
+    """``runs`` from the most recently started (runs of unknown start last, by name)."""
+    return sorted(runs, key=lambda r: (r.started is None, -(r.started or 0.0), r.name))
+
+
+def choose_run(runs: Sequence[Run], wanted: str | None, source: str, what: str) -> Run:
+    """The run of ``runs`` (found in ``source``; ``what`` names them, e.g. "MLflow runs with a gradient
+    norm") that ``wanted`` names: an exact ID or name, a prefix of one ID, or ``latest`` (the last
+    started). Without ``wanted`` the only run; several are a UsageError listing them, newest first."""
+    if not runs:
+        raise UsageError(f"{source}: holds no {what}")
+    order = newest_first(runs)
+    if wanted is None:
+        if len(runs) == 1:
+            return runs[0]
+        raise UsageError(f"{source}: holds {len(runs)} {what} ({listed(order, 4, Run.label)}); {RUN_HELP}")
+    if wanted == "latest":
+        return order[0]
+    for exact in ([r for r in runs if r.id == wanted], [r for r in runs if r.name == wanted]):
+        if len(exact) == 1:
+            return exact[0]
+        if exact:
+            raise UsageError(f"{source}: {len(exact)} {what} are named {wanted!r} "
+                             f"({listed(newest_first(exact), 4, Run.label)}); choose one by its ID")
+    prefixed = [r for r in runs if r.id.startswith(wanted)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if prefixed:
+        raise UsageError(f"{source}: --run {wanted!r} is the start of {len(prefixed)} run IDs "
+                         f"({listed(newest_first(prefixed), 4, Run.label)}); give more of it")
+    raise UsageError(f"{source}: no run {wanted!r} among its {len(runs)} {what} "
+                     f"({listed(order, 4, Run.label)})")

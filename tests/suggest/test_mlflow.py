@@ -1,0 +1,303 @@
+"""MLflow tracking stores as norm histories: the SQLite store (mlflow.db, MLflow's default since 3.7) and
+the file store (mlruns/). The Hugging Face Trainer logs grad_norm, loss and learning_rate to MLflow at
+every logging step whenever mlflow is installed; both stores were refused ("binary file", "directory holds
+no gradient dumps ..."). The fixtures write what MLflow 3.17 writes (checked against real stores made by
+mlflow.log_metrics; mlflow itself is not a test dependency)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradtool.errors import InputError, UsageError
+from gradtool.io.logs import read_norm_log
+from gradtool.io.mlflow_store import DBL_MAX, history_of_run, parse_metric_lines
+
+T0 = 1795521146861  # a start time in ms, as MLflow writes them
+
+
+def _norm(step):
+    return 1.0 + (step % 7) / 10
+
+
+# ---- the file store -------------------------------------------------------------------------------------
+def file_run(root, run_id, name, start, metrics, experiment="0", deleted=False):
+    """A run as MLflow's file store lays it out: meta.yaml, metrics/<key> (nested for keys with /),
+    tags/mlflow.runName. ``metrics``: key -> [(step, value)], logged 1 ms apart."""
+    d = root / experiment / run_id
+    (d / "metrics").mkdir(parents=True)
+    (d / "tags").mkdir()
+    (d / "artifacts").mkdir()
+    (d / "meta.yaml").write_text(
+        f"artifact_uri: {d}/artifacts\nend_time: {start + 99999}\nentry_point_name: ''\n"
+        f"experiment_id: '{experiment}'\nlifecycle_stage: {'deleted' if deleted else 'active'}\n"
+        f"run_id: {run_id}\nrun_name: {name}\nsource_name: ''\nsource_type: 4\nsource_version: ''\n"
+        f"start_time: {start}\nstatus: 3\ntags: []\nuser_id: root\n")
+    (d / "tags" / "mlflow.runName").write_text(name)
+    for key, points in metrics.items():
+        f = d / "metrics" / key
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(f"{start + i} {v!r} {s}\n" for i, (s, v) in enumerate(points)))
+    return d
+
+
+def hf_metrics(n, offset=0.0):
+    """What the Trainer logs per logging step."""
+    steps = range(1, n + 1)
+    return {"grad_norm": [(s, _norm(s) + offset) for s in steps], "loss": [(s, 3 - s / 100) for s in steps],
+            "learning_rate": [(s, 1e-4 * s) for s in steps], "epoch": [(s, s / 10) for s in steps]}
+
+
+def test_a_file_store_run_is_read_from_any_level(tmp_path, run):
+    root = tmp_path / "mlruns"
+    d = file_run(root, "93e592b2537c4b84a16f4f55fcd2987c", "first-run", T0, hf_metrics(40))
+    (root / ".trash").mkdir()
+    for where in (root, root / "0", d, d / "metrics", d / "metrics" / "grad_norm"):
+        h = read_norm_log(str(where))
+        assert (h.kind, h.key, h.steps) == ("mlflow", "grad_norm", list(range(1, 41))), where
+        assert h.norms == [_norm(s) for s in range(1, 41)]
+        assert h.loss == [3 - s / 100 for s in range(1, 41)] and h.lr == [1e-4 * s for s in range(1, 41)]
+        assert (h.run.id, h.run.name) == ("93e592b2537c4b84a16f4f55fcd2987c", "first-run")
+    r = run("suggest-threshold", str(root), "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    src = r.json()["source"]
+    assert (src["kind"], src["key"]) == ("mlflow", "grad_norm")
+    assert src["run"] == {"id": "93e592b2537c4b84a16f4f55fcd2987c", "name": "first-run"}
+    table = run("suggest-threshold", str(root))
+    assert "(mlflow, run first-run, key grad_norm)" in table.stdout
+
+
+def test_several_runs_are_listed_newest_first_and_chosen_with_run(tmp_path, run):
+    root = tmp_path / "mlruns"
+    file_run(root, "a1b2c3d4e5f60718293a4b5c6d7e8f90", "bright-owl-7", T0, hf_metrics(30))
+    file_run(root, "ffff0000aaaa1111bbbb2222cccc3333", "calm-fox-2", T0 + 86_400_000, hf_metrics(20, 1.0))
+    file_run(root, "dead0000aaaa1111bbbb2222cccc3333", "gone", T0 + 2 * 86_400_000, hf_metrics(10),
+             deleted=True)
+    file_run(root, "0000aaaa1111bbbb2222cccc33334444", "eval-only", T0 + 3 * 86_400_000,
+             {"eval_loss": [(1, 2.0)]}, experiment="7")
+    with pytest.raises(UsageError, match=r"holds 2 MLflow runs with a gradient norm \('calm-fox-2' "
+                                         r"\(ffff0000, 2026-11-.*\), 'bright-owl-7' \(a1b2c3d4, .*\)\); "
+                                         r"choose one with --run"):
+        read_norm_log(str(root))
+    for wanted, n in (("bright-owl-7", 30), ("calm-fox-2", 20), ("latest", 20),
+                      ("a1b2c3d4e5f60718293a4b5c6d7e8f90", 30), ("a1b2", 30), ("ffff", 20)):
+        assert len(read_norm_log(str(root), run=wanted)) == n, wanted
+    for wanted, message in (("gone", "no run 'gone' among its 3 MLflow runs \\('eval-only'"),  # deleted
+                            ("eval-only", "run 'eval-only' .* has no gradient-norm metric .*eval_loss"),
+                            ("nope", "no run 'nope'")):
+        with pytest.raises((UsageError, InputError), match=message):
+            read_norm_log(str(root), run=wanted)
+    r = run("suggest-threshold", str(root))
+    assert r.exit_code == 2 and "--run NAME, --run ID or --run latest" in r.stderr and r.stdout == ""
+    r = run("suggest-threshold", str(root), "--run", "calm-fox-2", "--format", "json")
+    assert r.exit_code == 0 and r.json()["history"]["n"] == 20
+    assert r.json()["source"]["run"]["name"] == "calm-fox-2"
+
+
+def test_two_runs_of_one_name_are_chosen_by_id(tmp_path):
+    root = tmp_path / "mlruns"
+    file_run(root, "aaaa0000aaaa1111bbbb2222cccc3333", "same", T0, hf_metrics(10))
+    file_run(root, "bbbb0000aaaa1111bbbb2222cccc3333", "same", T0 + 1000, hf_metrics(12))
+    with pytest.raises(UsageError, match="2 MLflow runs are named 'same' .*; choose one by its ID"):
+        read_norm_log(str(root), run="same")
+    assert len(read_norm_log(str(root), run="bbbb")) == 12
+
+
+def test_a_metric_file_given_by_itself(tmp_path, run):
+    root = tmp_path / "mlruns"
+    d = file_run(root, "93e592b2537c4b84a16f4f55fcd2987c", "r", T0,
+                 {"train/grad_norm": [(s, _norm(s)) for s in range(1, 21)],
+                  "loss": [(s, 2.0) for s in range(1, 21)]})
+    h = read_norm_log(str(d / "metrics" / "train" / "grad_norm"))
+    assert (h.key, len(h), h.loss[0]) == ("train/grad_norm", 20, 2.0)
+    with pytest.raises(InputError, match=r"metrics/loss: is the MLflow metric 'loss', not a gradient norm; "
+                                         r".*--key loss"):
+        read_norm_log(str(d / "metrics" / "loss"))
+    assert read_norm_log(str(d / "metrics" / "loss"), key="loss").norms == [2.0] * 20
+    copy = tmp_path / "grad_norm"  # a copy outside its run: the norm alone
+    copy.write_bytes((d / "metrics" / "train" / "grad_norm").read_bytes())
+    h = read_norm_log(str(copy))
+    assert (h.key, h.steps, h.run, h.has_loss) == ("grad_norm", list(range(1, 21)), None, False)
+    r = run("suggest-threshold", "-", "--format", "json", input=copy.read_bytes())
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["history"]["n"] == 20 and r.json()["source"]["kind"] == "mlflow"
+
+
+def test_file_store_values_as_mlflow_writes_them(tmp_path):
+    """nan/inf as str(float) writes them; a step logged again (a resumed run) keeps the value logged last;
+    a metric logged without a step (mlflow.log_metric(k, v)) is in logging order, said in a note."""
+    f = tmp_path / "grad_norm"
+    f.write_text(f"{T0} 1.5 1\n{T0 + 1} nan 2\n{T0 + 2} inf 3\n{T0 + 3} 2.5 2\n\n{T0 + 4} -inf 4\n")
+    h = read_norm_log(str(f))
+    assert h.steps == [1, 2, 3, 4] and h.norms[0] == 1.5 and h.norms[1] == 2.5
+    assert h.norms[2] == math.inf and h.norms[3] == -math.inf
+    f.write_text(f"{T0 + 5} 3.0\n{T0} 1.0\n{T0 + 2} 2.0\n")
+    h = read_norm_log(str(f))
+    assert (h.steps, h.norms, h.line_order) == ([0, 1, 2], [1.0, 2.0, 3.0], True)
+    assert "logged without steps" in h.notes[0]
+
+
+@pytest.mark.parametrize("line", ["1795521146861 1.5 two", "1795521146861 1.5 3 4", "1795521146861 x 3"])
+def test_a_malformed_metric_line_is_named(tmp_path, line):
+    f = tmp_path / "grad_norm"
+    f.write_text(f"{T0} 1.0 1\n{line}\n{T0} 1.0 3\n")
+    with pytest.raises(InputError, match=r"grad_norm: line 2 is not an MLflow metric line"):
+        read_norm_log(str(f))
+
+
+_values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6).map(float))
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), _values, st.booleans()), min_size=1, max_size=60))
+def test_parse_and_history_match_a_plain_reference(points):
+    """The columns-at-once parse and the dedup by (step, time) equal a line-by-line float64 reference;
+    ``drop`` leaves a line's step out (MLflow reads it as step 0), which takes the per-line path."""
+    lines = [f"{T0 + i} {v!r}" + ("" if drop else f" {s}") for i, (s, v, drop) in enumerate(points)]
+    steps, stamps, values = parse_metric_lines("\n".join(lines) + "\n", "x")
+    ref = [(0 if drop else s, T0 + i, v) for i, (s, v, drop) in enumerate(points)]
+    assert steps.tolist() == [r[0] for r in ref] and stamps.tolist() == [r[1] for r in ref]
+    assert [repr(v) for v in values.tolist()] == [repr(float(r[2])) for r in ref]
+    h = history_of_run({"g": (steps, stamps, values)}, "g", None, None, "x", None)
+    if len(set(steps.tolist())) == 1 and len(ref) > 1:
+        assert h.steps == list(range(len(ref))) and h.line_order
+        assert [repr(v) for v in h.norms] == [repr(float(r[2])) for r in ref]
+    else:
+        last = {}
+        for s, _, v in ref:
+            last[s] = float(v)  # logged later wins
+        assert h.steps == sorted(last) and [repr(v) for v in h.norms] == [repr(last[s]) for s in sorted(last)]
+
+
+# ---- the SQLite store -----------------------------------------------------------------------------------
+_SCHEMA = """
+CREATE TABLE experiments (experiment_id INTEGER NOT NULL, name VARCHAR(256) NOT NULL,
+    artifact_location VARCHAR(256), lifecycle_stage VARCHAR(32), creation_time BIGINT,
+    last_update_time BIGINT, CONSTRAINT experiment_pk PRIMARY KEY (experiment_id));
+CREATE TABLE runs (run_uuid VARCHAR(32) NOT NULL, name VARCHAR(250), source_type VARCHAR(20),
+    source_name VARCHAR(500), entry_point_name VARCHAR(50), user_id VARCHAR(256), status VARCHAR(9),
+    start_time BIGINT, end_time BIGINT, source_version VARCHAR(50), lifecycle_stage VARCHAR(20),
+    artifact_uri VARCHAR(200), experiment_id INTEGER, deleted_time BIGINT,
+    CONSTRAINT run_pk PRIMARY KEY (run_uuid));
+CREATE TABLE metrics ("key" VARCHAR(250) NOT NULL, value FLOAT NOT NULL, timestamp BIGINT NOT NULL,
+    run_uuid VARCHAR(32) NOT NULL, step BIGINT DEFAULT '0' NOT NULL, is_nan BOOLEAN DEFAULT '0' NOT NULL,
+    CONSTRAINT metric_pk PRIMARY KEY ("key", timestamp, step, run_uuid, value, is_nan));
+CREATE TABLE latest_metrics ("key" VARCHAR(250) NOT NULL, value FLOAT NOT NULL, timestamp BIGINT,
+    step BIGINT NOT NULL, is_nan BOOLEAN NOT NULL, run_uuid VARCHAR(32) NOT NULL,
+    CONSTRAINT latest_metric_pk PRIMARY KEY ("key", run_uuid));
+"""
+
+
+def sql_store(path, runs):
+    """An MLflow SQLite store: runs = [(run_id, name, start, lifecycle, {key: [(step, value)]})], values
+    stored as MLflow's SQL store stores them (NaN: 0 with is_nan; +-Inf: +-DBL_MAX)."""
+    con = sqlite3.connect(path)
+    con.executescript(_SCHEMA)
+    con.execute("INSERT INTO experiments VALUES (0, 'Default', '', 'active', 0, 0)")
+    for rid, name, start, stage, metrics in runs:
+        con.execute("INSERT INTO runs (run_uuid, name, status, start_time, lifecycle_stage, experiment_id) "
+                    "VALUES (?, ?, 'FINISHED', ?, ?, 0)", (rid, name, start, stage))
+        for key, points in metrics.items():
+            for i, (s, v) in enumerate(points):
+                stored = 0.0 if math.isnan(v) else math.copysign(DBL_MAX, v) if math.isinf(v) else v
+                con.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
+                            (key, stored, start + i, rid, s, int(math.isnan(v))))
+            s, v = points[-1]
+            con.execute("INSERT INTO latest_metrics VALUES (?, 0, 0, ?, 0, ?)", (key, s, rid))
+    con.commit()
+    con.close()
+
+
+def test_an_mlflow_sqlite_store(tmp_path, run):
+    db = tmp_path / "mlflow.db"
+    m = hf_metrics(40)
+    m["grad_norm"][9] = (10, math.nan)
+    m["grad_norm"][10] = (11, math.inf)
+    m["grad_norm"].append((20, 9.0))  # step 20 logged again, later (a resumed run)
+    sql_store(db, [("0b55e9d817cc4dab8545011f0d3487da", "first-run", T0, "active", m),
+                   ("e33c8d4d00000000000000000000aaaa", "removed", T0 + 5000, "deleted", hf_metrics(5))])
+    before = (db.read_bytes(), os.stat(db).st_mtime_ns)
+    h = read_norm_log(str(db))
+    assert (h.kind, h.key, h.steps, h.run.name) == ("mlflow", "grad_norm", list(range(1, 41)), "first-run")
+    assert math.isnan(h.norms[9]) and h.norms[10] == math.inf and h.norms[19] == 9.0
+    ref = [_norm(s) for s in range(1, 41)]
+    assert [v for i, v in enumerate(h.norms) if i not in (9, 10, 19)] == [v for i, v in enumerate(ref)
+                                                                           if i not in (9, 10, 19)]
+    assert h.loss == [3 - s / 100 for s in range(1, 41)] and h.lr == [1e-4 * s for s in range(1, 41)]
+    assert (db.read_bytes(), os.stat(db).st_mtime_ns) == before  # read-only
+    assert sorted(os.listdir(tmp_path)) == ["mlflow.db"]
+    r = run("suggest-threshold", str(db), "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    assert doc["source"]["run"]["name"] == "first-run" and doc["history"]["nonfinite_steps"] == [10, 11]
+    with pytest.raises(UsageError, match="no run 'removed'"):
+        read_norm_log(str(db), run="removed")
+
+
+def test_several_runs_in_an_sqlite_store(tmp_path, run):
+    db = tmp_path / "mlflow.db"
+    sql_store(db, [("aaaa1111", "old", T0, "active", hf_metrics(10)),
+                   ("bbbb2222", "new", T0 + 60_000, "active", hf_metrics(15)),
+                   ("cccc3333", "no-norm", T0 + 120_000, "active", {"loss": [(1, 1.0)]})])
+    r = run("suggest-threshold", str(db))
+    assert r.exit_code == 2 and "holds 2 MLflow runs with a gradient norm ('new' (bbbb2222" in r.stderr
+    assert len(read_norm_log(str(db), run="latest")) == 15  # the latest with a norm... is 'new'
+    assert len(read_norm_log(str(db), run="aaaa")) == 10
+    with pytest.raises(InputError, match="run 'no-norm' .* has no gradient-norm metric"):
+        read_norm_log(str(db), run="no-norm")
+    with pytest.raises(UsageError, match="no metric 'gnorm'"):
+        read_norm_log(str(db), key="gnorm", run="old")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"SQLite format 3\x00" + b"\x10\x00" + b"\xff" * 200, "cannot (open|read) the"),  # corrupt
+    (None, "an SQLite database, but not an MLflow tracking store"),
+])
+def test_sqlite_files_that_are_no_mlflow_store(tmp_path, run, content, message):
+    db = tmp_path / "other.db"
+    if content is None:
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE t (x)")
+        con.commit()
+        con.close()
+    else:
+        db.write_bytes(content)
+    r = run("suggest-threshold", str(db))
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"gradtool: error: {db}: ") and __import__("re").search(message, r.stderr)
+    r = run("stats", str(db))
+    assert r.exit_code == 1 and "is an SQLite database (an MLflow tracking store?" in r.stderr
+
+
+def test_run_needs_a_store_of_runs(tmp_path, run):
+    csv = tmp_path / "m.csv"
+    csv.write_text("step,grad_norm\n" + "".join(f"{s},{_norm(s)}\n" for s in range(1, 30)))
+    r = run("suggest-threshold", str(csv), "--run", "x")
+    assert r.exit_code == 2 and "--run x: no input is a store of runs" in r.stderr
+    dump = tmp_path / "d.npz"
+    np.savez(dump, w=np.ones(3, dtype=np.float32))
+    r = run("suggest-threshold", str(dump), "--run", "x")
+    assert r.exit_code == 2 and "--run x: no input is a store of runs" in r.stderr
+
+
+def test_lines_of_two_and_four_fields_are_not_taken_for_three(tmp_path):
+    """Six fields on two lines are not two lines of three: the columns-at-once parse checks each line."""
+    f = tmp_path / "grad_norm"
+    f.write_text(f"{T0} 1.0\n{T0 + 1} 2 7 8\n")  # by columns: timestamps T0, 2; steps T0 + 1, 8
+    with pytest.raises(InputError, match="line 2 is not an MLflow metric line"):
+        read_norm_log(str(f))
+
+
+def test_a_resumed_runs_loss_is_the_later_one_whatever_the_row_order():
+    """SQLite returns rows in no promised order: a step's loss logged twice is the later by timestamp."""
+    steps = np.arange(1, 31)
+    norm = (steps, T0 + steps, np.ones(30))
+    loss = (np.concatenate([steps, steps]), np.concatenate([T0 + 100 + steps, T0 + steps]),  # later rows first
+            np.concatenate([np.full(30, 1.0), np.full(30, 9.0)]))
+    h = history_of_run({"grad_norm": norm, "loss": loss}, "grad_norm", "loss", None, "x", None)
+    assert h.loss == [1.0] * 30
