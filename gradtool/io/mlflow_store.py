@@ -198,7 +198,13 @@ def _read_sqlite(con: Any, key: str | None, run: str | None, source: str) -> Any
     for k in dict.fromkeys(wanted):
         rows = con.execute("SELECT step, timestamp, value, is_nan FROM metrics "
                            "WHERE run_uuid = ? AND key = ?", (chosen.where, k)).fetchall()
-        cols = np.array(rows, dtype=np.float64).reshape(-1, 4)
+        try:
+            cols = np.array(rows, dtype=np.float64).reshape(-1, 4)
+        except (ValueError, TypeError):
+            cols = None
+        if cols is None or not np.isfinite(cols[:, :2]).all() or (np.abs(cols[:, :2]) >= 2.0 ** 63).any():
+            raise InputError(f"{source}: metric {k!r} of run {chosen.label()} holds a value, step or timestamp "
+                             "that is not a number")
         values = np.where(cols[:, 3] != 0, np.nan, cols[:, 2])
         values[np.abs(values) == DBL_MAX] *= np.inf  # +-DBL_MAX stood for +-Inf
         series[k] = (cols[:, 0].astype(np.int64), cols[:, 1].astype(np.int64), values)

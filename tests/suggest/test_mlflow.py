@@ -301,3 +301,35 @@ def test_a_resumed_runs_loss_is_the_later_one_whatever_the_row_order():
             np.concatenate([np.full(30, 1.0), np.full(30, 9.0)]))
     h = history_of_run({"grad_norm": norm, "loss": loss}, "grad_norm", "loss", None, "x", None)
     assert h.loss == [1.0] * 30
+
+
+@pytest.mark.parametrize("row", [("grad_norm", "abc", T0 + 99, "r1", 99, 0),
+                                 ("grad_norm", 1.0, T0 + 99, "r1", None, 0),
+                                 ("grad_norm", 1.0, "soon", "r1", 99, 0)])
+def test_a_tampered_metrics_row_is_an_input_error(tmp_path, run, row):
+    db = tmp_path / "mlflow.db"
+    sql_store(db, [("r1", "x", T0, "active", hf_metrics(30))])
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE metrics")  # without its NOT NULL and types, as a hostile file may be
+    con.execute('CREATE TABLE metrics ("key", value, timestamp, run_uuid, step, is_nan)')
+    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
+                    [("grad_norm", 1.0, T0 + s, "r1", s, 0) for s in range(30)] + [row])
+    con.commit()
+    con.close()
+    r = run("suggest-threshold", str(db))
+    assert r.exit_code == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    assert "metric 'grad_norm' of run 'x' (r1, " in r.stderr and "is not a number" in r.stderr
+
+
+def test_a_view_named_metrics_is_not_queried(tmp_path, run):
+    """Only tables are read: a view (which could run any query, e.g. an endless recursive one) is not."""
+    db = tmp_path / "mlflow.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE runs (run_uuid, name, start_time, lifecycle_stage)")
+    con.execute("CREATE VIEW metrics AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                "SELECT 'grad_norm' AS key, x AS value, x AS timestamp, 'r' AS run_uuid, x AS step, 0 AS is_nan "
+                "FROM c")
+    con.commit()
+    con.close()
+    r = run("suggest-threshold", str(db))
+    assert r.exit_code == 1 and "not an MLflow tracking store" in r.stderr
