@@ -203,8 +203,8 @@ def _read_sqlite(con: Any, key: str | None, run: str | None, source: str) -> Any
         except (ValueError, TypeError):
             cols = None
         if cols is None or not np.isfinite(cols[:, :2]).all() or (np.abs(cols[:, :2]) >= 2.0 ** 63).any():
-            raise InputError(f"{source}: metric {k!r} of run {chosen.label()} holds a value, step or timestamp "
-                             "that is not a number")
+            raise InputError(f"{source}: metric {k!r} of run {chosen.label()} holds a value, step or "
+                             "timestamp that is not a number")
         values = np.where(cols[:, 3] != 0, np.nan, cols[:, 2])
         values[np.abs(values) == DBL_MAX] *= np.inf  # +-DBL_MAX stood for +-Inf
         series[k] = (cols[:, 0].astype(np.int64), cols[:, 1].astype(np.int64), values)

@@ -297,7 +297,8 @@ def test_a_resumed_runs_loss_is_the_later_one_whatever_the_row_order():
     """SQLite returns rows in no promised order: a step's loss logged twice is the later by timestamp."""
     steps = np.arange(1, 31)
     norm = (steps, T0 + steps, np.ones(30))
-    loss = (np.concatenate([steps, steps]), np.concatenate([T0 + 100 + steps, T0 + steps]),  # later rows first
+    later_first = np.concatenate([T0 + 100 + steps, T0 + steps])
+    loss = (np.concatenate([steps, steps]), later_first,
             np.concatenate([np.full(30, 1.0), np.full(30, 9.0)]))
     h = history_of_run({"grad_norm": norm, "loss": loss}, "grad_norm", "loss", None, "x", None)
     assert h.loss == [1.0] * 30
@@ -327,8 +328,8 @@ def test_a_view_named_metrics_is_not_queried(tmp_path, run):
     con = sqlite3.connect(db)
     con.execute("CREATE TABLE runs (run_uuid, name, start_time, lifecycle_stage)")
     con.execute("CREATE VIEW metrics AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
-                "SELECT 'grad_norm' AS key, x AS value, x AS timestamp, 'r' AS run_uuid, x AS step, 0 AS is_nan "
-                "FROM c")
+                "SELECT 'grad_norm' AS key, x AS value, x AS timestamp, 'r' AS run_uuid, x AS step, "
+                "0 AS is_nan FROM c")
     con.commit()
     con.close()
     r = run("suggest-threshold", str(db))
