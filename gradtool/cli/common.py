@@ -104,8 +104,10 @@ def check_selection(refs: Sequence[Any], select: Sequence[str], exclude: Sequenc
     from ..errors import UsageError, listed
     from ..summarize import name_selected
 
-    sample = names_if_none_match(refs, lambda n: name_selected(n, select, exclude))
-    if sample is None:
+    ref, sample = first_dump_with(refs, lambda n: name_selected(n, select, exclude))
+    if ref is not None:
+        _warn_unmatched_excludes(exclude, [n for n in sample if name_selected(n, select)], ref.label,
+                                 len(refs) > 1)
         return
     flags = " ".join([f"--select '{g}'" for g in select] + [f"--exclude '{g}'" for g in exclude])
     hint = (f"; tensor names there look like: {listed(sample, 4)}" if sample
@@ -113,19 +115,37 @@ def check_selection(refs: Sequence[Any], select: Sequence[str], exclude: Sequenc
     raise UsageError(f"{flags} leaves no tensor in {dumps_phrase(refs)}{hint}")
 
 
-def names_if_none_match(refs: Sequence[Any], wanted: Callable[[str], bool]) -> list[str] | None:
-    """None as soon as a dump of ``refs`` has a tensor name that is ``wanted`` (reading dump indexes in
-    order: one, in the usual case); else the names of the first dump that has any (for an error's hint),
-    or [] when none has."""
+def _warn_unmatched_excludes(exclude: Sequence[str], names: Sequence[str], label: str, first: bool) -> None:
+    """A warning for each ``--exclude`` glob that matches none of ``names`` (dump ``label``'s, those
+    ``--select`` kept): a mistyped exclusion leaves in the tensors it was to leave out, silently."""
+    import fnmatch
+
+    for g in exclude:
+        if not any(fnmatch.fnmatchcase(n, g) for n in names):
+            warning(f"--exclude '{g}' matches no tensor of {label}{' (the first dump)' if first else ''}; "
+                    "nothing is left out by it")
+
+
+def first_dump_with(refs: Sequence[Any], wanted: Callable[[str], bool]) -> tuple[Any, list[str]]:
+    """(the first dump of ``refs`` with a tensor name that is ``wanted``, its names), reading dump indexes
+    in order (one, in the usual case); else (None, the names of the first dump that has any, for an
+    error's hint, or [] when none has)."""
     from ..io.history import open_each
 
     sample: list[str] = []
-    for _, reader in open_each(refs):
+    for ref, reader in open_each(refs):
         names = reader.names
         if any(wanted(n) for n in names):
-            return None
+            return ref, names
         sample = sample or names
-    return sample
+    return None, sample
+
+
+def names_if_none_match(refs: Sequence[Any], wanted: Callable[[str], bool]) -> list[str] | None:
+    """None as soon as a dump of ``refs`` has a tensor name that is ``wanted``; else the names of the
+    first dump that has any (for an error's hint), or [] when none has."""
+    ref, sample = first_dump_with(refs, wanted)
+    return None if ref is not None else sample
 
 
 def dumps_phrase(refs: Sequence[Any]) -> str:

@@ -172,3 +172,23 @@ def test_one_mistyped_glob_among_several_is_warned_about(run, dump, history, tmp
         assert warned == [f"gradtool: warning: --select '{g}' matched no {what}" for g in unmatched], r.stderr
     r = run("stats", dump, "--select", "a/*", "--select", "attn*")  # every glob matches: no warning
     assert r.exit_code == 0 and r.stderr == ""
+
+
+def test_a_mistyped_exclude_is_warned_about(run, dump, history, tmp_path):
+    """A mistyped --exclude left in the tensors it was to leave out, with no word: the global norm the user
+    reads is then over the wrong tensors. Judged on the first dump with a selected tensor (its index only)."""
+    first = os.path.join(history, "step_000.npz") + " (the first dump)"
+    cases = ((["stats", dump], dump), (["clip", dump, "--dry-run", "--mode", "norm", "--max", "1"], dump),
+             (["suggest-threshold", history, "--burn-in", "0", "--window", "8"], first))
+    for args, label in cases:
+        r = run(*args, "--exclude", "atn*", "--exclude", "w", "--exclude", "a/*")
+        assert r.exit_code in (0, 4), r.stderr
+        warned = [line for line in r.stderr.splitlines() if "warning" in line]
+        bad = ["atn*", "w"] if label != first else ["atn*", "a/*"]
+        assert warned == [f"gradtool: warning: --exclude '{g}' matches no tensor of {label}; nothing is left "
+                          "out by it" for g in bad], r.stderr
+    # an exclusion inside what --select kept is judged there: 'attn*' excludes nothing --select 'a/*' kept
+    r = run("stats", dump, "--select", "a/*", "--exclude", "attn*")
+    assert "--exclude 'attn*' matches no tensor" in r.stderr
+    r = run("stats", dump, "--exclude", "attn*", "--exclude", "count")  # each matches: no warning
+    assert r.exit_code == 0 and r.stderr == ""
