@@ -62,6 +62,50 @@ def decompress_first(comp: str, name: str) -> str:
     return f"decompress it first, or pipe it in: {cmd} {name} | gradtool ... -"
 
 
+def no_dumps_hint(directory: str, limit: int = 64) -> str:
+    """What a directory that holds no gradient dumps holds instead, when it is recognisable, for the end of
+    its one-line error: compressed dumps (``step_0.npz.gz``) or pickles (``grads_100.pt``); else "".
+    Looks at the first 16 bytes of at most ``limit`` of its files."""
+    from ..errors import listed
+
+    try:
+        names = sorted(n for n in os.listdir(directory) if not n.startswith("."))[:limit]
+    except OSError:
+        return ""
+    found: dict[str, list[str]] = {}
+    for n in names:
+        p = os.path.join(directory, n)
+        if os.path.isfile(p):
+            head = head_of(p)
+            kind = compression(head) or ("pickle" if is_pickle(head) or head.startswith(_TORCH_LEGACY) else None)
+            if kind and (kind == "pickle" or _compressed_dump(p, kind)):
+                found.setdefault(kind, []).append(n)
+    for kind, files in found.items():
+        if kind == "pickle":
+            return f"; it holds pickles ({listed(files, 2)}): {NEVER_PICKLES}"
+        tool = next(c for _, k, c in _COMPRESSORS if k == kind).split()[0]
+        return (f"; it holds {kind}-compressed files ({listed(files, 2)}): decompress them first "
+                f"({tool} -dk {os.path.join(directory, '*')})")
+    return ""
+
+
+def _compressed_dump(path: str, kind: str) -> bool:
+    """True when the ``kind``-compressed file ``path`` decompresses to a gradient dump (by its first bytes;
+    zstd, not in the standard library before Python 3.14, is taken to be one)."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open}.get(kind)
+    if opener is None:
+        return True
+    try:
+        with opener(path, "rb") as f:
+            return sniff(f.read(16)) is not None
+    except (OSError, EOFError, lzma.LZMAError):
+        return False
+
+
 def not_a_dump(head: bytes, name: str) -> str:
     """Why the file ``name`` that starts with ``head`` is no gradient dump, for a one-line error: what it
     is when it is something recognisable (a pickle, a compressed file) and what to do about it."""

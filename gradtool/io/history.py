@@ -168,7 +168,10 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
                 refs.extend(_sharded_ref(d) for d in steps)
                 continue
             if not files:
-                raise InputError(f"{item}: directory holds no gradient dumps (.npz .npy .h5 .safetensors)")
+                from .detect import no_dumps_hint
+
+                raise InputError(f"{item}: directory holds no gradient dumps (.npz .npy .h5 .safetensors)"
+                                 f"{no_dumps_hint(item)}")
             for doubt in _directory_doubts(item, files, steps) if on_warning is not None else ():
                 on_warning(doubt)
             for p in files:

@@ -436,8 +436,10 @@ def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHist
     if mlflow and not tb:
         return read_file_store(path, key, run, mlflow)
     if not tb:
+        from .detect import no_dumps_hint
+
         raise InputError(f"{path}: directory holds no gradient dumps, trainer_state.json, TensorBoard event "
-                         "files or MLflow runs")
+                         f"files or MLflow runs{no_dumps_hint(path)}")
     what = "TensorBoard or MLflow runs" if mlflow else "TensorBoard runs"
     chosen = choose_run(tb + mlflow, run, path, what)
     if chosen in mlflow:

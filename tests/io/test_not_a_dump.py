@@ -144,6 +144,40 @@ def test_a_compressed_dump_says_how_to_read_it(run, tmp_path, comp):
     assert r.exit_code == 1 and r.stderr == f"gradtool: error: <stdin>: is {comp}-compressed; decompress it first\n"
 
 
+@pytest.mark.parametrize("comp", sorted(COMPRESSORS))
+def test_a_directory_of_compressed_dumps_says_what_it_holds(run, tmp_path, comp):
+    """It said only "directory holds no gradient dumps", about a directory full of them (compressed)."""
+    d = tmp_path / "dumps"
+    d.mkdir()
+    for s in range(3):
+        buf = io.BytesIO()
+        np.savez(buf, w=np.full(4, s, np.float32))
+        (d / f"step_{s}.npz.z").write_bytes(COMPRESSORS[comp](buf.getvalue()))
+    tool = {"gzip": "gzip", "bzip2": "bzip2", "xz": "xz"}[comp]
+    hint = (f"; it holds {comp}-compressed files (step_0.npz.z, step_1.npz.z, ...): decompress them first "
+            f"({tool} -dk {d}/*)\n")
+    for args in (["stats", str(d)], ["suggest-threshold", str(d)]):
+        r = run(*args)
+        assert r.exit_code == 1 and r.stderr.startswith(f"gradtool: error: {d}: directory holds no ")
+        assert r.stderr.endswith(hint), r.stderr
+    logs = tmp_path / "logs"  # compressed logs are no compressed dumps: no advice to decompress them
+    logs.mkdir()
+    (logs / "metrics.csv.gz").write_bytes(gzip.compress(b"step,grad_norm\n1,2.0\n"))
+    r = run("suggest-threshold", str(logs))
+    assert r.exit_code == 1 and r.stderr.endswith("or MLflow runs\n"), r.stderr
+
+
+def test_a_directory_of_pickles_says_so(run, tmp_path):
+    d = tmp_path / "grads"
+    d.mkdir()
+    for s in range(2):
+        (d / f"g{s}.pt").write_bytes(pickle.dumps({"w": [1.0, 2.0]}, protocol=2))
+    r = run("stats", str(d))
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1
+    assert "directory holds no gradient dumps (.npz .npy .h5 .safetensors); it holds pickles (g0.pt, g1.pt): " \
+           "gradtool never loads pickles" in r.stderr
+
+
 def test_sniffers_against_the_real_libraries():
     """The magic numbers, checked against what the standard library writes (and does not write)."""
     for comp, f in COMPRESSORS.items():
