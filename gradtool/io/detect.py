@@ -77,7 +77,8 @@ def no_dumps_hint(directory: str, limit: int = 64) -> str:
         p = os.path.join(directory, n)
         if os.path.isfile(p):
             head = head_of(p)
-            kind = compression(head) or ("pickle" if is_pickle(head) or head.startswith(_TORCH_LEGACY) else None)
+            pickled = is_pickle(head) or head.startswith(_TORCH_LEGACY)
+            kind = compression(head) or ("pickle" if pickled else None)
             if kind and (kind == "pickle" or _compressed_dump(p, kind)):
                 found.setdefault(kind, []).append(n)
     for kind, files in found.items():
