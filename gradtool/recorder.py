@@ -16,7 +16,7 @@ device tensors are copied to the host.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -76,6 +76,64 @@ def to_numpy(x: Any, name: str = "tensor") -> np.ndarray:
     if a.dtype.hasobject:
         raise UsageError(f"tensor {name!r} is not numeric ({type(x).__name__})")
     return a
+
+
+def flatten_tensors(tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """(name, tensor) pairs from a mapping of names to tensors or an iterable of pairs; a value that is
+    itself a mapping, list or tuple (a JAX/Flax or Haiku gradient pytree) is flattened with its keys
+    joined by "/": ``{"params": {"Dense_0": {"kernel": g}}}`` -> ``("params/Dense_0/kernel", g)``, a
+    list's items by index, a NamedTuple's by field name. Two paths to one name (``{"a/b": x, "a": {"b":
+    y}}``) are refused as duplicate names by the writer."""
+    out: list[tuple[str, Any]] = []
+
+    def visit(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                visit(f"{prefix}/{k}", v)
+        elif isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple (optax states): by field
+            for k, v in zip(value._fields, value):
+                visit(f"{prefix}/{k}", v)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                visit(f"{prefix}/{i}", v)
+        else:
+            out.append((prefix, value))
+
+    for name, value in (tensors.items() if isinstance(tensors, Mapping) else tensors):
+        visit(str(name), value)
+    return out
+
+
+def _numpy_dtype_of(x: Any) -> np.dtype | None:
+    """The NumPy dtype that :func:`to_numpy` gives ``x``, known without converting it: for NumPy, CuPy and
+    JAX arrays (whose ``dtype`` is a NumPy dtype) and PyTorch tensors; None for anything else."""
+    dtype = getattr(x, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        return dtype
+    text = str(dtype)
+    if type(x).__module__.startswith("torch") and text.startswith("torch."):
+        if text in _TORCH_BITS_AS:
+            import ml_dtypes
+
+            return np.dtype(getattr(ml_dtypes, _TORCH_BITS_AS[text][1]))
+        try:
+            return np.dtype(text[len("torch."):])
+        except TypeError:
+            return None
+    return None
+
+
+def tensor_shape_and_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype] | None:
+    """(shape, dtype) of ``x`` as :func:`to_numpy` will give it, without a copy to the host; None when
+    that cannot be known without converting (the caller converts it then)."""
+    dtype = _numpy_dtype_of(x)
+    shape = getattr(x, "shape", None)
+    if dtype is None or shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in shape), dtype
+    except (TypeError, ValueError):
+        return None
 
 
 def _scalar(v: Any) -> Any:
@@ -159,9 +217,11 @@ class Recorder:
         it."""
         import h5py
 
-        from .io.base import TensorInfo, check_tensor_name
+        from .io.base import TensorInfo, check_tensor_name, check_unique
         from .io.hdf5 import Hdf5Writer
 
+        items = [(check_tensor_name(n, self.target), t) for n, t in flatten_tensors(grads)]
+        check_unique([n for n, _ in items], self.target)
         group = f"{self.prefix}{step:08d}"
         partial = f"{group}.partial"
         with h5py.File(self.target, "a", track_order=True) as f:
@@ -172,9 +232,10 @@ class Recorder:
             w = Hdf5Writer(self.target, file=f)
             w.begin_step(partial, {})
             try:
-                for name, t in grads.items():
+                for name, t in items:  # one host copy at a time
                     a = to_numpy(t, name)
-                    w.add(TensorInfo(check_tensor_name(name, self.target), tuple(a.shape), a.dtype), a)
+                    w.add(TensorInfo(name, tuple(a.shape), a.dtype), a)
+                    del a
                 w.set_group_attrs("", meta)  # the step (first, as before) and the scalars
                 if group in f:
                     del f[group]

@@ -252,19 +252,33 @@ def save_dump(path: str, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]],
     """Write a dump atomically (temp file + fsync + rename). Refuses to replace a file unless ``force``.
     ``fsync=False`` skips the flush to disk (the rename stays atomic; a power cut may lose the file).
 
-    ``tensors`` maps names to array-likes (NumPy arrays, or anything with ``__array__``/``__dlpack__``).
-    The format is ``format`` or the one ``path``'s extension names. Returns the path written.
+    ``tensors`` maps names to array-likes (NumPy arrays, or anything with ``__array__``/``__dlpack__``), or
+    to nested mappings, lists and tuples of them (a JAX gradient pytree: names joined with "/"). The
+    format is ``format`` or the one ``path``'s extension names. Returns the path written.
+
+    Device tensors (PyTorch, CuPy, JAX) are copied to the host one at a time, as they are written: the
+    host holds one tensor's copy, not the whole model's gradients.
     """
-    from ..recorder import to_numpy
+    from ..recorder import flatten_tensors, tensor_shape_and_dtype, to_numpy
 
     fmt = format or output_format(path, None)
-    items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
-    arrays = [(check_tensor_name(str(n), path), to_numpy(a, str(n))) for n, a in items]
-    check_unique([n for n, _ in arrays], path)
-    infos = [TensorInfo(n, tuple(a.shape), a.dtype) for n, a in arrays]
+    items = [(check_tensor_name(n, path), x) for n, x in flatten_tensors(tensors)]
+    check_unique([n for n, _ in items], path)
+    infos, converted = [], {}
+    for n, x in items:
+        known = tensor_shape_and_dtype(x)
+        if known is None:  # TensorFlow, lists, ...: converted now to learn it
+            converted[n] = to_numpy(x, n)
+            known = (tuple(converted[n].shape), converted[n].dtype)
+        infos.append(TensorInfo(n, *known))
     with atomic_output(path, force=force, durable=fsync) as tmp:
         with make_writer(tmp, fmt, metadata, compress=compress) as w:
             w.plan(infos)
-            for info, (_, a) in zip(infos, arrays):
+            for info, (n, x) in zip(infos, items):
+                a = converted.pop(n) if n in converted else to_numpy(x, n)
+                if (tuple(a.shape), a.dtype) != (info.shape, info.dtype):
+                    raise UsageError(f"tensor {n!r} changed while it was written: {info.shape} {info.dtype} "
+                                     f"became {tuple(a.shape)} {a.dtype}")
                 w.add(info, a)
+                del a  # before the next tensor's host copy
     return path

@@ -281,3 +281,95 @@ def test_recorder_fsync_false_skips_the_flush_but_stays_atomic(tmp_path, monkeyp
     assert [n for n in os.listdir(tmp_path / "fast") if n.startswith(".")] == []  # no temporary left
     Recorder(str(tmp_path / "safe"), format="npz").write(7, g)
     assert synced, "the default flushes each step to disk"
+
+
+def test_a_gradient_pytree_is_recorded_with_slash_joined_names(tmp_path):
+    """A JAX/Flax or Haiku user hands over the gradient pytree: it was 'tensor 'params' is not numeric
+    (dict)'. Nested mappings, lists and NamedTuples (optax states) are flattened; names joined by '/'."""
+    import collections
+
+    from gradtool.errors import InputError
+
+    state = collections.namedtuple("ScaleByAdamState", "count mu")
+    grads = {"params": {"Dense_0": {"kernel": np.full((2, 3), 2.0, np.float32), "bias": np.zeros(3)}},
+             "opt": state(np.array(7), [np.ones(2), {"x": np.arange(3.0)}])}
+    want = {"params/Dense_0/kernel": np.full((2, 3), 2.0, np.float32), "params/Dense_0/bias": np.zeros(3),
+            "opt/count": np.array(7), "opt/mu/0": np.ones(2), "opt/mu/1/x": np.arange(3.0)}
+    for fmt in ("npz", "safetensors", "hdf5", "history"):
+        if fmt == "history":  # one HDF5 file of step groups
+            Recorder(str(tmp_path / "run.h5")).write(1, grads)
+            (ref,) = expand_inputs([str(tmp_path / "run.h5")])
+            p = ref
+        else:
+            p = Recorder(str(tmp_path / fmt), format=fmt).write(1, grads)
+        with (open_dump(p) if isinstance(p, str) else p.open()) as r:
+            assert r.names == list(want), fmt
+            for n, a in want.items():
+                assert r.read(n).dtype == a.dtype and np.array_equal(r.read(n), a), (fmt, n)
+    with pytest.raises(InputError, match="duplicate tensor name 'a/b'"):
+        save_dump(str(tmp_path / "dup.npz"), {"a/b": np.ones(1), "a": {"b": np.ones(1)}})
+    assert not (tmp_path / "dup.npz").exists()
+    with pytest.raises(InputError, match="duplicate tensor name 'a/b'"):
+        Recorder(str(tmp_path / "run.h5")).write(2, {"a/b": np.ones(1), "a": {"b": np.ones(1)}})
+    assert [r.step for r in expand_inputs([str(tmp_path / "run.h5")])] == [1]
+
+
+class _DeviceTensor:
+    """A tensor whose host copy (``__array__``) is made on request, as a GPU tensor's is; counts the host
+    copies alive at once."""
+
+    alive = peak = 0
+
+    def __init__(self, a, claimed_shape=None):
+        self.a, self.dtype = a, a.dtype
+        self.shape = claimed_shape or a.shape
+
+    def __array__(self, dtype=None, copy=None):
+        import weakref
+
+        host = self.a.copy()
+        _DeviceTensor.alive += 1
+        _DeviceTensor.peak = max(_DeviceTensor.peak, _DeviceTensor.alive)
+        weakref.finalize(host, lambda: setattr(_DeviceTensor, "alive", _DeviceTensor.alive - 1))
+        return host
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors", "hdf5"])
+def test_device_tensors_are_copied_to_the_host_one_at_a_time(tmp_path, fmt):
+    """Every tensor was copied to the host before the first was written: recording a model's gradients
+    from a GPU needed host memory for all of them at once. Now one host copy is alive at a time."""
+    import gc
+
+    rng = np.random.default_rng(0)
+    tensors = {f"layer{i}/w": rng.standard_normal((64, 32)).astype(np.float32) for i in range(6)}
+    _DeviceTensor.alive = _DeviceTensor.peak = 0
+    gc.disable()  # the copies must be freed by reference counting alone, as they are written
+    try:
+        p = save_dump(str(tmp_path / f"g.{fmt}"), {n: _DeviceTensor(a) for n, a in tensors.items()},
+                      format=fmt)
+    finally:
+        gc.enable()
+    assert _DeviceTensor.peak == 1
+    with open_dump(p) as r:
+        assert all(np.array_equal(r.read(n), a) for n, a in tensors.items())
+
+
+def test_a_tensor_that_is_not_what_its_shape_said_is_refused_and_nothing_is_written(tmp_path):
+    from gradtool.errors import UsageError
+
+    liar = _DeviceTensor(np.ones(4, np.float32), claimed_shape=(3,))
+    with pytest.raises(UsageError, match=r"tensor 'w' changed while it was written: \(3,\) float32 "
+                                         r"became \(4,\)"):
+        save_dump(str(tmp_path / "g.npz"), {"v": np.ones(2), "w": liar})
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_dtype_known_ahead_is_the_dtype_to_numpy_gives_for_real_torch_tensors():
+    torch = pytest.importorskip("torch")
+    from gradtool.recorder import tensor_shape_and_dtype, to_numpy
+
+    for dt in (torch.float32, torch.float16, torch.float64, torch.bfloat16, torch.int64, torch.int8,
+               torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2):
+        t = torch.zeros((2, 3), dtype=dt)
+        a = to_numpy(t, "t")
+        assert tensor_shape_and_dtype(t) == ((2, 3), a.dtype), dt
