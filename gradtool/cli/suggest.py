@@ -50,6 +50,7 @@ def _split_inputs(inputs: list[str], sharded: bool = False, copies: dict[str, st
     ``copies`` (:func:`~gradtool.cli.common.spooled_inputs`)."""
     from ..io.detect import detect_format
     from ..io.history import _dir_files, _step_dirs
+    from ..io.mlflow_store import is_run_directory
 
     dumps, logs = [], []
     for p in inputs:
@@ -57,8 +58,9 @@ def _split_inputs(inputs: list[str], sharded: bool = False, copies: dict[str, st
             (dumps if detect_format(copies[p]) else logs).append(p)
         elif p == "-":
             dumps.append(p)
-        elif os.path.isdir(p):
-            (dumps if sharded or _dir_files(p) or _step_dirs(p) else logs).append(p)
+        elif os.path.isdir(p):  # an MLflow run's artifacts/ may hold a model file: not a step of dumps
+            is_dumps = sharded or (not is_run_directory(p) and (_dir_files(p) or _step_dirs(p)))
+            (dumps if is_dumps else logs).append(p)
         elif not os.path.exists(p):
             from ..errors import InputError
 

@@ -219,6 +219,12 @@ def _is_run_dir(d: str) -> bool:
     return os.path.isfile(os.path.join(d, "meta.yaml")) and os.path.isdir(os.path.join(d, "metrics"))
 
 
+def is_run_directory(path: str) -> bool:
+    """True when ``path`` is an MLflow file-store run (``meta.yaml`` and ``metrics/``) or its ``metrics``."""
+    path = os.path.normpath(path)
+    return _is_run_dir(path) or (os.path.basename(path) == "metrics" and _is_run_dir(os.path.dirname(path)))
+
+
 def _file_run(d: str) -> Run | None:
     """The run in directory ``d`` from its ``meta.yaml`` (None when the run was deleted)."""
     try:

@@ -71,6 +71,10 @@ def test_a_file_store_run_is_read_from_any_level(tmp_path, run):
     assert src["run"] == {"id": "93e592b2537c4b84a16f4f55fcd2987c", "name": "first-run"}
     table = run("suggest-threshold", str(root))
     assert "(mlflow, run first-run, key grad_norm)" in table.stdout
+    np.savez(d / "artifacts" / "model.npz", w=np.ones(3))  # a run's logged artifact is no step of dumps
+    (d / "artifacts" / "notes").mkdir()
+    r = run("suggest-threshold", str(d), "--format", "json")
+    assert r.exit_code == 0 and r.json()["source"]["kind"] == "mlflow" and r.json()["history"]["n"] == 40
 
 
 def test_several_runs_are_listed_newest_first_and_chosen_with_run(tmp_path, run):
