@@ -50,6 +50,9 @@ def to_numpy(x: Any, name: str = "tensor") -> np.ndarray:
     float8 tensors become ml_dtypes arrays with the same bits."""
     if isinstance(x, np.ndarray):
         return x
+    if type(x).__name__ == "Parameter" and type(x).__module__.startswith("torch"):
+        raise UsageError(f"tensor {name!r} is a torch.nn.Parameter (the weights), not its gradient: pass "
+                         "p.grad (or p.detach() to record the weights themselves)")
     for attr in ("detach",):  # PyTorch tensors that require grad refuse __array__/dlpack export
         if hasattr(x, attr) and hasattr(x, "requires_grad"):
             x = x.detach()
@@ -126,6 +129,8 @@ def _numpy_dtype_of(x: Any) -> np.dtype | None:
 def tensor_shape_and_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype] | None:
     """(shape, dtype) of ``x`` as :func:`to_numpy` will give it, without a copy to the host; None when
     that cannot be known without converting (the caller converts it then)."""
+    if type(x).__name__ == "Parameter":
+        return None  # to_numpy says what it is
     dtype = _numpy_dtype_of(x)
     shape = getattr(x, "shape", None)
     if dtype is None or shape is None:

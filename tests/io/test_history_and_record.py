@@ -373,3 +373,31 @@ def test_the_dtype_known_ahead_is_the_dtype_to_numpy_gives_for_real_torch_tensor
         t = torch.zeros((2, 3), dtype=dt)
         a = to_numpy(t, "t")
         assert tensor_shape_and_dtype(t) == ((2, 3), a.dtype), dt
+
+
+def test_parameters_instead_of_their_gradients_are_refused(tmp_path):
+    """rec.write(step, dict(model.named_parameters())) recorded the weights as if they were gradients."""
+    torch = pytest.importorskip("torch")
+    from gradtool.errors import UsageError
+
+    model = torch.nn.Linear(3, 2)
+    model(torch.ones(1, 3)).sum().backward()
+    with pytest.raises(UsageError, match=r"tensor 'weight' is a torch.nn.Parameter \(the weights\), not its "
+                                         r"gradient: pass p.grad"):
+        Recorder(str(tmp_path)).write(1, dict(model.named_parameters()))
+    assert os.listdir(tmp_path) == []
+    p = Recorder(str(tmp_path)).write(1, {n: q.grad for n, q in model.named_parameters()})
+    with open_dump(p) as r:
+        assert np.array_equal(r.read("bias"), model.bias.grad.numpy())
+    Recorder(str(tmp_path / "w")).write(1, {n: q.detach() for n, q in model.named_parameters()})  # on purpose
+
+
+def test_parameters_are_refused_without_torch_installed(tmp_path):
+    """The same check, on a stand-in of the class (CI has no PyTorch)."""
+    from gradtool.errors import UsageError
+
+    Parameter = type("Parameter", (), {"__module__": "torch.nn.parameter", "__array__":
+                                       lambda self, dtype=None, copy=None: np.ones(2)})
+    with pytest.raises(UsageError, match="is a torch.nn.Parameter"):
+        save_dump(str(tmp_path / "g.npz"), {"w": Parameter()})
+    assert os.listdir(tmp_path) == []
