@@ -164,11 +164,14 @@ def read_sqlite_store(path: str, key: str | None = None, run: str | None = None,
         raise InputError(f"{source}: cannot open the SQLite database ({exc})") from None
     try:
         with closing(con):
+            con.text_factory = lambda b: b.decode("utf-8", "replace")  # a damaged name: no UnicodeDecodeError
             con.execute("PRAGMA query_only = ON")
             con.execute("PRAGMA trusted_schema = OFF")
             return _read_sqlite(con, key, run, source)
-    except sqlite3.Error as exc:
-        raise InputError(f"{source}: cannot read the MLflow database ({exc})") from None
+    except (sqlite3.Error, UnicodeDecodeError) as exc:  # a damaged schema's error message may not decode
+        why = " ".join(str(exc).split())  # SQLite quotes the schema, line breaks and all
+        raise InputError(f"{source}: cannot read the MLflow database "
+                         f"({why if len(why) < 200 else why[:197] + '...'})") from None
 
 
 def _read_sqlite(con: Any, key: str | None, run: str | None, source: str) -> Any:

@@ -338,3 +338,48 @@ def test_a_view_named_metrics_is_not_queried(tmp_path, run):
     con.close()
     r = run("suggest-threshold", str(db))
     assert r.exit_code == 1 and "not an MLflow tracking store" in r.stderr
+
+
+@given(st.text(alphabet=st.sampled_from("0123456789 .-+einfa\n\r\tx"), max_size=300))
+def test_any_metric_text_parses_or_is_an_input_error(text):
+    try:
+        steps, stamps, values = parse_metric_lines(text, "m")
+    except InputError as exc:
+        assert str(exc).startswith("m: line ")
+    else:
+        assert len(steps) == len(stamps) == len(values)
+
+
+@given(st.binary(max_size=2000))
+def test_any_bytes_after_the_sqlite_magic_are_an_input_error(tmp_path_factory, tail):
+    db = tmp_path_factory.mktemp("db") / "mlflow.db"
+    db.write_bytes(b"SQLite format 3\x00" + tail)
+    with pytest.raises(InputError, match=r"mlflow.db: "):
+        read_norm_log(str(db))
+
+
+_SMALL_STORE: list[bytes] = []  # made once; not a fixture, whose 100 kB repr hypothesis would print
+
+
+def _small_store(tmp_path_factory):
+    if not _SMALL_STORE:
+        db = tmp_path_factory.mktemp("store") / "mlflow.db"
+        sql_store(db, [("r1", "one", T0, "active", hf_metrics(30))])
+        _SMALL_STORE.append(db.read_bytes())
+    return _SMALL_STORE[0]
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8))
+def test_a_corrupted_store_is_read_or_refused_in_one_line(tmp_path_factory, flips):
+    """Found by it: a damaged run name was a UnicodeDecodeError traceback (sqlite3 decodes text strictly)."""
+    data = bytearray(_small_store(tmp_path_factory))
+    for pos, value in flips:
+        data[pos % len(data)] = value
+    db = tmp_path_factory.mktemp("db") / "mlflow.db"
+    db.write_bytes(bytes(data))
+    try:
+        h = read_norm_log(str(db))
+    except (InputError, UsageError) as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert len(h.steps) == len(h.norms) <= 30
