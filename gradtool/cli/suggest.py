@@ -24,6 +24,7 @@ Examples:
   kubectl logs trainer-0 | gradtool suggest-threshold -      # a log (or a dump) on standard input
   gradtool suggest-threshold lightning_logs/version_0/       # TensorBoard logs (gradtool[tensorboard])
   gradtool suggest-threshold mlflow.db --run latest          # MLflow's store (mlruns/ too)
+  gradtool suggest-threshold wandb/latest-run/               # a W&B run's local log
   gradtool clip run.h5 -o clipped.h5 --mode global-norm \\
       --max "$(gradtool suggest-threshold run.h5 --mode global-norm --format value)"
   gradtool suggest-threshold dumps/ --per-tensor -o thresholds.json
@@ -32,10 +33,10 @@ Examples:
 \b
 Inputs: gradient dumps (files, directories, multi-step HDF5: every mode can be derived) and/or training
 logs (trainer_state.json, CSV/TSV, JSON Lines, Megatron text logs, console output of the Hugging Face
-Trainer or fairseq, TensorBoard events with gradtool[tensorboard], MLflow's mlflow.db and mlruns/;
-gzip/bzip2/xz-compressed too); a log given with dumps adds its loss and learning rate. A store of several
-runs lists them: choose one with --run. Logs carry only the global norm, so per-tensor modes
-cannot be derived from them.
+Trainer or fairseq, TensorBoard events with gradtool[tensorboard], MLflow's mlflow.db and mlruns/, W&B's
+wandb/ run logs; gzip/bzip2/xz-compressed too); a log given with dumps adds its loss and learning rate.
+A store of several runs lists them: choose one with --run. Logs carry only the global norm, so
+per-tensor modes cannot be derived from them.
 
 \b
 Default method (robust): skip the warm-up, leave out everything after a divergence, take a recent
@@ -51,6 +52,7 @@ def _split_inputs(inputs: list[str], sharded: bool = False, copies: dict[str, st
     from ..io.detect import detect_format
     from ..io.history import _dir_files, _step_dirs
     from ..io.mlflow_store import is_run_directory
+    from ..io.wandb_log import is_run_store
 
     dumps, logs = [], []
     for p in inputs:
@@ -58,8 +60,9 @@ def _split_inputs(inputs: list[str], sharded: bool = False, copies: dict[str, st
             (dumps if detect_format(copies[p]) else logs).append(p)
         elif p == "-":
             dumps.append(p)
-        elif os.path.isdir(p):  # an MLflow run's artifacts/ may hold a model file: not a step of dumps
-            is_dumps = sharded or (not is_run_directory(p) and (_dir_files(p) or _step_dirs(p)))
+        elif os.path.isdir(p):  # an MLflow or W&B run may hold a model file: not a step of dumps
+            is_dumps = sharded or (not is_run_directory(p) and not is_run_store(p)
+                                   and (_dir_files(p) or _step_dirs(p)))
             (dumps if is_dumps else logs).append(p)
         elif not os.path.exists(p):
             from ..errors import InputError
@@ -108,7 +111,8 @@ def _merge_logs(paths: list[str], key: str | None, run: str | None = None) -> tu
 @click.option("--current", type=float, default=None, metavar="X", help="Your present threshold: report how often it clips.")
 @click.option("--key", default=None, help="Log column/key that holds the gradient norm (default: found automatically).")
 @click.option("--run", default=None, metavar="NAME|ID|latest",
-              help="Which run of an MLflow store or a directory of TensorBoard runs (default: the only one).")
+              help="Which run of an MLflow store, W&B's wandb/ or a directory of TensorBoard runs (default: "
+                   "the only one).")
 @select_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "value"]), default="table", show_default=True,
               help="table for people, json for pipelines, value = just the number (needs one mode).")

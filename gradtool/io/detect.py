@@ -116,6 +116,8 @@ def not_a_dump(head: bytes, name: str) -> str:
         return f"is a Python pickle; {NEVER_PICKLES}"
     if (comp := compression(head)) is not None:
         return f"is {comp}-compressed; {decompress_first(comp, name)}"
+    if head.startswith(b":W&B\xe1\xbe"):
+        return "is a W&B run log (suggest-threshold reads the gradient norms it logged)"
     if head.startswith(b"SQLite format 3\x00"):
         return ("is an SQLite database (an MLflow tracking store? suggest-threshold reads the gradient norms "
                 "its runs logged)")

@@ -4,9 +4,10 @@ Read: Hugging Face ``trainer_state.json`` (its ``log_history``; a run directory 
 ``checkpoint-*/trainer_state.json`` is merged by step), CSV/TSV with a header (Lightning ``metrics.csv``,
 W&B exports), JSON Lines, Megatron/fairseq-style text logs (``grad norm: 1.234``), console lines that end
 in a dict of metrics (the Hugging Face Trainer's, fairseq's JSON log format), and TensorBoard event
-files (extra ``gradtool[tensorboard]``), MLflow's stores (:mod:`~gradtool.io.mlflow_store`); gzip, bzip2 or
-xz-compressed, with or without a byte-order mark. The non-standard tokens ``NaN``/``Infinity`` are accepted. The norm key is found automatically
-(see ``NORM_KEYS``) or named with ``key``.
+files (extra ``gradtool[tensorboard]``), MLflow's stores (:mod:`~gradtool.io.mlflow_store`), W&B run logs
+(:mod:`~gradtool.io.wandb_log`); gzip, bzip2 or xz-compressed, with or without a byte-order mark. The
+non-standard tokens ``NaN``/``Infinity`` are accepted. The norm key is found automatically (see
+``NORM_KEYS``) or named with ``key``.
 """
 
 from __future__ import annotations
@@ -429,21 +430,27 @@ def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHist
     """One run of the TensorBoard and MLflow file-store runs under directory ``path``."""
     from .mlflow_store import file_store_runs, read_file_store
     from .runs import Run, choose_run
+    from .wandb_log import read_wandb_dir, wandb_runs
 
     mlflow = file_store_runs(path)
     tb = [Run(os.path.relpath(d, path), os.path.relpath(d, path), _newest_mtime(d), d)
           for d in tensorboard_runs(path)]
-    if mlflow and not tb:
+    wandb = wandb_runs(path)
+    if mlflow and not tb and not wandb:
         return read_file_store(path, key, run, mlflow)
-    if not tb:
+    if wandb and not tb and not mlflow:
+        return read_wandb_dir(path, key, run, wandb)
+    if not tb and not wandb:
         from .detect import no_dumps_hint
 
         raise InputError(f"{path}: directory holds no gradient dumps, trainer_state.json, TensorBoard event "
-                         f"files or MLflow runs{no_dumps_hint(path)}")
-    what = "TensorBoard or MLflow runs" if mlflow else "TensorBoard runs"
-    chosen = choose_run(tb + mlflow, run, path, what)
+                         f"files, MLflow or W&B runs{no_dumps_hint(path)}")
+    kinds = [k for k, runs in (("TensorBoard", tb), ("MLflow", mlflow), ("W&B", wandb)) if runs]
+    chosen = choose_run(tb + mlflow + wandb, run, path, f"{' or '.join(kinds)} runs")
     if chosen in mlflow:
         return read_file_store(path, key, chosen.id, [chosen])
+    if chosen in wandb:
+        return read_wandb_dir(path, key, chosen.id, [chosen])
     hist = read_tensorboard(chosen.where, key)
     hist.run = chosen
     return hist
@@ -847,8 +854,13 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
     base = re.sub(r"\.(gz|bz2|xz)$", "", os.path.basename(source).lower())  # metrics.csv.gz is a CSV
     if "tfevents" in base:
         return read_tensorboard(path, key)
-    if head_of(path).startswith(mlflow_store.SQLITE_MAGIC):  # mlflow.db, MLflow's default store
+    head = head_of(path)
+    if head.startswith(mlflow_store.SQLITE_MAGIC):  # mlflow.db, MLflow's default store
         return mlflow_store.read_sqlite_store(path, key, run, source)
+    from . import wandb_log
+
+    if wandb_log.is_wandb_log(head):  # wandb/run-<date>-<id>/run-<id>.wandb
+        return wandb_log.read_wandb_log(path, key, source)
     text = _read_text(path, source)
     stripped = text.lstrip()
     if not stripped:

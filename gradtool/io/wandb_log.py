@@ -1,0 +1,255 @@
+"""Weights & Biases run logs as gradient-norm histories, read without wandb.
+
+Every W&B run, online or offline, writes its transaction log locally:
+``wandb/run-<date>_<time>-<id>/run-<id>.wandb`` (``offline-run-...`` offline; ``wandb/latest-run`` links
+the last). The file is a LevelDB-style log: a 7-byte header (``:W&B``, magic 0xBEE1, version), then 32 KiB
+blocks of records ``[crc32 u32][length u16][type u8][data]``, a record's data split over blocks as
+FIRST/MIDDLE/LAST parts; each whole record is a protobuf ``wandb_internal.Record``. Only its history
+records are read (``Record.history`` = 2: ``HistoryRecord.item`` = 1 of ``HistoryItem{key = 1, nested_key
+= 2, value_json = 16}``, ``HistoryRecord.step`` = 2 of ``HistoryStep{num = 1}``), with a protobuf wire
+decoder of a few lines: no wandb or protobuf import. The Hugging Face Trainer logs ``train/grad_norm``,
+``train/loss``, ``train/learning_rate`` and ``train/global_step`` there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import InputError
+from .runs import Run, choose_run
+
+MAGIC = b":W&B" + struct.pack("<H", 0xBEE1)  # then a version byte
+BLOCK = 32768
+_HEADER = 7  # of the file, and of each record
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+_SEED = {t: zlib.crc32(bytes([t])) for t in (_FULL, _FIRST, _MIDDLE, _LAST)}  # each type's CRC seed
+_RUN_DIR = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-(\w+)$")
+
+
+def is_wandb_log(head: bytes) -> bool:
+    return head.startswith(MAGIC)
+
+
+def log_records(path: str, source: str) -> Iterator[bytes]:
+    """The whole records of the W&B log at ``path``, read a block at a time. A record cut off at the end
+    (a run still writing, or killed) ends the log; a damaged record before the last block is an
+    InputError."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        block = f.read(BLOCK)
+        if not is_wandb_log(block):
+            raise InputError(f"{source}: not a W&B run log (no :W&B header)")
+        block_start, at = 0, _HEADER
+        pieces: list[bytes] = []
+        while block:
+            while BLOCK - at >= _HEADER and at + _HEADER <= len(block):
+                crc, length, kind = struct.unpack_from("<IHB", block, at)
+                if kind == 0 and length == 0 and crc == 0:  # zeros: the rest of the block is unused
+                    break
+                data = block[at + _HEADER:at + _HEADER + length]
+                if (len(data) < length or kind not in _SEED
+                        or zlib.crc32(data, _SEED[kind]) & 0xFFFFFFFF != crc):
+                    if block_start + BLOCK >= size:
+                        return  # in the last block: a write cut off (a run still going, or killed)
+                    raise InputError(f"{source}: damaged W&B log (bad record at byte {block_start + at})")
+                at += _HEADER + length
+                if kind == _FULL:
+                    pieces = []
+                    yield data
+                elif kind == _FIRST:
+                    pieces = [data]
+                elif pieces:
+                    pieces.append(data)
+                    if kind == _LAST:
+                        yield b"".join(pieces)
+                        pieces = []
+            block_start += BLOCK
+            block, at = f.read(BLOCK), 0
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def proto_fields(buf: bytes) -> Iterator[tuple[int, Any]]:
+    """(field number, value) of a protobuf message: an int for varints, bytes for length-delimited
+    fields; fixed-width fields as their raw bytes. ValueError on malformed data. One-byte tags and
+    lengths (nearly all of a history record's) are read without a call."""
+    i, n = 0, len(buf)
+    while i < n:
+        tag = buf[i]
+        if tag < 0x80:
+            i += 1
+        else:
+            tag, i = _varint(buf, i)
+        wire = tag & 7
+        if wire == 2:
+            if i >= n:
+                raise ValueError("truncated field")
+            length = buf[i]
+            if length < 0x80:
+                i += 1
+            else:
+                length, i = _varint(buf, i)
+            if i + length > n:
+                raise ValueError("truncated field")
+            yield tag >> 3, buf[i:i + length]
+            i += length
+        elif wire == 0:
+            value, i = _varint(buf, i)
+            yield tag >> 3, value
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            if i + width > n:
+                raise ValueError("truncated field")
+            yield tag >> 3, buf[i:i + width]
+            i += width
+        else:
+            raise ValueError(f"wire type {wire}")
+
+
+def _number(value: bytes) -> float | int | None:
+    """A history value's JSON text as a number (``3``, ``0.5``, ``NaN``, ``Infinity``); None for anything
+    else (the JSON of an image, a table, a string)."""
+    if value[:1] not in b"-0123456789NI":
+        return None
+    try:
+        return int(value) if value.isdigit() else float(value)  # float() takes NaN, Infinity, -Infinity
+    except ValueError:
+        return None
+
+
+def history_rows(record: bytes) -> dict[str, Any] | None:
+    """The metrics of one history record, ``{key: number, ..., "_step": n}``; None for other records.
+    Values that are not numbers (images, tables, histograms) are left out."""
+    history = next((v for f, v in proto_fields(record) if f == 2 and isinstance(v, bytes)), None)
+    if history is None:
+        return None
+    row: dict[str, Any] = {}
+    for f, v in proto_fields(history):
+        if f == 1:  # an item
+            key, nested, value = "", [], b""
+            for g, w in proto_fields(v):
+                if g == 1:
+                    key = w.decode("utf-8", "replace")
+                elif g == 2:
+                    nested.append(w.decode("utf-8", "replace"))
+                elif g == 16:
+                    value = w
+            number = _number(value) if isinstance(value, bytes) else None
+            if number is not None:
+                row[key or ".".join(nested)] = number
+        elif f == 2 and isinstance(v, bytes):  # the step
+            row["_step"] = next((w for g, w in proto_fields(v) if g == 1), 0)
+    return row
+
+
+def run_header(path: str, records: int = 64) -> tuple[str | None, float | None]:
+    """(display name, start time in seconds) of the run, from the run record near the start of its log
+    (``Record.run`` = 17: ``RunRecord.display_name`` = 8, the Trainer's ``run_name``; ``start_time`` = 17,
+    a Timestamp of seconds = 1 and nanos = 2); Nones when absent."""
+    try:
+        for n, record in enumerate(log_records(path, path)):
+            for f, v in proto_fields(record):
+                if f == 17 and isinstance(v, bytes):
+                    fields = dict(proto_fields(v))
+                    name = fields.get(8, b"")
+                    start = dict(proto_fields(fields[17])) if isinstance(fields.get(17), bytes) else {}
+                    started = start[1] + start.get(2, 0) / 1e9 if isinstance(start.get(1), int) else None
+                    return (name.decode("utf-8", "replace") if isinstance(name, bytes) and name else None,
+                            started)
+            if n >= records:
+                break
+    except (InputError, ValueError, OSError):
+        pass
+    return None, None
+
+
+def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
+                   run: Run | None = None) -> Any:
+    """The norm history in the W&B run log at ``path``. Steps are ``train/global_step`` when logged (the
+    Hugging Face Trainer's training step), else W&B's own step counter."""
+    from .logs import from_records
+
+    source = source or path
+    rows = []
+    try:
+        for record in log_records(path, source):
+            row = history_rows(record)
+            if row is not None:
+                rows.append(row)
+    except ValueError as exc:
+        raise InputError(f"{source}: damaged W&B record ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
+    if any("train/global_step" in r for r in rows):
+        for r in rows:
+            r["step"] = r.get("train/global_step")
+    else:
+        for r in rows:
+            r["step"] = r.get("_step")
+    hist = from_records(rows, source, "wandb", key)
+    hist.run = run
+    return hist
+
+
+def is_run_store(path: str) -> bool:
+    """True when directory ``path`` is a W&B run (holds its ``run-<id>.wandb``) or the ``wandb`` directory
+    of runs: a run's ``files/`` may hold a saved model, which does not make it a directory of dumps."""
+    if os.path.basename(os.path.normpath(path)) == "wandb":
+        return True
+    try:
+        return any(n.startswith("run-") and n.endswith(".wandb") for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+def wandb_runs(path: str, depth: int = 2) -> list[Run]:
+    """The W&B runs under ``path`` (itself, ``wandb/``, or a directory holding ``wandb/``): directories
+    ``run-<date>_<time>-<id>`` (``offline-run-...``) that hold a ``run-<id>.wandb`` log. The
+    ``latest-run`` link is not counted twice."""
+    import calendar
+    import time
+
+    found = []
+    top = os.path.normpath(path)
+    base = top.count(os.sep)
+    for d, subdirs, names in os.walk(top):
+        if d.count(os.sep) - base >= depth:
+            subdirs.clear()
+        subdirs[:] = sorted(s for s in subdirs if not os.path.islink(os.path.join(d, s)))
+        logs = sorted(n for n in names if n.startswith("run-") and n.endswith(".wandb"))
+        if not logs:
+            continue
+        m = _RUN_DIR.search(os.path.basename(os.path.realpath(d)))
+        started = None
+        if m:
+            try:
+                started = calendar.timegm(time.strptime(m.group(1), "%Y%m%d_%H%M%S"))
+            except ValueError:
+                pass
+        rid = m.group(2) if m else logs[0][len("run-"):-len(".wandb")]
+        log = os.path.join(d, logs[-1])
+        name, start = run_header(log)
+        found.append(Run(rid, name or os.path.basename(os.path.realpath(d)), start or started, log))
+    return found
+
+
+def read_wandb_dir(path: str, key: str | None, run: str | None, runs: list[Run]) -> Any:
+    """One of the W&B ``runs`` under ``path`` (``run`` chooses among several)."""
+    chosen = choose_run(runs, run, path, "W&B runs")
+    return read_wandb_log(chosen.where, key, source=path, run=chosen)

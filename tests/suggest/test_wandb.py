@@ -1,0 +1,192 @@
+"""W&B run logs (wandb/run-<date>-<id>/run-<id>.wandb), which every W&B run writes locally, online or
+offline, read without wandb. The Hugging Face Trainer logs train/grad_norm there whenever wandb is
+installed; the logs were refused as "binary file". The fixtures are written by an encoder of this test's
+own (the LevelDB log format and protobuf wire format, as wandb's datastore.py and wandb_internal.proto
+define them); the reader was checked against logs written by wandb 0.31 (its Go core)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradtool.errors import InputError, UsageError
+from gradtool.io.logs import read_norm_log
+
+BLOCK = 32768
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def pb_bytes(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def pb_int(field: int, n: int) -> bytes:
+    return _varint(field << 3) + _varint(n)
+
+
+def history(num: int, step: int, items: dict) -> bytes:
+    """A Record holding a HistoryRecord of ``items`` (key -> value, JSON-encoded as wandb does)."""
+    body = b"".join(pb_bytes(1, pb_bytes(1, k.encode()) + pb_bytes(16, json.dumps(v).encode()))
+                    for k, v in items.items())
+    return pb_int(1, num) + pb_bytes(2, body + pb_bytes(2, pb_int(1, step)))
+
+
+def run_record(name: str, seconds: int) -> bytes:
+    return pb_bytes(17, pb_bytes(1, b"abc") + pb_bytes(8, name.encode()) + pb_bytes(17, pb_int(1, seconds)))
+
+
+def other_record(size: int) -> bytes:
+    """A console-output record (Record.output = 4) of ``size`` bytes: to span blocks."""
+    return pb_int(1, 1) + pb_bytes(4, pb_bytes(3, b"x" * size))
+
+
+def write_log(path, records, version=0):
+    """The LevelDB log: a record split over 32 KiB blocks as FIRST/MIDDLE/LAST, zeros where fewer than 7
+    bytes are left in a block; crc32 of the data seeded with that of the type byte."""
+    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, version))
+    for data in records:
+        first = True
+        while True:
+            left = BLOCK - len(out) % BLOCK
+            if left < 7:
+                out += bytes(left)
+                continue
+            chunk, data = data[:left - 7], data[left - 7:]
+            kind = (1 if not data else 2) if first else (4 if not data else 3)
+            crc = zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF
+            out += struct.pack("<IHB", crc, len(chunk), kind)
+            out += chunk
+            first = False
+            if not data:
+                break
+    path.write_bytes(bytes(out))
+    return path
+
+
+def hf_records(n, name="bright-owl-7", seconds=1795521146, every=10):
+    """What the Trainer's WandbCallback logs: train/* keys and train/global_step; eval rows between."""
+    recs = [run_record(name, seconds), other_record(100)]
+    for i in range(1, n + 1):
+        recs.append(history(i, i, {"train/loss": 3 - i / 100, "train/grad_norm": 1 + (i % 7) / 10,
+                                   "train/learning_rate": 1e-4, "train/epoch": i / 10,
+                                   "train/global_step": i * every}))
+        if i % 10 == 0:
+            recs.append(history(i, i, {"eval/loss": 2.0, "train/global_step": i * every}))
+    return recs
+
+
+def run_dir(root, rid, when, records):
+    d = root / f"run-{when}-{rid}"
+    d.mkdir(parents=True)
+    (d / "files").mkdir()
+    write_log(d / f"run-{rid}.wandb", records)
+    return d
+
+
+def test_a_trainer_run_log(tmp_path, run):
+    d = run_dir(tmp_path / "wandb", "a7g1oqra", "20261124_101010", hf_records(40))
+    (tmp_path / "wandb" / "latest-run").symlink_to(d.name)  # as wandb links it: not a second run
+    for where in (tmp_path, tmp_path / "wandb", tmp_path / "wandb" / "latest-run", d,
+                  d / "run-a7g1oqra.wandb"):
+        h = read_norm_log(str(where))
+        assert (h.kind, h.key, h.steps) == ("wandb", "train/grad_norm", [10 * i for i in range(1, 41)]), where
+        assert h.norms == [1 + (i % 7) / 10 for i in range(1, 41)] and h.loss[0] == 2.99 and h.lr[0] == 1e-4
+    r = run("suggest-threshold", str(tmp_path / "wandb"), "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["source"]["run"] == {"id": "a7g1oqra", "name": "bright-owl-7"}
+    assert r.json()["source"]["kind"] == "wandb"
+    r = run("stats", str(d / "run-a7g1oqra.wandb"))
+    assert r.exit_code == 1 and "is a W&B run log (suggest-threshold reads" in r.stderr
+    import numpy as np
+
+    np.savez(d / "files" / "model.npz", w=np.ones(3))  # wandb.save()d: no step of dumps
+    for where in (d, tmp_path / "wandb"):
+        r = run("suggest-threshold", str(where), "--format", "json")
+        assert r.exit_code == 0 and r.json()["source"]["kind"] == "wandb", (where, r.stderr)
+
+
+def test_several_runs_are_chosen_by_name_id_or_latest(tmp_path, run):
+    root = tmp_path / "wandb"
+    run_dir(root, "aaaa1111", "20261120_090000", hf_records(30, "first", 1795600000))
+    run_dir(root, "bbbb2222", "20261121_090000", hf_records(20, "second", 1795700000))
+    with pytest.raises(UsageError, match=r"holds 2 W&B runs \('second' \(bbbb2222, .*\), 'first' "):
+        read_norm_log(str(root))
+    assert len(read_norm_log(str(root), run="first")) == 30
+    assert len(read_norm_log(str(root), run="bbbb")) == 20
+    assert len(read_norm_log(str(root), run="latest")) == 20
+    r = run("suggest-threshold", str(tmp_path), "--run", "first", "--format", "json")
+    assert r.exit_code == 0 and r.json()["source"]["run"]["name"] == "first"
+
+
+def test_records_across_blocks_padding_and_values(tmp_path):
+    """A record longer than a block (FIRST, MIDDLE, LAST), records ending < 7 bytes before a block's end
+    (zero padding), NaN and Infinity as wandb writes them, a nested key, media (not numbers) left out,
+    and W&B's own step when no train/global_step is logged."""
+    recs = [other_record(80_000)]
+    for i in range(400):  # ~150 bytes each: block ends fall at every offset
+        v = math.nan if i == 7 else math.inf if i == 8 else 0.5 + i
+        recs.append(history(i, i, {"grad_norm": v, "img": {"_type": "image-file", "path": "x.png"}}))
+    recs.append(pb_int(1, 9) + pb_bytes(2, pb_bytes(1, pb_bytes(2, b"grads") + pb_bytes(2, b"norm")
+                                                      + pb_bytes(16, b"3.5")) + pb_bytes(2, pb_int(1, 400))))
+    p = str(write_log(tmp_path / "run-x.wandb", recs))
+    h = read_norm_log(p)
+    assert h.steps == list(range(400)) and h.key == "grad_norm"
+    assert math.isnan(h.norms[7]) and h.norms[8] == math.inf
+    assert [v for i, v in enumerate(h.norms) if i not in (7, 8)] == [0.5 + i for i in range(400)
+                                                                      if i not in (7, 8)]
+    nested = read_norm_log(p, key="grads.norm")  # the nested key, read and named
+    assert (nested.steps, nested.norms) == ([400], [3.5])
+
+
+def test_a_log_cut_off_at_the_end_is_read_up_to_the_cut(tmp_path):
+    p = write_log(tmp_path / "run-x.wandb", hf_records(600)[:-1])  # ends in step 600's training row
+    data = p.read_bytes()
+    p.write_bytes(data[:-50])  # a run still writing, or killed: that row cut
+    h = read_norm_log(str(p))
+    assert len(h) == 599
+    damaged = bytearray(data)
+    damaged[200] ^= 0xFF  # a record in the first block of several
+    assert len(data) > 2 * BLOCK
+    p.write_bytes(bytes(damaged))
+    with pytest.raises(InputError, match=r"run-x.wandb: damaged W&B log \(bad record at byte "):
+        read_norm_log(str(p))
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.floats(allow_nan=False, allow_infinity=False),
+                          st.integers(0, 3000)), min_size=1, max_size=80))
+def test_what_is_written_is_read(tmp_path_factory, rows):
+    """Any sequence of rows and filler records, read back as the step -> last value logged."""
+    recs = []
+    for i, (step, v, filler) in enumerate(rows):
+        recs.append(other_record(filler))
+        recs.append(history(i, i, {"grad_norm": v, "train/global_step": step}))
+    p = write_log(tmp_path_factory.mktemp("w") / "run-x.wandb", recs)
+    h = read_norm_log(str(p))
+    last = {}
+    for step, v, _ in rows:
+        last[step] = v
+    assert h.steps == sorted(last) and h.norms == [last[s] for s in sorted(last)]
+
+
+@given(st.binary(max_size=3000))
+def test_any_bytes_after_the_header_are_read_or_refused_in_one_line(tmp_path_factory, tail):
+    p = tmp_path_factory.mktemp("w") / "run-x.wandb"
+    p.write_bytes(b":W&B" + struct.pack("<HB", 0xBEE1, 0) + tail)
+    try:
+        read_norm_log(str(p))
+    except (InputError, UsageError) as exc:
+        assert "\n" not in str(exc)
