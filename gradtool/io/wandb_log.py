@@ -28,6 +28,7 @@ BLOCK = 32768
 _HEADER = 7  # of the file, and of each record
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 _SEED = {t: zlib.crc32(bytes([t])) for t in (_FULL, _FIRST, _MIDDLE, _LAST)}  # each type's CRC seed
+MAX_RECORD = 64 << 20  # a longer record (a huge config or console burst, never a history row) is skipped
 _RUN_DIR = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-(\w+)$")
 
 
@@ -39,13 +40,18 @@ def log_records(path: str, source: str) -> Iterator[bytes]:
     """The whole records of the W&B log at ``path``, read a block at a time. A record cut off at the end
     (a run still writing, or killed) ends the log; a damaged record before the last block is an
     InputError."""
+    from .logs import MAX_LOG_BYTES
+
     size = os.path.getsize(path)
+    if size > MAX_LOG_BYTES:
+        raise InputError(f"{source}: log larger than {MAX_LOG_BYTES >> 30} GiB")
     with open(path, "rb") as f:
         block = f.read(BLOCK)
         if not is_wandb_log(block):
             raise InputError(f"{source}: not a W&B run log (no :W&B header)")
         block_start, at = 0, _HEADER
         pieces: list[bytes] = []
+        held = 0
         while block:
             while BLOCK - at >= _HEADER and at + _HEADER <= len(block):
                 crc, length, kind = struct.unpack_from("<IHB", block, at)
@@ -59,15 +65,18 @@ def log_records(path: str, source: str) -> Iterator[bytes]:
                     raise InputError(f"{source}: damaged W&B log (bad record at byte {block_start + at})")
                 at += _HEADER + length
                 if kind == _FULL:
-                    pieces = []
+                    pieces, held = [], 0
                     yield data
                 elif kind == _FIRST:
-                    pieces = [data]
+                    pieces, held = [data], len(data)
                 elif pieces:
+                    held += len(data)
                     pieces.append(data)
-                    if kind == _LAST:
+                    if held > MAX_RECORD:  # memory stays bounded whatever the file says
+                        pieces, held = [], 0
+                    elif kind == _LAST:
                         yield b"".join(pieces)
-                        pieces = []
+                        pieces, held = [], 0
             block_start += BLOCK
             block, at = f.read(BLOCK), 0
 

@@ -190,3 +190,12 @@ def test_any_bytes_after_the_header_are_read_or_refused_in_one_line(tmp_path_fac
         read_norm_log(str(p))
     except (InputError, UsageError) as exc:
         assert "\n" not in str(exc)
+
+
+def test_a_record_longer_than_the_limit_is_skipped_not_held(tmp_path, monkeypatch):
+    from gradtool.io import wandb_log
+
+    monkeypatch.setattr(wandb_log, "MAX_RECORD", 100_000)
+    recs = hf_records(5)[:3] + [other_record(250_000)] + hf_records(5)[3:]
+    h = read_norm_log(str(write_log(tmp_path / "run-x.wandb", recs)))
+    assert len(h) == 5
