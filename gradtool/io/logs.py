@@ -427,25 +427,24 @@ def read_run_directory(path: str, key: str | None = None, run: str | None = None
 
 
 def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHistory:
-    """One run of the TensorBoard and MLflow file-store runs under directory ``path``."""
+    """One of the TensorBoard, MLflow file-store and W&B runs under directory ``path`` (``run`` chooses
+    among several; MLflow runs alone are chosen among those that logged a gradient norm)."""
     from .mlflow_store import file_store_runs, read_file_store
     from .runs import Run, choose_run
     from .wandb_log import read_wandb_dir, wandb_runs
 
-    mlflow = file_store_runs(path)
     tb = [Run(os.path.relpath(d, path), os.path.relpath(d, path), _newest_mtime(d), d)
           for d in tensorboard_runs(path)]
+    mlflow = file_store_runs(path)
     wandb = wandb_runs(path)
-    if mlflow and not tb and not wandb:
-        return read_file_store(path, key, run, mlflow)
-    if wandb and not tb and not mlflow:
-        return read_wandb_dir(path, key, run, wandb)
-    if not tb and not wandb:
+    kinds = [k for k, runs in (("TensorBoard", tb), ("MLflow", mlflow), ("W&B", wandb)) if runs]
+    if not kinds:
         from .detect import no_dumps_hint
 
         raise InputError(f"{path}: directory holds no gradient dumps, trainer_state.json, TensorBoard event "
                          f"files, MLflow or W&B runs{no_dumps_hint(path)}")
-    kinds = [k for k, runs in (("TensorBoard", tb), ("MLflow", mlflow), ("W&B", wandb)) if runs]
+    if kinds == ["MLflow"]:
+        return read_file_store(path, key, run, mlflow)
     chosen = choose_run(tb + mlflow + wandb, run, path, f"{' or '.join(kinds)} runs")
     if chosen in mlflow:
         return read_file_store(path, key, chosen.id, [chosen])

@@ -250,10 +250,10 @@ def _file_run(d: str) -> Run | None:
     return Run(rid, name or rid, int(start) / 1000 if start.isdigit() else None, d)
 
 
-def file_store_runs(path: str, depth: int = 2) -> list[Run]:
+def file_store_runs(path: str, depth: int = 3) -> list[Run]:
     """The runs of an MLflow file store at ``path``: ``path`` itself when it is a run directory (or its
-    ``metrics`` directory), else the run directories ``depth`` levels down (``mlruns/<experiment>/<run>``),
-    deleted runs and hidden directories (``.trash``) left out."""
+    ``metrics`` directory), else the run directories up to ``depth`` levels down (``[project/]mlruns/
+    <experiment>/<run>``), deleted runs and hidden directories (``.trash``) left out."""
     path = os.path.normpath(path)
     parent = os.path.dirname(path)
     if os.path.basename(path) == "metrics" and _is_run_dir(parent):

@@ -199,3 +199,15 @@ def test_a_record_longer_than_the_limit_is_skipped_not_held(tmp_path, monkeypatc
     recs = hf_records(5)[:3] + [other_record(250_000)] + hf_records(5)[3:]
     h = read_norm_log(str(write_log(tmp_path / "run-x.wandb", recs)))
     assert len(h) == 5
+
+
+def test_a_project_with_mlflow_and_wandb_runs(tmp_path):
+    """The Trainer reports to every tracker installed: mlruns/ and wandb/ side by side."""
+    from test_mlflow import file_run, hf_metrics
+
+    run_dir(tmp_path / "wandb", "bbbb2222", "20261121_090000", hf_records(20, "from-wandb", 1795700000))
+    file_run(tmp_path / "mlruns", "aaaa1111aaaa1111aaaa1111aaaa1111", "from-mlflow", 1795600000000, hf_metrics(30))
+    with pytest.raises(UsageError, match=r"holds 2 MLflow or W&B runs \('from-wandb' .*'from-mlflow'"):
+        read_norm_log(str(tmp_path))
+    assert read_norm_log(str(tmp_path), run="from-mlflow").kind == "mlflow"
+    assert read_norm_log(str(tmp_path), run="latest").kind == "wandb"
