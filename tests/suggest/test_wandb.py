@@ -206,7 +206,8 @@ def test_a_project_with_mlflow_and_wandb_runs(tmp_path):
     from test_mlflow import file_run, hf_metrics
 
     run_dir(tmp_path / "wandb", "bbbb2222", "20261121_090000", hf_records(20, "from-wandb", 1795700000))
-    file_run(tmp_path / "mlruns", "aaaa1111aaaa1111aaaa1111aaaa1111", "from-mlflow", 1795600000000, hf_metrics(30))
+    file_run(tmp_path / "mlruns", "aaaa1111aaaa1111aaaa1111aaaa1111", "from-mlflow", 1795600000000,
+             hf_metrics(30))
     with pytest.raises(UsageError, match=r"holds 2 MLflow or W&B runs \('from-wandb' .*'from-mlflow'"):
         read_norm_log(str(tmp_path))
     assert read_norm_log(str(tmp_path), run="from-mlflow").kind == "mlflow"
