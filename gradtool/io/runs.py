@@ -24,10 +24,10 @@ class Run:
     where: str = ""
 
     def label(self) -> str:
-        """e.g. ``'bright-owl-7' (3f2a9c1e, 2026-11-20 10:02)``, for messages."""
+        """e.g. ``'bright-owl-7' (3f2a9c1e, 2026-11-20 10:02 UTC)``, for messages."""
         extra = [self.id[:8]] if self.id and self.id != self.name else []
         if self.started is not None:
-            extra.append(time.strftime("%Y-%m-%d %H:%M", time.gmtime(self.started)))
+            extra.append(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.started)))
         return repr(self.name) + (f" ({', '.join(extra)})" if extra else "")
 
 
