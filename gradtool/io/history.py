@@ -127,6 +127,39 @@ def _directory_doubts(directory: str, files: Sequence[str], steps: Sequence[str]
     return doubts
 
 
+def _logs_hint(directory: str) -> str:
+    """"; it holds training logs (...): suggest-threshold reads them" when ``directory`` is what
+    ``suggest-threshold`` reads as a log (a Trainer's output, TensorBoard, MLflow or W&B runs); else ""."""
+    import glob
+
+    from .mlflow_store import file_store_runs
+    from .wandb_log import is_run_store
+
+    if os.path.exists(os.path.join(directory, "trainer_state.json")) or glob.glob(
+            os.path.join(glob.escape(directory), "checkpoint-*", "trainer_state.json")):
+        what = "trainer_state.json"
+    elif is_run_store(directory):
+        what = "W&B runs"
+    elif os.path.isfile(os.path.join(directory, "mlflow.db")):
+        what = "MLflow's mlflow.db"
+    elif file_store_runs(directory):
+        what = "MLflow runs"
+    elif any("tfevents" in n for _, _, names in _walk(directory, 3) for n in names):
+        what = "TensorBoard event files"
+    else:
+        return ""
+    return f"; it holds training logs ({what}): suggest-threshold reads them"
+
+
+def _walk(directory: str, depth: int) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk`` of ``directory``, ``depth`` levels down at most."""
+    top = directory.rstrip(os.sep).count(os.sep)
+    for d, subdirs, names in os.walk(directory):
+        if d.count(os.sep) - top >= depth:
+            subdirs.clear()
+        yield d, subdirs, names
+
+
 def _step_dirs(directory: str) -> list[str]:
     """Subdirectories that hold dump files: the steps of a sharded run."""
     try:
@@ -171,7 +204,7 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
                 from .detect import no_dumps_hint
 
                 raise InputError(f"{item}: directory holds no gradient dumps (.npz .npy .h5 .safetensors)"
-                                 f"{no_dumps_hint(item)}")
+                                 f"{_logs_hint(item) or no_dumps_hint(item)}")
             for doubt in _directory_doubts(item, files, steps) if on_warning is not None else ():
                 on_warning(doubt)
             for p in files:

@@ -217,3 +217,35 @@ def test_a_training_log_given_to_stats_or_clip_points_to_suggest_threshold(run, 
             "those; dumps are .npz .npy .h5 .safetensors)\n"), r.stderr
     r = run("stats", "-", input=b"step,grad_norm\n1,2.0\n")
     assert r.exit_code == 1 and "<stdin>: is not a gradient dump but text (a training log?" in r.stderr
+
+
+def test_a_directory_of_training_logs_given_to_stats_points_to_suggest_threshold(run, tmp_path):
+    """`gradtool stats wandb/` (or mlruns/, a Trainer's output/) said only "holds no gradient dumps"."""
+    import sqlite3
+
+    cases = {}
+    out = tmp_path / "output"
+    (out / "checkpoint-5").mkdir(parents=True)
+    (out / "checkpoint-5" / "trainer_state.json").write_text('{"log_history": []}')
+    cases[out] = "trainer_state.json"
+    wb = tmp_path / "wandb"
+    (wb / "run-20261124_101010-abc").mkdir(parents=True)
+    (wb / "run-20261124_101010-abc" / "run-abc.wandb").write_bytes(b":W&B\xe1\xbe\x00")
+    cases[wb] = "W&B runs"
+    ml = tmp_path / "mlruns"
+    (ml / "0" / "r1" / "metrics").mkdir(parents=True)
+    (ml / "0" / "r1" / "meta.yaml").write_text("run_id: r1\nlifecycle_stage: active\n")
+    cases[ml] = "MLflow runs"
+    db = tmp_path / "proj"
+    db.mkdir()
+    sqlite3.connect(db / "mlflow.db").close()
+    cases[db] = "MLflow's mlflow.db"
+    tb = tmp_path / "runs"
+    (tb / "Nov24").mkdir(parents=True)
+    (tb / "Nov24" / "events.out.tfevents.1.host").write_bytes(b"x")
+    cases[tb] = "TensorBoard event files"
+    for d, what in cases.items():
+        r = run("stats", str(d))
+        assert r.exit_code == 1 and r.stderr == (
+            f"gradtool: error: {d}: directory holds no gradient dumps (.npz .npy .h5 .safetensors); it holds "
+            f"training logs ({what}): suggest-threshold reads them\n"), r.stderr
