@@ -22,6 +22,7 @@ class Run:
     name: str
     started: float | None = None
     where: str = ""
+    parts: tuple[str, ...] = ()  # a W&B run resumed: its logs, in order (``where`` is the first)
 
     def label(self) -> str:
         """e.g. ``'bright-owl-7' (3f2a9c1e, 2026-11-20 10:02 UTC)``, for messages."""

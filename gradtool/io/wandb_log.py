@@ -188,13 +188,8 @@ def run_header(path: str, records: int = 64) -> tuple[str | None, float | None]:
     return None, None
 
 
-def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
-                   run: Run | None = None) -> Any:
-    """The norm history in the W&B run log at ``path``. Steps are ``train/global_step`` when logged (the
-    Hugging Face Trainer's training step), else W&B's own step counter."""
-    from .logs import from_records
-
-    source = source or path
+def _rows_of(path: str, source: str) -> list[dict[str, Any]]:
+    """The history rows of the W&B run log at ``path`` (``source`` names it in errors), in logging order."""
     rows = []
     try:
         for record in log_records(path, source):
@@ -205,6 +200,19 @@ def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
         raise InputError(f"{source}: damaged W&B record ({exc})") from None
     except OSError as exc:
         raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
+    return rows
+
+
+def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
+                   run: Run | None = None) -> Any:
+    """The norm history in the W&B run log at ``path`` (with ``run``: in that run's logs, in order, a
+    resumed run's continuing the first). Steps are ``train/global_step`` when logged (the Hugging Face
+    Trainer's training step), else W&B's own step counter; a step logged again keeps its later value."""
+    from .logs import from_records
+
+    source = source or path
+    parts = run.parts if run is not None and run.parts else (path,)
+    rows = [row for p in parts for row in _rows_of(p, source if len(parts) == 1 else p)]
     if any("train/global_step" in r for r in rows):
         for r in rows:
             r["step"] = r.get("train/global_step")
@@ -213,6 +221,8 @@ def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
             r["step"] = r.get("_step")
     hist = from_records(rows, source, "wandb", key)
     hist.run = run
+    if len(parts) > 1:
+        hist.notes.append(f"{source}: run {run.label()} was resumed: its {len(parts)} logs are read in order")
     return hist
 
 
@@ -234,7 +244,7 @@ def wandb_runs(path: str, depth: int = 2) -> list[Run]:
     import calendar
     import time
 
-    found = []
+    found: dict[str, list[tuple[float, Run]]] = {}  # run ID -> its logs (a resumed run has several)
     top = os.path.normpath(path)
     base = top.count(os.sep)
     for d, subdirs, names in os.walk(top):
@@ -254,8 +264,15 @@ def wandb_runs(path: str, depth: int = 2) -> list[Run]:
         rid = m.group(2) if m else logs[0][len("run-"):-len(".wandb")]
         log = os.path.join(d, logs[-1])
         name, start = run_header(log)
-        found.append(Run(rid, name or os.path.basename(os.path.realpath(d)), start or started, log))
-    return found
+        run = Run(rid, name or os.path.basename(os.path.realpath(d)), start or started, log)
+        found.setdefault(rid, []).append((run.started or 0.0, run))
+    runs = []
+    for pieces in found.values():
+        pieces.sort(key=lambda p: p[0])
+        first = pieces[0][1]
+        parts = tuple(r.where for _, r in pieces)
+        runs.append(Run(first.id, first.name, first.started, first.where, parts if len(parts) > 1 else ()))
+    return runs
 
 
 def read_wandb_dir(path: str, key: str | None, run: str | None, runs: list[Run]) -> Any:

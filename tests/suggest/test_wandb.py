@@ -212,3 +212,20 @@ def test_a_project_with_mlflow_and_wandb_runs(tmp_path):
         read_norm_log(str(tmp_path))
     assert read_norm_log(str(tmp_path), run="from-mlflow").kind == "mlflow"
     assert read_norm_log(str(tmp_path), run="latest").kind == "wandb"
+
+
+def test_a_resumed_run_is_one_run_of_its_logs(tmp_path, run):
+    """wandb.init(id=..., resume=...) writes a second run directory with the same run ID: one run, whose
+    history continues in the later log (a step logged again keeps its later value)."""
+    root = tmp_path / "wandb"
+    first = hf_records(30, "long-run", 1795600000)
+    resumed = [run_record("long-run", 1795700000)] + [
+        history(i, i, {"train/grad_norm": 5.0, "train/global_step": i * 10}) for i in range(25, 51)]
+    run_dir(root, "abc123", "20261121_090000", resumed)
+    run_dir(root, "abc123", "20261120_090000", first)
+    h = read_norm_log(str(root))
+    assert h.steps == [10 * i for i in range(1, 51)] and h.run.id == "abc123"
+    assert h.norms[23] == 1 + (24 % 7) / 10 and h.norms[24:] == [5.0] * 26  # step 250 on: the resumed log's
+    assert "run 'long-run' (abc123, 2026-11-25 09:46 UTC) was resumed: its 2 logs" in h.notes[0]
+    r = run("suggest-threshold", str(root), "--format", "json")
+    assert r.exit_code == 0 and any("was resumed" in w for w in r.json()["history"]["warnings"])
