@@ -859,7 +859,7 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
     from . import wandb_log
 
     if wandb_log.is_wandb_log(head):  # wandb/run-<date>-<id>/run-<id>.wandb
-        return wandb_log.read_wandb_log(path, key, source)
+        return wandb_log.read_wandb_file(path, key, source, run)
     text = _read_text(path, source)
     stripped = text.lstrip()
     if not stripped:

@@ -167,25 +167,26 @@ def history_rows(record: bytes) -> dict[str, Any] | None:
     return row
 
 
-def run_header(path: str, records: int = 64) -> tuple[str | None, float | None]:
-    """(display name, start time in seconds) of the run, from the run record near the start of its log
-    (``Record.run`` = 17: ``RunRecord.display_name`` = 8, the Trainer's ``run_name``; ``start_time`` = 17,
-    a Timestamp of seconds = 1 and nanos = 2); Nones when absent."""
+def run_header(path: str, records: int = 64) -> tuple[str | None, str | None, float | None]:
+    """(run ID, display name, start time in seconds) of the run, from the run record near the start of
+    its log (``Record.run`` = 17: ``RunRecord.run_id`` = 1, ``display_name`` = 8, the Trainer's
+    ``run_name``; ``start_time`` = 17, a Timestamp of seconds = 1 and nanos = 2); Nones when absent."""
     try:
         for n, record in enumerate(log_records(path, path)):
             for f, v in proto_fields(record):
                 if f == 17 and isinstance(v, bytes):
                     fields = dict(proto_fields(v))
-                    name = fields.get(8, b"")
+                    rid, name = (fields.get(k) for k in (1, 8))
                     start = dict(proto_fields(fields[17])) if isinstance(fields.get(17), bytes) else {}
                     started = start[1] + start.get(2, 0) / 1e9 if isinstance(start.get(1), int) else None
-                    return (name.decode("utf-8", "replace") if isinstance(name, bytes) and name else None,
+                    return (rid.decode("utf-8", "replace") if isinstance(rid, bytes) and rid else None,
+                            name.decode("utf-8", "replace") if isinstance(name, bytes) and name else None,
                             started)
             if n >= records:
                 break
     except (InputError, ValueError, OSError):
         pass
-    return None, None
+    return None, None, None
 
 
 def _rows_of(path: str, source: str) -> list[dict[str, Any]]:
@@ -226,6 +227,20 @@ def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
     return hist
 
 
+def read_wandb_file(path: str, key: str | None, source: str, run: str | None) -> Any:
+    """A W&B run log given as a file (or on standard input): its run, named from its run record and file
+    name, is the history's ``run`` (``run``, when given, must name it)."""
+    rid, name, started = run_header(path)
+    m = re.fullmatch(r"run-(\w+)\.wandb", os.path.basename(source))
+    rid = m.group(1) if m else rid
+    if rid is None and name is None:
+        if run is not None:
+            choose_run([], run, source, "W&B runs it can name")
+        return read_wandb_log(path, key, source)
+    this = Run(rid or name or "", name or rid or "", started, path)
+    return read_wandb_log(path, key, source, choose_run([this], run, source, "W&B runs"))
+
+
 def is_run_store(path: str) -> bool:
     """True when directory ``path`` is a W&B run (holds its ``run-<id>.wandb``) or the ``wandb`` directory
     of runs: a run's ``files/`` may hold a saved model, which does not make it a directory of dumps."""
@@ -263,7 +278,7 @@ def wandb_runs(path: str, depth: int = 2) -> list[Run]:
                 pass
         rid = m.group(2) if m else logs[0][len("run-"):-len(".wandb")]
         log = os.path.join(d, logs[-1])
-        name, start = run_header(log)
+        _, name, start = run_header(log)
         run = Run(rid, name or os.path.basename(os.path.realpath(d)), start or started, log)
         found.setdefault(rid, []).append((run.started or 0.0, run))
     runs = []

@@ -46,7 +46,8 @@ def history(num: int, step: int, items: dict) -> bytes:
 
 
 def run_record(name: str, seconds: int) -> bytes:
-    return pb_bytes(17, pb_bytes(1, b"abc") + pb_bytes(8, name.encode()) + pb_bytes(17, pb_int(1, seconds)))
+    body = pb_bytes(1, b"abc123") + pb_bytes(8, name.encode()) + pb_bytes(17, pb_int(1, seconds))
+    return pb_bytes(17, body)
 
 
 def other_record(size: int) -> bytes:
@@ -229,3 +230,18 @@ def test_a_resumed_run_is_one_run_of_its_logs(tmp_path, run):
     assert "run 'long-run' (abc123, 2026-11-25 09:46 UTC) was resumed: its 2 logs" in h.notes[0]
     r = run("suggest-threshold", str(root), "--format", "json")
     assert r.exit_code == 0 and any("was resumed" in w for w in r.json()["history"]["warnings"])
+
+
+def test_a_log_file_names_its_run(tmp_path, run):
+    p = write_log(tmp_path / "run-abc123.wandb", hf_records(30, "named"))
+    r = run("suggest-threshold", str(p), "--format", "json")
+    assert r.exit_code == 0 and r.json()["source"]["run"] == {"id": "abc123", "name": "named"}
+    assert run("suggest-threshold", str(p), "--run", "named").exit_code == 0
+    r = run("suggest-threshold", str(p), "--run", "other")
+    assert r.exit_code == 2 and "no run 'other' among its 1 W&B runs ('named' (abc123, " in r.stderr
+
+
+def test_a_log_on_standard_input_names_its_run_from_its_run_record(tmp_path, run):
+    p = write_log(tmp_path / "copy.bin", hf_records(30, "named"))
+    r = run("suggest-threshold", "-", "--format", "json", input=p.read_bytes())
+    assert r.exit_code == 0 and r.json()["source"]["run"] == {"id": "abc123", "name": "named"}
