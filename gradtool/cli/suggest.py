@@ -111,8 +111,8 @@ def _merge_logs(paths: list[str], key: str | None, run: str | None = None) -> tu
 @click.option("--current", type=float, default=None, metavar="X", help="Your present threshold: report how often it clips.")
 @click.option("--key", default=None, help="Log column/key that holds the gradient norm (default: found automatically).")
 @click.option("--run", default=None, metavar="NAME|ID|latest",
-              help="Which run of an MLflow store, W&B's wandb/ or a directory of TensorBoard runs (default: "
-                   "the only one).")
+              help="Which run of an MLflow store, W&B's wandb/, a directory of TensorBoard runs or a W&B CSV "
+                   "export of several (default: the only one).")
 @select_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "value"]), default="table", show_default=True,
               help="table for people, json for pipelines, value = just the number (needs one mode).")
@@ -249,8 +249,10 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
             more = log.other_keys
             others = listed(more, 3, repr)
             verb = "holds" if len(more) == 1 else "hold"
+            how = ("--run RUN (a W&B export's runs) or --key" if all(" - " in k for k in [log.key, *more])
+                   else "--key")
             hist["warnings"].insert(0, f"{log.source}: the norm was taken from {log.key!r}, but {others} "
-                                       f"{verb} a gradient norm too (another run?); choose one with --key")
+                                       f"{verb} a gradient norm too (another run?); choose one with {how}")
     if history is not None:  # arrays (the loss masked where not logged)
         has_loss, has_lr = history.has_loss, history.has_lr
     else:  # lists; list.count: no Python per step

@@ -890,5 +890,29 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
         return console
     first = stripped.split("\n", 1)[0]
     if csv_name or (("," in first or "\t" in first) and "{" not in first and _csv_header_like(first, key)):
-        return read_csv(source, key, text)
+        if run is None:
+            return read_csv(source, key, text)
+        column, chosen = _export_run_column(first, run, key, source)
+        hist = read_csv(source, column, text)
+        hist.run = chosen
+        return hist
     return read_text_log(source, key, text)
+
+
+def _export_run_column(header_line: str, run: str, key: str | None, source: str) -> tuple[str, Any]:
+    """The norm column of run ``run`` in a W&B export of several runs, whose columns are named
+    ``"<run> - <metric>"`` (``__MIN``/``__MAX`` beside them): ``--run`` chooses as it does in a store."""
+    from .runs import Run, choose_run
+
+    delim = "\t" if "\t" in header_line and "," not in header_line else ","
+    header = next(csv.reader([header_line.lstrip("\ufeff")], delimiter=delim), [])
+    runs = sorted({c.split(" - ", 1)[0] for c in header if " - " in c})
+    chosen = choose_run([Run(r, r) for r in runs], run, source, "runs in its columns ('RUN - metric')")
+    prefix = f"{chosen.name} - "
+    metrics = [c[len(prefix):] for c in header if c.startswith(prefix) and not c.endswith(("__MIN", "__MAX"))]
+    found = _find_norm_key(metrics, key)
+    if found is None:
+        raise (UsageError if key else InputError)(
+            f"{source}: run {chosen.name!r} has no {'column ' + repr(key) if key else 'gradient-norm column'} "
+            f"(its columns: {listed(metrics, 8)})")
+    return prefix + found, chosen

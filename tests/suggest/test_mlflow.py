@@ -281,7 +281,11 @@ def test_sqlite_files_that_are_no_mlflow_store(tmp_path, run, content, message):
 def test_run_needs_a_store_of_runs(tmp_path, run):
     csv = tmp_path / "m.csv"
     csv.write_text("step,grad_norm\n" + "".join(f"{s},{_norm(s)}\n" for s in range(1, 30)))
-    r = run("suggest-threshold", str(csv), "--run", "x")
+    r = run("suggest-threshold", str(csv), "--run", "x")  # a CSV's runs are W&B export columns: none here
+    assert r.exit_code == 2 and f"{csv}: holds no runs in its columns ('RUN - metric')" in r.stderr
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"step {s} | grad_norm: {_norm(s)}\n" for s in range(1, 30)))
+    r = run("suggest-threshold", str(log), "--run", "x")
     assert r.exit_code == 2 and "--run x: no input is a store of runs" in r.stderr
     dump = tmp_path / "d.npz"
     np.savez(dump, w=np.ones(3, dtype=np.float32))

@@ -183,12 +183,22 @@ def test_a_log_with_several_norm_columns_says_which_it_took(run, tmp_path):
     assert doc["source"]["key"] == "run-a - train/grad_norm"
     assert doc["history"]["warnings"][0] == (
         f"{p}: the norm was taken from 'run-a - train/grad_norm', but 'run-b - train/grad_norm' holds a "
-        "gradient norm too (another run?); choose one with --key")
+        "gradient norm too (another run?); choose one with --run RUN (a W&B export's runs) or --key")
     table = run("suggest-threshold", str(p)).stdout
     assert "'run-b - train/grad_norm' holds a gradient norm too" in table
     chosen = run("suggest-threshold", str(p), "--key", "run-b - train/grad_norm", "--format", "json").json()
     assert not any("another run" in w for w in chosen["history"]["warnings"])
     assert chosen["modes"][0]["threshold"] == pytest.approx(5 * doc["modes"][0]["threshold"], rel=1e-9)
+    by_run = run("suggest-threshold", str(p), "--run", "run-b", "--format", "json").json()
+    assert by_run["source"]["key"] == "run-b - train/grad_norm" and by_run["source"]["run"]["name"] == "run-b"
+    assert by_run["modes"] == chosen["modes"] and not by_run["history"]["warnings"]
+    r = run("suggest-threshold", str(p), "--run", "run-c")
+    assert r.exit_code == 2 and "no run 'run-c' among its 2 runs in its columns ('RUN - metric') ('run-a', " \
+                                "'run-b')" in r.stderr
+    q = tmp_path / "plain.csv"
+    q.write_text("step,grad_norm\n" + "".join(f"{s},{1 + s % 3}\n" for s in range(1, 60)))
+    r = run("suggest-threshold", str(q), "--run", "x")
+    assert r.exit_code == 2 and "holds no runs in its columns" in r.stderr
     for other in ("grad_norm_clipped", "grad_norm/layer.0"):  # not a second global norm
         q = tmp_path / "one.csv"
         q.write_text(f"step,grad_norm,{other}\n" + "".join(f"{s},{1 + s % 3},{s}\n" for s in range(1, 60)))
