@@ -912,7 +912,7 @@ def _export_run_column(header_line: str, run: str, key: str | None, source: str)
     metrics = [c[len(prefix):] for c in header if c.startswith(prefix) and not c.endswith(("__MIN", "__MAX"))]
     found = _find_norm_key(metrics, key)
     if found is None:
+        what = f"column {key!r}" if key else "gradient-norm column"
         raise (UsageError if key else InputError)(
-            f"{source}: run {chosen.name!r} has no {'column ' + repr(key) if key else 'gradient-norm column'} "
-            f"(its columns: {listed(metrics, 8)})")
+            f"{source}: run {chosen.name!r} has no {what} (its columns: {listed(metrics, 8)})")
     return prefix + found, chosen
