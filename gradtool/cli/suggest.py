@@ -73,17 +73,23 @@ def _split_inputs(inputs: list[str], sharded: bool = False, copies: dict[str, st
     return dumps, logs
 
 
+def _run_unused(run: str) -> Exception:
+    """The usage error for a ``--run`` that no input could use."""
+    from ..errors import UsageError
+
+    return UsageError(f"--run {run}: no input is a store of runs (an MLflow store, W&B's wandb/, a directory "
+                      "of TensorBoard runs, a W&B export of several)")
+
+
 def _merge_logs(paths: list[str], key: str | None, run: str | None = None) -> tuple[Any, list[Any]]:
     """(the logs at ``paths`` as one history, merged by step, the later log winning; each log's own).
-    ``run`` chooses a run in stores of several (MLflow, TensorBoard); it must have been used."""
-    from ..errors import UsageError
+    ``run`` chooses a run in stores of several (MLflow, W&B, TensorBoard); it must have been used."""
     from ..io.dump import spooled_copy, stream_name
     from ..io.logs import NormHistory, read_norm_log
 
     hists = [read_norm_log(spooled_copy(p) or p, key, source=stream_name(p), run=run) for p in paths]
     if run is not None and not any(h.run for h in hists):
-        raise UsageError(f"--run {run}: no input is a store of runs (an MLflow store, a directory of "
-                         "TensorBoard runs)")
+        raise _run_unused(run)
     if len(hists) == 1:
         return hists[0], hists
     by: dict[int, tuple] = {}
@@ -145,8 +151,7 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
     with spooled_inputs(inputs, dumps_only=False) as copies:  # - and pipes: a dump or a log, read once, looked at in the copy
         dump_inputs, log_inputs = _split_inputs(list(inputs), sharded, copies)
         if run is not None and not log_inputs:
-            raise UsageError(f"--run {run}: no input is a store of runs (an MLflow store, a directory of "
-                             "TensorBoard runs)")
+            raise _run_unused(run)
         doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded, engine,
                        scheduler, run)
     if explicit_modes:
