@@ -70,7 +70,7 @@ class NormHistory:
         self.other_keys: list[str] = []  # other columns that hold a norm too (see other_norm_keys)
         self.notes: list[str] = []  # what a reader of the recommendation should know about this log
         self.line_order = False  # steps are the order of the log's lines (it gives no step numbers)
-        self.run: Any = None  # the runs.Run read, when the log is a store of runs (MLflow, TensorBoard)
+        self.run: Any = None  # the runs.Run read from a store of runs (MLflow, W&B, TensorBoard, an export)
         self._arrays = _arrays
 
     steps = _column_list(0, "_steps")  # list[int]
@@ -410,7 +410,7 @@ def read_trainer_state(path: str, key: str | None = None) -> NormHistory:
 
 def read_run_directory(path: str, key: str | None = None, run: str | None = None) -> NormHistory:
     """A run directory: trainer_state.json files of its checkpoints (and itself), merged by step; else
-    the TensorBoard or MLflow runs under it, one of them (``run`` chooses among several)."""
+    the TensorBoard, MLflow or W&B runs under it, one of them (``run`` chooses among several)."""
     files = sorted(glob.glob(os.path.join(path, "checkpoint-*", "trainer_state.json")),
                    key=lambda p: int(re.findall(r"checkpoint-(\d+)", p)[-1]) if re.findall(r"checkpoint-(\d+)", p) else 0)
     top = os.path.join(path, "trainer_state.json")
