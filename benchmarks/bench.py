@@ -149,6 +149,71 @@ def run_measured(cmd: list[str], repeat: int = 3, cwd: str | None = None) -> tup
     return statistics.median(walls), max(rss)
 
 
+def write_mlflow_run(root: str, norms: np.ndarray) -> str:
+    """An MLflow file-store run (``meta.yaml``, ``metrics/grad_norm``, ``metrics/loss``) of ``norms``."""
+    run = os.path.join(root, "mlruns", "0", "r0")
+    os.makedirs(os.path.join(run, "metrics"))
+    with open(os.path.join(run, "meta.yaml"), "w") as f:
+        f.write("run_id: r0\nrun_name: bench\nstart_time: 1795521146861\nlifecycle_stage: active\n")
+    for key, values in (("grad_norm", norms), ("loss", np.full(len(norms), 2.0))):
+        with open(os.path.join(run, "metrics", key), "w") as f:
+            f.writelines(f"{1795521146861 + i} {float(v)!r} {i}\n" for i, v in enumerate(values))
+    return run
+
+
+def write_mlflow_db(path: str, norms: np.ndarray) -> None:
+    """An MLflow SQLite store (the two tables gradtool reads) of one run logging ``norms`` and a loss."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE runs (run_uuid, name, start_time, lifecycle_stage)")
+    con.execute('CREATE TABLE metrics ("key", value, timestamp, run_uuid, step, is_nan, '
+                'PRIMARY KEY ("key", timestamp, step, run_uuid, value, is_nan))')
+    con.execute("INSERT INTO runs VALUES ('r0', 'bench', 1795521146861, 'active')")
+    for key, values in (("grad_norm", norms), ("loss", np.full(len(norms), 2.0))):
+        con.executemany("INSERT INTO metrics VALUES (?, ?, ?, 'r0', ?, 0)",
+                        ((key, float(v), 1795521146861 + i, i) for i, v in enumerate(values)))
+    con.commit()
+    con.close()
+
+
+def write_wandb_log(path: str, norms: np.ndarray) -> None:
+    """A W&B run log of one history record per value (grad_norm, loss, global step), as wandb frames it."""
+    import struct
+    import zlib
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            b, n = n & 0x7F, n >> 7
+            out.append(b | (0x80 if n else 0))
+            if not n:
+                return bytes(out)
+
+    def field(no: int, payload: bytes) -> bytes:
+        return varint(no << 3 | 2) + varint(len(payload)) + payload
+
+    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
+    for i, v in enumerate(norms):
+        logged = ((b"train/grad_norm", float(v)), (b"train/loss", 2.0), (b"train/global_step", i))
+        items = b"".join(field(1, field(1, k) + field(16, repr(x).encode())) for k, x in logged)
+        data = varint(8) + varint(i) + field(2, items + field(2, varint(8) + varint(i)))
+        first = True
+        while True:
+            left = 32768 - len(out) % 32768
+            if left < 7:
+                out += bytes(left)
+                continue
+            chunk, data = data[:left - 7], data[left - 7:]
+            kind = (1 if not data else 2) if first else (4 if not data else 3)
+            out += struct.pack("<IHB", zlib.crc32(chunk, zlib.crc32(bytes([kind]))), len(chunk), kind) + chunk
+            first = False
+            if not data:
+                break
+    with open(path, "wb") as f:
+        f.write(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a tenth of the sizes")
@@ -454,6 +519,17 @@ def main() -> None:
         t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", csv_log, "--format", "value"], 1)
         rows.append(("suggest-threshold on a 10^6-row CSV log", f"{t_sug:.2f} s", "target ~1 s", "-"))
         print(f"suggest 1e6 CSV: {t_sug:.2f}s")
+        t_jsonl = rows[-2][1]
+        for what, make, path in (
+                ("an MLflow file-store run of 10^6 points", lambda p: write_mlflow_run(p, norms), tmp),
+                ("an MLflow mlflow.db of 10^6 points", lambda p: write_mlflow_db(p, norms),
+                 os.path.join(tmp, "mlflow.db")),
+                ("a W&B run log of 10^5 points", lambda p: write_wandb_log(p, norms[:100_000]),
+                 os.path.join(tmp, "run-bench.wandb"))):
+            target = make(path) or path
+            t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", target, "--format", "value"], 1)
+            rows.append((f"suggest-threshold on {what}", f"{t_sug:.2f} s", f"{t_jsonl} (10^6-line JSONL)", "-"))
+            print(f"suggest {what}: {t_sug:.2f}s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
