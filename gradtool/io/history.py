@@ -130,13 +130,11 @@ def _directory_doubts(directory: str, files: Sequence[str], steps: Sequence[str]
 def _logs_hint(directory: str) -> str:
     """"; it holds training logs (...): suggest-threshold reads them" when ``directory`` is what
     ``suggest-threshold`` reads as a log (a Trainer's output, TensorBoard, MLflow or W&B runs); else ""."""
-    import glob
-
+    from .logs import tensorboard_runs, trainer_state_files
     from .mlflow_store import file_store_runs
     from .wandb_log import is_run_store
 
-    if os.path.exists(os.path.join(directory, "trainer_state.json")) or glob.glob(
-            os.path.join(glob.escape(directory), "checkpoint-*", "trainer_state.json")):
+    if trainer_state_files(directory):
         what = "trainer_state.json"
     elif is_run_store(directory):
         what = "W&B runs"
@@ -144,20 +142,11 @@ def _logs_hint(directory: str) -> str:
         what = "MLflow's mlflow.db"
     elif file_store_runs(directory):
         what = "MLflow runs"
-    elif any("tfevents" in n for _, _, names in _walk(directory, 3) for n in names):
+    elif tensorboard_runs(directory):
         what = "TensorBoard event files"
     else:
         return ""
     return f"; it holds training logs ({what}): suggest-threshold reads them"
-
-
-def _walk(directory: str, depth: int) -> Iterator[tuple[str, list[str], list[str]]]:
-    """``os.walk`` of ``directory``, ``depth`` levels down at most."""
-    top = directory.rstrip(os.sep).count(os.sep)
-    for d, subdirs, names in os.walk(directory):
-        if d.count(os.sep) - top >= depth:
-            subdirs.clear()
-        yield d, subdirs, names
 
 
 def _step_dirs(directory: str) -> list[str]:

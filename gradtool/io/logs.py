@@ -411,11 +411,7 @@ def read_trainer_state(path: str, key: str | None = None) -> NormHistory:
 def read_run_directory(path: str, key: str | None = None, run: str | None = None) -> NormHistory:
     """A run directory: trainer_state.json files of its checkpoints (and itself), merged by step; else
     the TensorBoard, MLflow or W&B runs under it, one of them (``run`` chooses among several)."""
-    files = sorted(glob.glob(os.path.join(path, "checkpoint-*", "trainer_state.json")),
-                   key=lambda p: int(re.findall(r"checkpoint-(\d+)", p)[-1]) if re.findall(r"checkpoint-(\d+)", p) else 0)
-    top = os.path.join(path, "trainer_state.json")
-    if os.path.exists(top):
-        files.append(top)
+    files = trainer_state_files(path)
     if not files:
         return _read_store_of_runs(path, key, run)
     records: list[dict[str, Any]] = []
@@ -461,19 +457,22 @@ def _newest_mtime(d: str) -> float | None:
     return max(times) if times else None
 
 
+def trainer_state_files(path: str) -> list[str]:
+    """The Hugging Face Trainer's ``trainer_state.json`` files in its output directory ``path``: each
+    ``checkpoint-N/``'s in step order, then the final one beside them."""
+    files = sorted(glob.glob(os.path.join(glob.escape(path), "checkpoint-*", "trainer_state.json")),
+                   key=lambda p: int(re.findall(r"checkpoint-(\d+)", p)[-1]) if re.findall(r"checkpoint-(\d+)", p) else 0)
+    top = os.path.join(path, "trainer_state.json")
+    return files + [top] if os.path.exists(top) else files
+
+
 def tensorboard_runs(path: str, depth: int = 3) -> list[str]:
     """The directories under ``path`` (itself included, ``depth`` levels down) that hold TensorBoard event
     files: one per run (a resumed run adds event files to its directory). The Hugging Face Trainer writes
     ``runs/<date_host>/``, Lightning ``lightning_logs/version_N/``."""
-    runs = []
-    top = path.rstrip(os.sep).count(os.sep)
-    for d, subdirs, names in os.walk(path):
-        if d.count(os.sep) - top >= depth:
-            subdirs.clear()
-        subdirs.sort()
-        if any("tfevents" in n for n in names):
-            runs.append(d)
-    return sorted(runs)
+    from .runs import walk
+
+    return sorted(d for d, _, names in walk(path, depth) if any("tfevents" in n for n in names))
 
 
 def _decode_array(text: str) -> list[Any]:

@@ -3,8 +3,9 @@ TensorBoard runs): by ``--run NAME``, ``--run ID`` (or a unique prefix of it) or
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import UsageError, listed
@@ -30,6 +31,17 @@ class Run:
         if self.started is not None:
             extra.append(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.started)))
         return repr(self.name) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def walk(path: str, depth: int) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk`` of ``path`` (symbolic links to directories not followed), ``depth`` levels down at most,
+    subdirectories in name order: where run directories are looked for."""
+    top = os.path.normpath(path).count(os.sep)
+    for d, subdirs, names in os.walk(path):
+        if os.path.normpath(d).count(os.sep) - top >= depth:
+            subdirs.clear()
+        subdirs.sort()
+        yield d, subdirs, names
 
 
 def newest_first(runs: Sequence[Run]) -> list[Run]:

@@ -259,13 +259,10 @@ def wandb_runs(path: str, depth: int = 2) -> list[Run]:
     import calendar
     import time
 
+    from .runs import walk
+
     found: dict[str, list[tuple[float, Run]]] = {}  # run ID -> its logs (a resumed run has several)
-    top = os.path.normpath(path)
-    base = top.count(os.sep)
-    for d, subdirs, names in os.walk(top):
-        if d.count(os.sep) - base >= depth:
-            subdirs.clear()
-        subdirs[:] = sorted(s for s in subdirs if not os.path.islink(os.path.join(d, s)))
+    for d, _, names in walk(os.path.normpath(path), depth):  # links (latest-run) are not followed
         logs = sorted(n for n in names if n.startswith("run-") and n.endswith(".wandb"))
         if not logs:
             continue
