@@ -460,8 +460,11 @@ def _newest_mtime(d: str) -> float | None:
 def trainer_state_files(path: str) -> list[str]:
     """The Hugging Face Trainer's ``trainer_state.json`` files in its output directory ``path``: each
     ``checkpoint-N/``'s in step order, then the final one beside them."""
-    files = sorted(glob.glob(os.path.join(glob.escape(path), "checkpoint-*", "trainer_state.json")),
-                   key=lambda p: int(re.findall(r"checkpoint-(\d+)", p)[-1]) if re.findall(r"checkpoint-(\d+)", p) else 0)
+    def step(p: str) -> int:
+        found = re.findall(r"checkpoint-(\d+)", p)
+        return int(found[-1]) if found else 0
+
+    files = sorted(glob.glob(os.path.join(glob.escape(path), "checkpoint-*", "trainer_state.json")), key=step)
     top = os.path.join(path, "trainer_state.json")
     return files + [top] if os.path.exists(top) else files
 
