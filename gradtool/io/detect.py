@@ -16,6 +16,8 @@ EXTENSIONS = {
 }
 FORMAT_EXTENSION = {"npz": ".npz", "npy": ".npy", "hdf5": ".h5", "safetensors": ".safetensors"}
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+SQLITE_MAGIC = b"SQLite format 3\x00"  # mlflow.db: a training log, never a dump
+WANDB_MAGIC = b":W&B" + struct.pack("<H", 0xBEE1)  # a W&B run log (then a version byte)
 
 
 def sniff(head: bytes) -> str | None:
@@ -116,9 +118,9 @@ def not_a_dump(head: bytes, name: str) -> str:
         return f"is a Python pickle; {NEVER_PICKLES}"
     if (comp := compression(head)) is not None:
         return f"is {comp}-compressed; {decompress_first(comp, name)}"
-    if head.startswith(b":W&B\xe1\xbe"):
+    if head.startswith(WANDB_MAGIC):
         return "is a W&B run log (suggest-threshold reads the gradient norms it logged)"
-    if head.startswith(b"SQLite format 3\x00"):
+    if head.startswith(SQLITE_MAGIC):
         return ("is an SQLite database (an MLflow tracking store? suggest-threshold reads the gradient norms "
                 "its runs logged)")
     ext = format_from_extension(name)

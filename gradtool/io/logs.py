@@ -848,7 +848,7 @@ def read_norm_log(path: str, key: str | None = None, *, source: str | None = Non
 
 def _read_norm_log(path: str, key: str | None, source: str, run: str | None = None) -> NormHistory:
     from . import mlflow_store
-    from .detect import head_of
+    from .detect import SQLITE_MAGIC, head_of
 
     if os.path.isdir(path):
         return read_run_directory(path, key, run)
@@ -856,7 +856,7 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
     if "tfevents" in base:
         return read_tensorboard(path, key)
     head = head_of(path)
-    if head.startswith(mlflow_store.SQLITE_MAGIC):  # mlflow.db, MLflow's default store
+    if head.startswith(SQLITE_MAGIC):  # mlflow.db, MLflow's default store
         return mlflow_store.read_sqlite_store(path, key, run, source)
     from . import wandb_log
 

@@ -16,7 +16,6 @@ from typing import Any
 from ..errors import InputError, UsageError, listed
 from .runs import Run, choose_run
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
 DBL_MAX = 1.7976931348623157e308  # MLflow's SQL store writes +-Inf as +-DBL_MAX (SQL has no infinity)
 _METRIC_LINE = re.compile(r"\d{12,14} \S+(?: -?\d+)?")  # "<ms timestamp> <value> [<step>]"
 _META_FIELD = re.compile(r"^(\w+):\s*(.*?)\s*$", re.MULTILINE)

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InputError
+from .detect import WANDB_MAGIC
 from .runs import Run, choose_run
 
-MAGIC = b":W&B" + struct.pack("<H", 0xBEE1)  # then a version byte
 BLOCK = 32768
 _HEADER = 7  # of the file, and of each record
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
@@ -33,7 +33,7 @@ _RUN_DIR = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-(\w+)$")
 
 
 def is_wandb_log(head: bytes) -> bool:
-    return head.startswith(MAGIC)
+    return head.startswith(WANDB_MAGIC)
 
 
 def log_records(path: str, source: str) -> Iterator[bytes]:
