@@ -178,40 +178,15 @@ def write_mlflow_db(path: str, norms: np.ndarray) -> None:
 
 
 def write_wandb_log(path: str, norms: np.ndarray) -> None:
-    """A W&B run log of one history record per value (grad_norm, loss, global step), as wandb frames it."""
-    import struct
-    import zlib
+    """A W&B run log of one history record per value (grad_norm, loss, global step), written by the
+    tests' encoder (tests/wandb_encoder.py: wandb's framing and protobuf wire format)."""
+    import pathlib
 
-    def varint(n: int) -> bytes:
-        out = bytearray()
-        while True:
-            b, n = n & 0x7F, n >> 7
-            out.append(b | (0x80 if n else 0))
-            if not n:
-                return bytes(out)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    from tests.wandb_encoder import history, write_log
 
-    def field(no: int, payload: bytes) -> bytes:
-        return varint(no << 3 | 2) + varint(len(payload)) + payload
-
-    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
-    for i, v in enumerate(norms):
-        logged = ((b"train/grad_norm", float(v)), (b"train/loss", 2.0), (b"train/global_step", i))
-        items = b"".join(field(1, field(1, k) + field(16, repr(x).encode())) for k, x in logged)
-        data = varint(8) + varint(i) + field(2, items + field(2, varint(8) + varint(i)))
-        first = True
-        while True:
-            left = 32768 - len(out) % 32768
-            if left < 7:
-                out += bytes(left)
-                continue
-            chunk, data = data[:left - 7], data[left - 7:]
-            kind = (1 if not data else 2) if first else (4 if not data else 3)
-            out += struct.pack("<IHB", zlib.crc32(chunk, zlib.crc32(bytes([kind]))), len(chunk), kind) + chunk
-            first = False
-            if not data:
-                break
-    with open(path, "wb") as f:
-        f.write(out)
+    write_log(pathlib.Path(path), [history(i, i, {"train/grad_norm": float(v), "train/loss": 2.0,
+                                                  "train/global_step": i}) for i, v in enumerate(norms)])
 
 
 def main() -> None:
