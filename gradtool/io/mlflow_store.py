@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import InputError, UsageError, listed
@@ -176,8 +177,6 @@ def read_sqlite_store(path: str, key: str | None = None, run: str | None = None,
 def _read_sqlite(con: Any, key: str | None, run: str | None, source: str) -> Any:
     import numpy as np
 
-    from .logs import LOSS_KEYS, LR_KEYS, _find_key, _with_others
-
     tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if not {"metrics", "runs"} <= tables:
         raise InputError(f"{source}: an SQLite database, but not an MLflow tracking store (no metrics and "
@@ -193,11 +192,8 @@ def _read_sqlite(con: Any, key: str | None, run: str | None, source: str) -> Any
         if keys:
             break
     chosen = _choose(runs, keys, key, run, source)
-    run_keys = keys.get(chosen.where, [])
-    nkey = _norm_key(run_keys, key, source, chosen)
-    wanted = [k for k in (nkey, _find_key(run_keys, LOSS_KEYS), _find_key(run_keys, LR_KEYS)) if k]
-    series: dict[str, Series] = {}
-    for k in dict.fromkeys(wanted):
+
+    def fetch(k: str) -> Series:
         rows = con.execute("SELECT step, timestamp, value, is_nan FROM metrics "
                            "WHERE run_uuid = ? AND key = ?", (chosen.where, k)).fetchall()
         try:
@@ -209,10 +205,21 @@ def _read_sqlite(con: Any, key: str | None, run: str | None, source: str) -> Any
                              "timestamp that is not a number")
         values = np.where(cols[:, 3] != 0, np.nan, cols[:, 2])
         values[np.abs(values) == DBL_MAX] *= np.inf  # +-DBL_MAX stood for +-Inf
-        series[k] = (cols[:, 0].astype(np.int64), cols[:, 1].astype(np.int64), values)
-    hist = history_of_run(series, nkey, _find_key(run_keys, LOSS_KEYS), _find_key(run_keys, LR_KEYS), source,
-                          chosen)
-    return _with_others(hist, run_keys, key)
+        return cols[:, 0].astype(np.int64), cols[:, 1].astype(np.int64), values
+
+    return _run_history(chosen, keys.get(chosen.where, []), key, source, fetch)
+
+
+def _run_history(chosen: Run, keys: list[str], key: str | None, source: str,
+                 fetch: Callable[[str], Series]) -> Any:
+    """The history of run ``chosen`` whose metrics are ``keys``: its norm metric (``key``, or found), loss
+    and learning rate, each read by ``fetch(metric)``."""
+    from .logs import LOSS_KEYS, LR_KEYS, _find_key, _with_others
+
+    nkey = _norm_key(keys, key, source, chosen)
+    lkey, rkey = _find_key(keys, LOSS_KEYS), _find_key(keys, LR_KEYS)
+    series = {k: fetch(k) for k in dict.fromkeys((nkey, lkey, rkey)) if k}
+    return _with_others(history_of_run(series, nkey, lkey, rkey, source, chosen), keys, key)
 
 
 # ---- the file store --------------------------------------------------------------------------------------
@@ -299,13 +306,10 @@ def read_file_store(path: str, key: str | None = None, run: str | None = None,
 
 
 def _read_file_run(chosen: Run, files: dict[str, str], key: str | None, source: str) -> Any:
-    from .logs import LOSS_KEYS, LR_KEYS, _find_key, _read_text, _with_others
+    from .logs import _read_text
 
-    nkey = _norm_key(list(files), key, source, chosen)
-    lkey, rkey = _find_key(files, LOSS_KEYS), _find_key(files, LR_KEYS)
-    series = {k: parse_metric_lines(_read_text(files[k]), files[k])
-              for k in dict.fromkeys((nkey, lkey, rkey)) if k}
-    return _with_others(history_of_run(series, nkey, lkey, rkey, source, chosen), files, key)
+    return _run_history(chosen, list(files), key, source,
+                        lambda k: parse_metric_lines(_read_text(files[k]), files[k]))
 
 
 def read_metric_file(path: str, text: str, key: str | None = None, source: str | None = None) -> Any:
