@@ -228,10 +228,18 @@ def _is_run_dir(d: str) -> bool:
     return os.path.isfile(os.path.join(d, "meta.yaml")) and os.path.isdir(os.path.join(d, "metrics"))
 
 
+def _run_dir_of(path: str) -> str | None:
+    """The MLflow file-store run directory ``path`` is, or whose ``metrics`` it is; else None."""
+    path = os.path.normpath(path)
+    if _is_run_dir(path):
+        return path
+    parent = os.path.dirname(path)
+    return parent if os.path.basename(path) == "metrics" and _is_run_dir(parent) else None
+
+
 def is_run_directory(path: str) -> bool:
     """True when ``path`` is an MLflow file-store run (``meta.yaml`` and ``metrics/``) or its ``metrics``."""
-    path = os.path.normpath(path)
-    return _is_run_dir(path) or (os.path.basename(path) == "metrics" and _is_run_dir(os.path.dirname(path)))
+    return _run_dir_of(path) is not None
 
 
 def _file_run(d: str) -> Run | None:
@@ -260,10 +268,7 @@ def file_store_runs(path: str, depth: int = 3) -> list[Run]:
     """The runs of an MLflow file store at ``path``: ``path`` itself when it is a run directory (or its
     ``metrics`` directory), else the run directories up to ``depth`` levels down (``[project/]mlruns/
     <experiment>/<run>``), deleted runs and hidden directories (``.trash``) left out."""
-    path = os.path.normpath(path)
-    parent = os.path.dirname(path)
-    if os.path.basename(path) == "metrics" and _is_run_dir(parent):
-        path = parent
+    path = _run_dir_of(path) or os.path.normpath(path)
     found: list[str] = []
 
     def visit(d: str, level: int) -> None:
