@@ -647,3 +647,20 @@ def test_a_one_column_csv_with_a_line_of_blanks(tmp_path, run, text):
     else:
         r = run("suggest-threshold", str(p))
         assert r.exit_code == 1 and r.stderr == f"gradtool: error: {p}: no gradient-norm values found\n"
+
+
+@pytest.mark.parametrize("step_key", ["train/global_step", "trainer/global_step"])
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_training_step_is_preferred_to_wandbs_log_counter(tmp_path, step_key, fmt):
+    # A W&B history (run.history() / scan_history() saved to a file) has W&B's own counter `_step`, which
+    # goes up by one per log call, next to the trainer's step (Hugging Face: train/global_step, Lightning:
+    # trainer/global_step). The trainer's step is the step: it is what `.wandb` logs are read by, and only
+    # it shows the logging interval (here 50: a warning that spikes between samples go unseen).
+    rows = [{"_step": i, step_key: 50 * (i + 1), "train/grad_norm": 1.0 + i % 3, "train/loss": 2.0} for i in range(6)]
+    p = tmp_path / f"history.{fmt}"
+    if fmt == "csv":
+        p.write_text(",".join(rows[0]) + "\n" + "".join(",".join(str(v) for v in r.values()) + "\n" for r in rows))
+    else:
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    h = read_norm_log(str(p))
+    assert h.steps == [50 * (i + 1) for i in range(6)]
