@@ -30,8 +30,10 @@ NORM_KEYS = ("grad_norm", "gnorm", "grad_2.0_norm_total", "grad-norm", "total_no
 # The trainer's step before W&B's `_step`, which counts log calls (a W&B history saved to a file has both)
 STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "iteration", "iter", "num_updates",
              "steps", "_step")
-LOSS_KEYS = ("loss", "train_loss", "train/loss", "lm loss", "lm_loss", "training_loss", "train_loss_step")
-LR_KEYS = ("learning_rate", "lr", "train/learning_rate", "learning rate", "lr-adam", "lr-adamw", "lr-sgd")
+LOSS_KEYS = ("loss", "train_loss", "train/loss", "lm loss", "lm_loss", "training_loss", "train_loss_step",
+             "train/ce loss", "train/crossentropyloss")  # OLMo-core, OLMo
+LR_KEYS = ("learning_rate", "lr", "train/learning_rate", "learning rate", "lr-adam", "lr-adamw", "lr-sgd",
+           "optim/lr (group 0)", "optim/learning_rate_group0")  # OLMo-core, OLMo
 MAX_LOG_BYTES = 2 << 30
 
 
@@ -162,10 +164,10 @@ def _find_key(keys: Iterable[str], wanted: Sequence[str], explicit: str | None =
 
 
 def _looks_like_norm_key(key: str) -> bool:
-    """e.g. "train/grad_norm_global", "run-a - train/grad_norm"; not "grad_norm_clipped" nor a per-layer
-    "grad_norm/layer.0"."""
+    """e.g. "train/grad_norm_global", "run-a - train/grad_norm", "optim/total grad norm" (OLMo-core); not
+    "grad_norm_clipped" nor a per-layer "grad_norm/layer.0"."""
     low = key.lower()
-    return (("grad_norm" in low or "gnorm" in low or "grad-norm" in low) and "clip" not in low
+    return (any(n in low for n in ("grad_norm", "gnorm", "grad-norm", "grad norm")) and "clip" not in low
             and "/" not in low[:-1].split("grad")[-1])
 
 
@@ -718,35 +720,71 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
     return None if result is None else (result, nkey)
 
 
-_TEXT_NORM = re.compile(r"(?:grad[ _-]?norm|gnorm|total_norm)\s*[:=]?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf(?:inity)?))",
+_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # 1,234 at the end of a value
+_TEXT_NORM = re.compile(rf"(?:grad[ _-]?norm|gnorm|total_norm)\s*[:=]?\s*({_NUMBER}|nan|inf(?:inity)?)",
                         re.IGNORECASE)
 _TEXT_STEP = re.compile(r"(?:iteration|step|global_step|num_updates)\s*[:=]?\s*(\d+)", re.IGNORECASE)
-_TEXT_LOSS = re.compile(r"(?:lm loss|loss)\s*[:=]?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))", re.IGNORECASE)
-_TEXT_LR = re.compile(r"(?:learning rate|lr)\s*[:=]?\s*([-+]?\d+\.?\d*(?:[eE][-+]?\d+)?)", re.IGNORECASE)
+_TEXT_LOSS = re.compile(rf"(?:lm loss|loss)\s*[:=]?\s*({_NUMBER}|nan|inf)", re.IGNORECASE)
+_TEXT_LR = re.compile(rf"(?:learning rate|lr)(?:\s*\([^()]*\))?\s*[:=]?\s*({_NUMBER})", re.IGNORECASE)
 
 
 def read_text_log(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
     """Megatron-style lines: ``iteration 100/ 1000 | ... | lm loss: 2.3 | grad norm: 1.234 | ...``; also
-    torchtitan's ``step: 10  loss: 8.1  grad_norm: 1.2`` (terminal colour codes are dropped first)."""
+    torchtitan's ``step: 10  loss: 8.1  grad_norm: 1.2`` (terminal colour codes are dropped first), and
+    blocks of one metric per line under a step line, OLMo's console::
+
+        [step=100/3000,epoch=0]
+            train/CE loss=3.21
+            optim/total grad norm=0.4212
+
+    A norm line without a step of its own takes the step line before it (once: a second norm under one
+    step line, or one with no step line, makes every step the lines' order, and the history says so)."""
     text = _read_text(path) if text is None else text
     if "\x1b" in text:
         text = _ANSI.sub("", text)
-    records = []
+    records: list[dict[str, Any]] = []
+    block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
     for line in text.splitlines():
         m = _TEXT_NORM.search(line)
-        if not m:
+        s = _TEXT_STEP.search(line)
+        if m is None:
+            if s is not None:
+                block = {"step": s.group(1)}
+            elif block is not None:
+                _text_loss_and_lr(block, line)
             continue
-        r: dict[str, Any] = {"grad_norm": m.group(1)}
-        if (s := _TEXT_STEP.search(line)):
-            r["step"] = s.group(1)
-        if (lo := _TEXT_LOSS.search(line.replace(m.group(0), ""))):
-            r["loss"] = lo.group(1)
-        if (lr := _TEXT_LR.search(line)):
-            r["learning_rate"] = lr.group(1)
+        if s is not None:  # a record on one line
+            r: dict[str, Any] = {"step": s.group(1)}
+            block = None
+        elif block is not None and "grad_norm" not in block:
+            r = block
+        else:
+            r, block = {}, None
+        r["grad_norm"] = m.group(1).replace(",", "")
+        _text_loss_and_lr(r, line.replace(m.group(0), ""))
         records.append(r)
     if not records:
         raise InputError(f"{path}: no 'grad norm: X' values found in this text log")
-    return from_records(records, path, "text", "grad_norm")
+    with_step = sum("step" in r for r in records)
+    if 0 < with_step < len(records):
+        for r in records:
+            r.pop("step", None)
+    hist = from_records(records, path, "text", "grad_norm")
+    if with_step < len(records):
+        hist.line_order = True
+        hist.notes.append(f"{path}: {len(records) - with_step} of {len(records)} gradient-norm lines have "
+                          "no step number: steps are the order of those lines (0, 1, 2, ...), not training "
+                          "steps")
+    return hist
+
+
+def _text_loss_and_lr(record: dict[str, Any], line: str) -> None:
+    """The loss and learning rate on ``line`` into ``record``, unless it has them (the first one counts:
+    OLMo prints its cross-entropy loss before its Z loss)."""
+    if "loss" not in record and (lo := _TEXT_LOSS.search(line)):
+        record["loss"] = lo.group(1).replace(",", "")
+    if "learning_rate" not in record and (lr := _TEXT_LR.search(line)):
+        record["learning_rate"] = lr.group(1).replace(",", "")
 
 
 _DICT_TAIL = re.compile(r"\{[^{}]*\}\s*$")  # a line that ends in a flat {...} of metrics

@@ -664,3 +664,53 @@ def test_training_step_is_preferred_to_wandbs_log_counter(tmp_path, step_key, fm
         p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     h = read_norm_log(str(p))
     assert h.steps == [50 * (i + 1) for i in range(6)]
+
+
+def _olmo_float(v):  # olmo_core.utils.format_float, how OLMo prints metrics to the console
+    return (f"{v:.2E}" if v < 0.0001 else f"{int(v):,d}" if v > 1000 else f"{v:.1f}" if v > 100
+            else f"{v:.2f}" if v > 10 else f"{v:.3f}" if v > 1 else f"{v:.4f}")
+
+
+def test_console_blocks_take_the_step_of_their_marker_line(tmp_path):
+    # OLMo-core's console: a "[step=N/M,...]" line, then one indented metric per line; the norm line has
+    # no step of its own. Read by the lines' order these were steps 0, 1, 2, ... (interval 1, no warning)
+    steps, norms = [1, 10, 20, 30], [0.4212, 1234.0, 0.00005, 0.39]
+    lines = []
+    for s, g in zip(steps, norms, strict=True):
+        lines.append(f"2025-03-01 10:00:00.123\tnode0:0\tolmo_core.train.callbacks.console_logger:78\tINFO\t"
+                     f"[step={s}/3000,epoch=0,eta=1h2m]")
+        lines += [f"    train/CE loss={_olmo_float(3.0 - s / 100)}", "    train/PPL=20.10",
+                  f"    optim/total grad norm={_olmo_float(g)}", "    optim/step skipped=0.0000",
+                  f"    optim/LR (group 0)={_olmo_float(4e-4 * s / 30)}", "    throughput/device/TPS=12,345"]
+    p = tmp_path / "train.log"
+    p.write_text("\n".join(lines) + "\n")
+    h = read_norm_log(str(p))
+    assert h.steps == steps and not h.line_order
+    assert h.norms == pytest.approx([0.4212, 1234.0, 0.00005, 0.39])  # "1,234" is 1234, not 1
+    assert h.loss == pytest.approx([2.99, 2.9, 2.8, 2.7])
+    assert h.lr == pytest.approx([float(_olmo_float(4e-4 * s / 30)) for s in steps])
+
+
+def test_text_log_without_steps_says_its_steps_are_line_order(tmp_path):
+    # one step number near the top ("resuming from step 5000") is no step of the norm lines after it
+    p = tmp_path / "train.log"
+    p.write_text("resuming from step 5000\n" + "".join(f"grad norm: {1 + i / 10}\n" for i in range(5)))
+    h = read_norm_log(str(p))
+    assert h.steps == [0, 1, 2, 3, 4] and h.norms[-1] == 1.4
+    assert h.line_order and any("order" in n for n in h.notes)
+    p.write_text("grad norm: 1.0\ngrad norm: 2.0 step 7\n")  # some with a step, some without
+    h = read_norm_log(str(p))
+    assert h.steps == [0, 1] and h.line_order
+
+
+@pytest.mark.parametrize(("norm", "loss", "lr"), [
+    ("optim/total grad norm", "train/CE loss", "optim/LR (group 0)"),  # OLMo-core (W&B, Comet)
+    ("optim/total_grad_norm", "train/CrossEntropyLoss", "optim/learning_rate_group0"),  # OLMo
+])
+def test_olmo_metric_names_are_found_without_key(tmp_path, norm, loss, lr):
+    p = tmp_path / "history.jsonl"
+    p.write_text("".join(json.dumps({"_step": i, norm: 1.0 + i, loss: 3.0 - i, lr: 1e-4 * i, "train/PPL": 20})
+                         + "\n" for i in range(3)))
+    h = read_norm_log(str(p))
+    assert h.key == norm and h.norms == [1.0, 2.0, 3.0] and h.loss == [3.0, 2.0, 1.0]
+    assert h.lr == [0.0, 1e-4, 2e-4]
