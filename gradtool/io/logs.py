@@ -163,16 +163,45 @@ def _find_key(keys: Iterable[str], wanted: Sequence[str], explicit: str | None =
     return None
 
 
+def _clip_words(name: str) -> str:
+    """"before" for a gradient-norm name that says it is taken before clipping ("raw_grad_norm",
+    "grad_norm_before_clip", "unclipped grad norm", "grad_norm/pre_clip"), "after" for one that names
+    clipping otherwise ("grad_norm_clipped", "clipped grad norm"), "" for neither."""
+    words = re.split(r"[^a-z0-9]+", name.lower())
+    if "raw" in words or "unclipped" in words or "preclip" in words or any(
+            w in ("pre", "before") and nxt.startswith("clip") for w, nxt in zip(words, words[1:])):
+        return "before"
+    return "after" if "clip" in name.lower() else ""
+
+
+def _find_loss_key(keys: Iterable[str]) -> str | None:
+    """The first of LOSS_KEYS, else the first training key whose last part is "loss" ("learning/loss",
+    MaxText's; not "eval/loss")."""
+    keys = list(keys)
+    return _find_key(keys, LOSS_KEYS) or next(
+        (k for k in keys if k.lower().rsplit("/", 1)[-1] == "loss"
+         and not k.lower().startswith(("eval", "val", "test"))), None)
+
+
 def _looks_like_norm_key(key: str) -> bool:
-    """e.g. "train/grad_norm_global", "run-a - train/grad_norm", "optim/total grad norm" (OLMo-core); not
-    "grad_norm_clipped" nor a per-layer "grad_norm/layer.0"."""
+    """e.g. "train/grad_norm_global", "run-a - train/grad_norm", "optim/total grad norm" (OLMo-core),
+    "learning/raw_grad_norm" (MaxText, before clipping); not "grad_norm_clipped" nor a per-layer
+    "grad_norm/layer.0"."""
     low = key.lower()
-    return (any(n in low for n in ("grad_norm", "gnorm", "grad-norm", "grad norm")) and "clip" not in low
-            and "/" not in low[:-1].split("grad")[-1])
+    return (any(n in low for n in ("grad_norm", "gnorm", "grad-norm", "grad norm"))
+            and _clip_words(low) != "after"
+            and "/" not in re.sub(r"/(?:pre|before)[_-]?clip\w*$", "", low)[:-1].split("grad")[-1])
 
 
 def _find_norm_key(keys: Iterable[str], explicit: str | None) -> str | None:
+    """``explicit`` if it is one of ``keys``; else the first gradient-norm key named as taken before
+    clipping (MaxText logs learning/grad_norm after clipping, never above the threshold, and
+    learning/raw_grad_norm before it), else the first of NORM_KEYS, else the first that looks like one."""
     keys = list(keys)
+    if not explicit:
+        before = next((c for c in keys if _looks_like_norm_key(c) and _clip_words(c) == "before"), None)
+        if before is not None:
+            return before
     k = _find_key(keys, NORM_KEYS, explicit)
     if k or explicit:
         return k
@@ -182,7 +211,10 @@ def _find_norm_key(keys: Iterable[str], explicit: str | None) -> str | None:
 def other_norm_keys(keys: Iterable[str], chosen: str) -> list[str]:
     """The keys besides ``chosen`` that hold a gradient norm too: a W&B export of several runs has one
     column per run ("run-a - train/grad_norm", "run-b - train/grad_norm"; its ``__MIN``/``__MAX``
-    columns are the same run's), and the first is taken unless ``--key`` says otherwise."""
+    columns are the same run's), and the first is taken unless ``--key`` says otherwise. Beside a norm
+    taken before clipping, the others are the same run's after it (see :func:`_with_others`)."""
+    if _clip_words(chosen) == "before":
+        return []
     return [k for k in keys if k != chosen and not k.endswith(("__MIN", "__MAX"))
             and (k.lower() in NORM_KEYS or _looks_like_norm_key(k))]
 
@@ -200,7 +232,7 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
             raise UsageError(f"{source}: no column/key named {key!r}; keys found: {', '.join(list(all_keys)[:20])}")
         raise InputError(f"{source}: found no gradient-norm key (tried {', '.join(NORM_KEYS)}); name it with --key")
     skey = _find_key(all_keys, STEP_KEYS)
-    lkey = _find_key(all_keys, LOSS_KEYS)
+    lkey = _find_loss_key(all_keys)
     rkey = _find_key(all_keys, LR_KEYS)
     fast = _vectorised(rows, nkey, skey, lkey, rkey)
     if fast is not None:
@@ -227,9 +259,17 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
 
 
 def _with_others(hist: NormHistory, keys: Iterable[str], explicit: str | None) -> NormHistory:
-    """``hist`` with ``other_keys`` set when its norm key was found automatically."""
+    """``hist`` with ``other_keys`` set when its norm key was found automatically, and a note when it was
+    chosen as the norm before clipping over others."""
     if not explicit:
         hist.other_keys = other_norm_keys(keys, hist.key)
+        if _clip_words(hist.key) == "before":
+            after = [k for k in keys if k != hist.key and (k.lower() in NORM_KEYS or _looks_like_norm_key(k))
+                     and not k.endswith(("__MIN", "__MAX"))]
+            if after:
+                hist.notes.append(f"{hist.source}: the norm before clipping, {hist.key!r}, was taken over "
+                                  f"{listed(after, 3, repr)} (then the norm after clipping, never above the "
+                                  "threshold in use); --key chooses another")
     return hist
 
 
@@ -539,7 +579,7 @@ def _msgspec_typed(text: str, path: str, key: str | None) -> NormHistory | None:
     nkey = _find_norm_key(keys, key)
     if nkey is None:
         return None
-    skey, lkey, rkey = _find_key(keys, STEP_KEYS), _find_key(keys, LOSS_KEYS), _find_key(keys, LR_KEYS)
+    skey, lkey, rkey = _find_key(keys, STEP_KEYS), _find_loss_key(keys), _find_key(keys, LR_KEYS)
     kinds = {nkey: (float,), skey: (int,), lkey: (float | None, None), rkey: (float | None, None)}
     fields = [(f"f{i}", *kinds.get(k, (msgspec.Raw, msgspec.UNSET))) for i, k in enumerate(keys)]
     try:
@@ -571,7 +611,9 @@ def _msgspec_typed(text: str, path: str, key: str | None) -> NormHistory | None:
 
     fast = _columns(column(skey, np.int64), column(nkey, np.float64), column(lkey), column(rkey),
                     types_known=True, lists=False)
-    return None if fast is None else NormHistory(*fast[:4], path, nkey, "jsonl", fast[4])
+    if fast is None:
+        return None
+    return _with_others(NormHistory(*fast[:4], path, nkey, "jsonl", fast[4]), keys, key)
 
 
 def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
@@ -691,7 +733,7 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
     nkey = _find_norm_key(header, key)
     if nkey is None:
         return None
-    keys = [_find_key(header, STEP_KEYS), nkey, _find_key(header, LOSS_KEYS), _find_key(header, LR_KEYS)]
+    keys = [_find_key(header, STEP_KEYS), nkey, _find_loss_key(header), _find_key(header, LR_KEYS)]
     wanted = [header.index(k) for k in keys if k is not None]
     import warnings
 
@@ -723,6 +765,9 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # 1,234 at the end of a value
 _TEXT_NORM = re.compile(rf"(?:grad[ _-]?norm|gnorm|total_norm)\s*[:=]?\s*({_NUMBER}|nan|inf(?:inity)?)",
                         re.IGNORECASE)
+_TEXT_NORM_NAMED = re.compile(  # the same with up to two words before and after the name: see _text_norm
+    rf"((?:[a-z]+[ _-]){{0,2}})(?:grad[ _-]?norm|gnorm|total_norm)((?:[ _-][a-z]+){{0,2}})"
+    rf"\s*[:=]?\s*({_NUMBER}|nan|inf(?:inity)?)", re.IGNORECASE)
 _TEXT_STEP = re.compile(r"(?:iteration|step|global_step|num_updates)\s*[:=]?\s*(\d+)", re.IGNORECASE)
 _TEXT_LOSS = re.compile(rf"(?:lm loss|loss)\s*[:=]?\s*({_NUMBER}|nan|inf)", re.IGNORECASE)
 _TEXT_LR = re.compile(rf"(?:learning rate|lr)(?:\s*\([^()]*\))?\s*[:=]?\s*({_NUMBER})", re.IGNORECASE)
@@ -745,22 +790,22 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
     records: list[dict[str, Any]] = []
     block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
     for line in text.splitlines():
-        m = _TEXT_NORM.search(line)
+        m = _text_norm(line)
         s = _TEXT_STEP.search(line)
         if m is None:
             if s is not None:
-                block = {"step": s.group(1)}
+                block = {"step": int(s.group(1))}
             elif block is not None:
                 _text_loss_and_lr(block, line)
             continue
         if s is not None:  # a record on one line
-            r: dict[str, Any] = {"step": s.group(1)}
+            r: dict[str, Any] = {"step": int(s.group(1))}
             block = None
         elif block is not None and "grad_norm" not in block:
             r = block
         else:
             r, block = {}, None
-        r["grad_norm"] = m.group(1).replace(",", "")
+        r["grad_norm"] = float(m.group(m.re.groups).replace(",", ""))  # the value is the last group
         _text_loss_and_lr(r, line.replace(m.group(0), ""))
         records.append(r)
     if not records:
@@ -778,13 +823,25 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
     return hist
 
 
+def _text_norm(line: str) -> re.Match[str] | None:
+    """The gradient norm on ``line``: the one named as taken before clipping (``raw_grad_norm: 3.4``)
+    if there is one, else the first not named as clipped (``clipped grad norm: 1.0`` never exceeds the
+    threshold in use)."""
+    low = line.lower()
+    if "clip" not in low and "raw" not in low:  # the usual line: the first norm (a pattern 3x faster)
+        return _TEXT_NORM.search(line)
+    found = [(m, _clip_words(m.group(1) + m.group(2))) for m in _TEXT_NORM_NAMED.finditer(line)]
+    return (next((m for m, c in found if c == "before"), None)
+            or next((m for m, c in found if c != "after"), None))
+
+
 def _text_loss_and_lr(record: dict[str, Any], line: str) -> None:
     """The loss and learning rate on ``line`` into ``record``, unless it has them (the first one counts:
     OLMo prints its cross-entropy loss before its Z loss)."""
     if "loss" not in record and (lo := _TEXT_LOSS.search(line)):
-        record["loss"] = lo.group(1).replace(",", "")
+        record["loss"] = float(lo.group(1).replace(",", ""))
     if "learning_rate" not in record and (lr := _TEXT_LR.search(line)):
-        record["learning_rate"] = lr.group(1).replace(",", "")
+        record["learning_rate"] = float(lr.group(1).replace(",", ""))
 
 
 _DICT_TAIL = re.compile(r"\{[^{}]*\}\s*$")  # a line that ends in a flat {...} of metrics
@@ -853,7 +910,8 @@ def read_tensorboard(path: str, key: str | None = None) -> NormHistory:
     if nkey is None:
         raise InputError(f"{path}: no gradient-norm scalar among {', '.join(tags[:20])}; name it with --key")
     records: dict[int, dict[str, Any]] = {}
-    for tag, name in ((nkey, "grad_norm"), (_find_key(tags, LOSS_KEYS), "loss"), (_find_key(tags, LR_KEYS), "learning_rate")):
+    for tag, name in ((nkey, "grad_norm"), (_find_loss_key(tags), "loss"),
+                      (_find_key(tags, LR_KEYS), "learning_rate")):
         if tag:
             for ev in acc.Scalars(tag):
                 records.setdefault(ev.step, {"step": ev.step})[name] = ev.value

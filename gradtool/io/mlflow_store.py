@@ -214,10 +214,10 @@ def _run_history(chosen: Run, keys: list[str], key: str | None, source: str,
                  fetch: Callable[[str], Series]) -> Any:
     """The history of run ``chosen`` whose metrics are ``keys``: its norm metric (``key``, or found), loss
     and learning rate, each read by ``fetch(metric)``."""
-    from .logs import LOSS_KEYS, LR_KEYS, _find_key, _with_others
+    from .logs import LR_KEYS, _find_key, _find_loss_key, _with_others
 
     nkey = _norm_key(keys, key, source, chosen)
-    lkey, rkey = _find_key(keys, LOSS_KEYS), _find_key(keys, LR_KEYS)
+    lkey, rkey = _find_loss_key(keys), _find_key(keys, LR_KEYS)
     series = {k: fetch(k) for k in dict.fromkeys((nkey, lkey, rkey)) if k}
     return _with_others(history_of_run(series, nkey, lkey, rkey, source, chosen), keys, key)
 

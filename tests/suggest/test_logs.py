@@ -714,3 +714,62 @@ def test_olmo_metric_names_are_found_without_key(tmp_path, norm, loss, lr):
     h = read_norm_log(str(p))
     assert h.key == norm and h.norms == [1.0, 2.0, 3.0] and h.loss == [3.0, 2.0, 1.0]
     assert h.lr == [0.0, 1e-4, 2e-4]
+
+
+def test_the_norm_before_clipping_is_taken_over_the_clipped_one(tmp_path):
+    # MaxText logs learning/grad_norm AFTER clipping (never above its threshold, 1.0 by default) and
+    # learning/raw_grad_norm before it: a threshold chosen from the clipped norm would only repeat 1.0
+    rows = [{"step": i, "learning/loss": 3.0, "learning/grad_norm": min(1.0, 0.5 + i),
+             "learning/raw_grad_norm": 0.5 + i} for i in range(4)]
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    h = read_norm_log(str(p))
+    assert h.key == "learning/raw_grad_norm" and h.norms == [0.5, 1.5, 2.5, 3.5] and h.loss == [3.0] * 4
+    assert h.other_keys == [] and any("before clipping" in n for n in h.notes)
+    assert read_norm_log(str(p), key="learning/grad_norm").norms == [0.5, 1.0, 1.0, 1.0]
+    for pre in ("grad_norm_before_clip", "unclipped_grad_norm", "grad_norm/pre_clip"):
+        p.write_text(json.dumps({"step": 1, "grad_norm_clipped": 1.0, pre: 7.0}) + "\n")
+        assert read_norm_log(str(p)).norms == [7.0], pre
+
+
+@pytest.mark.parametrize(("line", "norm"), [
+    ("completed step: 10, seconds: 1.2, loss: 2.300, lr: 1.0e-04, grad_norm: 0.99, raw_grad_norm: 3.4", 3.4),
+    ("iteration 10 | lm loss: 2.3 | clipped grad norm: 1.0 | grad norm: 3.4 |", 3.4),
+    ("step: 10  loss: 2.3  grad_norm_clipped: 1.0  grad_norm: 3.4", 3.4),
+    ("step: 10  loss: 2.3  grad_norm: 3.4", 3.4),
+])
+def test_text_lines_give_the_norm_before_clipping(tmp_path, line, norm):
+    p = tmp_path / "train.log"
+    p.write_text(line + "\n")
+    h = read_norm_log(str(p))
+    assert h.steps == [10] and h.norms == [norm] and h.loss == [2.3]
+
+
+_finite = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False)
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=st.lists(st.tuples(st.integers(1, 10**9), _finite, st.one_of(st.none(), _finite),
+                                  st.one_of(st.none(), _finite)), min_size=1, max_size=20,
+                        unique_by=lambda r: r[0]),
+       blocks=st.booleans(), noise=st.booleans())
+def test_text_log_reads_back_what_was_printed(records, blocks, noise):
+    # Megatron's one line per step, or OLMo's block under a step line, with noise lines between: the
+    # steps, norms, losses and learning rates printed (repr: exact) are the ones read, in step order
+    from gradtool.io.logs import read_text_log
+
+    out = []
+    for step, norm, loss, lr in records:
+        loss_text = "" if loss is None else f"lm loss: {loss!r}"
+        lr_text = "" if lr is None else f"learning rate: {lr!r}"
+        if blocks:
+            out += [f"[step={step}/?,epoch=0]", f"    {loss_text}", f"    grad norm={norm!r}",
+                    f"    {lr_text}"]
+        else:
+            out.append(f" iteration {step:8d}/ 99 | {lr_text} | {loss_text} | grad norm: {norm!r} |")
+        if noise:
+            out.append("saving checkpoint took 1.5 s")
+    h = read_text_log("x.log", text="\n".join(out) + "\n")
+    want = sorted(records)
+    assert h.steps == [r[0] for r in want] and h.norms == [r[1] for r in want]
+    assert h.loss == [r[2] for r in want] and h.lr == [r[3] for r in want] and not h.line_order
