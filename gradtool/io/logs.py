@@ -763,14 +763,15 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
 
 
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # 1,234 at the end of a value
-_TEXT_NORM = re.compile(rf"(?:grad[ _-]?norm|gnorm|total_norm)\s*[:=]?\s*({_NUMBER}|nan|inf(?:inity)?)",
+_IS = r"[\"']?\s*[:=]?\s*"  # between a name and its value: grad norm: 1.2, grad_norm=1.2, "grad_norm": 1.2
+_TEXT_NORM = re.compile(rf"(?:grad[ _-]?norm|gnorm|total_norm){_IS}({_NUMBER}|nan|inf(?:inity)?)",
                         re.IGNORECASE)
 _TEXT_NORM_NAMED = re.compile(  # the same with up to two words before and after the name: see _text_norm
     rf"((?:[a-z]+[ _-]){{0,2}})(?:grad[ _-]?norm|gnorm|total_norm)((?:[ _-][a-z]+){{0,2}})"
-    rf"\s*[:=]?\s*({_NUMBER}|nan|inf(?:inity)?)", re.IGNORECASE)
-_TEXT_STEP = re.compile(r"(?:iteration|step|global_step|num_updates)\s*[:=]?\s*(\d+)", re.IGNORECASE)
-_TEXT_LOSS = re.compile(rf"(?:lm loss|loss)\s*[:=]?\s*({_NUMBER}|nan|inf)", re.IGNORECASE)
-_TEXT_LR = re.compile(rf"(?:learning rate|lr)(?:\s*\([^()]*\))?\s*[:=]?\s*({_NUMBER})", re.IGNORECASE)
+    rf"{_IS}({_NUMBER}|nan|inf(?:inity)?)", re.IGNORECASE)
+_TEXT_STEP = re.compile(rf"(?:iteration|step|global_step|num_updates){_IS}(\d+)", re.IGNORECASE)
+_TEXT_LOSS = re.compile(rf"(?:lm loss|loss){_IS}({_NUMBER}|nan|inf)", re.IGNORECASE)
+_TEXT_LR = re.compile(rf"(?:learning rate|lr)(?:\s*\([^()]*\))?{_IS}({_NUMBER})", re.IGNORECASE)
 
 
 def read_text_log(path: str, key: str | None = None, text: str | None = None) -> NormHistory:

@@ -773,3 +773,19 @@ def test_text_log_reads_back_what_was_printed(records, blocks, noise):
     want = sorted(records)
     assert h.steps == [r[0] for r in want] and h.norms == [r[1] for r in want]
     assert h.loss == [r[2] for r in want] and h.lr == [r[3] for r in want] and not h.line_order
+
+
+def test_nemo_dllogger_lines(tmp_path):
+    # NeMo 2's DLLogger (NVIDIA's DeepLearningExamples too): "DLLL " and a JSON object per line, the
+    # metrics in its "data"; the names are quoted, which the text patterns did not allow for
+    p = tmp_path / "dllogger.json"
+    lines = ["DLLL " + json.dumps({"timestamp": "1", "type": "PARAMETER", "data": {"config": "x"}})]
+    lines += ["DLLL " + json.dumps({"timestamp": "1741985729.87", "elapsedtime": "1875.7", "type": "LOG",
+                                    "step": s, "data": {"reduced_train_loss": 12.5 - s, "lr": 1e-6 * s,
+                                                        "global_step": float(s), "grad_norm": 45.5 + s,
+                                                        "train_step_timing in s": 118.1}})
+              for s in (10, 20, 30)]
+    p.write_text("\n".join(lines) + "\n")
+    h = read_norm_log(str(p))
+    assert h.steps == [10, 20, 30] and h.norms == [55.5, 65.5, 75.5] and h.loss == [2.5, -7.5, -17.5]
+    assert h.lr == pytest.approx([1e-5, 2e-5, 3e-5])
