@@ -25,6 +25,7 @@ Examples:
   gradtool suggest-threshold lightning_logs/version_0/       # TensorBoard logs (gradtool[tensorboard])
   gradtool suggest-threshold mlflow.db --run latest          # MLflow's store (mlruns/ too)
   gradtool suggest-threshold wandb/latest-run/               # a W&B run's local log
+  gradtool suggest-threshold ~/.cache/huggingface/trackio/my-project.db --run latest   # Trackio
   gradtool clip run.h5 -o clipped.h5 --mode global-norm \\
       --max "$(gradtool suggest-threshold run.h5 --mode global-norm --format value)"
   gradtool suggest-threshold dumps/ --per-tensor -o thresholds.json
@@ -34,9 +35,9 @@ Examples:
 Inputs: gradient dumps (files, directories, multi-step HDF5: every mode can be derived) and/or training
 logs (trainer_state.json, CSV/TSV, JSON Lines, Megatron text logs, console output of the Hugging Face
 Trainer or fairseq, TensorBoard events with gradtool[tensorboard], MLflow's mlflow.db and mlruns/, W&B's
-wandb/ run logs; gzip/bzip2/xz-compressed too); a log given with dumps adds its loss and learning rate.
-A store of several runs lists them: choose one with --run. Logs carry only the global norm, so
-per-tensor modes cannot be derived from them.
+wandb/ run logs, Trackio projects; gzip/bzip2/xz-compressed too); a log given with dumps adds its loss
+and learning rate. A store of several runs lists them: choose one with --run. Logs carry only the global
+norm, so per-tensor modes cannot be derived from them.
 
 \b
 Default method (robust): skip the warm-up, leave out everything after a divergence, take a recent
@@ -77,8 +78,8 @@ def _run_unused(run: str) -> Exception:
     """The usage error for a ``--run`` that no input could use."""
     from ..errors import UsageError
 
-    return UsageError(f"--run {run}: no input is a store of runs (an MLflow store, W&B's wandb/, a directory "
-                      "of TensorBoard runs, a W&B export of several)")
+    return UsageError(f"--run {run}: no input is a store of runs (an MLflow store, a Trackio project, W&B's "
+                      "wandb/, a directory of TensorBoard runs, a W&B export of several)")
 
 
 def _merge_logs(paths: list[str], key: str | None, run: str | None = None) -> tuple[Any, list[Any]]:
@@ -117,8 +118,8 @@ def _merge_logs(paths: list[str], key: str | None, run: str | None = None) -> tu
 @click.option("--current", type=float, default=None, metavar="X", help="Your present threshold: report how often it clips.")
 @click.option("--key", default=None, help="Log column/key that holds the gradient norm (default: found automatically).")
 @click.option("--run", default=None, metavar="NAME|ID|latest",
-              help="Which run of an MLflow store, W&B's wandb/, a directory of TensorBoard runs or a W&B CSV "
-                   "export of several (default: the only one).")
+              help="Which run of an MLflow store, a Trackio project, W&B's wandb/, a directory of "
+                   "TensorBoard runs or a W&B CSV export of several (default: the only one).")
 @select_options
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "value"]), default="table", show_default=True,
               help="table for people, json for pipelines, value = just the number (needs one mode).")

@@ -121,8 +121,8 @@ def not_a_dump(head: bytes, name: str) -> str:
     if head.startswith(WANDB_MAGIC):
         return "is a W&B run log (suggest-threshold reads the gradient norms it logged)"
     if head.startswith(SQLITE_MAGIC):
-        return ("is an SQLite database (an MLflow tracking store? suggest-threshold reads the gradient norms "
-                "its runs logged)")
+        return ("is an SQLite database (an MLflow tracking store or a Trackio project? suggest-threshold "
+                "reads the gradient norms its runs logged)")
     ext = format_from_extension(name)
     what = f"does not look like a {ext} file" if ext else "is not a gradient dump"
     if head and _is_text(head[:512]):

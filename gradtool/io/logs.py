@@ -955,8 +955,10 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
     if "tfevents" in base:
         return read_tensorboard(path, key)
     head = head_of(path)
-    if head.startswith(SQLITE_MAGIC):  # mlflow.db, MLflow's default store
-        return mlflow_store.read_sqlite_store(path, key, run, source)
+    if head.startswith(SQLITE_MAGIC):  # mlflow.db, MLflow's default store; a Trackio project
+        from .sqlite_logs import read_sqlite_log
+
+        return read_sqlite_log(path, key, run, source)
     from . import wandb_log
 
     if wandb_log.is_wandb_log(head):  # wandb/run-<date>-<id>/run-<id>.wandb

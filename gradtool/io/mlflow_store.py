@@ -148,39 +148,13 @@ def _norm_key(keys: list[str], key: str | None, source: str, chosen: Run) -> str
 
 # ---- the SQLite store ------------------------------------------------------------------------------------
 
-def read_sqlite_store(path: str, key: str | None = None, run: str | None = None,
-                      source: str | None = None) -> Any:
-    """The norm history of one run of the MLflow SQLite store at ``path``: the only run with a gradient
-    norm, or the one ``run`` names (see :func:`~gradtool.io.runs.choose_run`). Opened read-only; the
-    database's schema is not trusted (no views or triggers are read, only its two tables)."""
-    import sqlite3
-    from contextlib import closing
-    from urllib.parse import quote
-
-    source = source or path
-    try:
-        con = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise InputError(f"{source}: cannot open the SQLite database ({exc})") from None
-    try:
-        with closing(con):
-            con.text_factory = lambda b: b.decode("utf-8", "replace")  # a damaged name: no UnicodeDecodeError
-            con.execute("PRAGMA query_only = ON")
-            con.execute("PRAGMA trusted_schema = OFF")
-            return _read_sqlite(con, key, run, source)
-    except (sqlite3.Error, UnicodeDecodeError) as exc:  # a damaged schema's error message may not decode
-        why = " ".join(str(exc).split())  # SQLite quotes the schema, line breaks and all
-        raise InputError(f"{source}: cannot read the MLflow database "
-                         f"({why if len(why) < 200 else why[:197] + '...'})") from None
-
-
-def _read_sqlite(con: Any, key: str | None, run: str | None, source: str) -> Any:
+def read_sqlite_tables(con: Any, tables: set[str], key: str | None, run: str | None, source: str) -> Any:
+    """The norm history of one run of the MLflow SQLite store ``con`` (opened by
+    :func:`~gradtool.io.sqlite_logs.read_sqlite_log`; ``tables`` its tables): the only run with a gradient
+    norm, or the one ``run`` names (see :func:`~gradtool.io.runs.choose_run`). Only the ``runs`` and
+    ``metrics`` tables (and ``latest_metrics``, for the metric names) are read."""
     import numpy as np
 
-    tables = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if not {"metrics", "runs"} <= tables:
-        raise InputError(f"{source}: an SQLite database, but not an MLflow tracking store (no metrics and "
-                         "runs tables)")
     runs = [Run(str(rid), str(name or rid), start / 1000 if isinstance(start, (int, float)) else None,
                 str(rid))
             for rid, name, start in con.execute(

@@ -275,7 +275,7 @@ def test_sqlite_files_that_are_no_mlflow_store(tmp_path, run, content, message):
     assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith(f"gradtool: error: {db}: ") and __import__("re").search(message, r.stderr)
     r = run("stats", str(db))
-    assert r.exit_code == 1 and "is an SQLite database (an MLflow tracking store?" in r.stderr
+    assert r.exit_code == 1 and "is an SQLite database (an MLflow tracking store or a Trackio" in r.stderr
 
 
 def test_run_needs_a_store_of_runs(tmp_path, run):

@@ -1,0 +1,158 @@
+"""Trackio projects ($HF_HOME/trackio/<project>.db) as norm histories. The Hugging Face Trainer's
+report_to="trackio" logs train/grad_norm, train/loss, train/learning_rate and train/global_step there, one
+row per log call, Trackio's own step counting the calls. The fixtures write the tables trackio 0.43 writes
+(checked against a real project written by trackio.log; trackio is not a test dependency) and the older
+layout without run_id."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradtool.errors import InputError, UsageError
+from gradtool.io.logs import read_norm_log
+
+_SCHEMA_043 = """
+CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, timestamp TEXT NOT NULL,
+                      run_name TEXT NOT NULL, step INTEGER NOT NULL, metrics TEXT NOT NULL, log_id TEXT,
+                      space_id TEXT);
+CREATE TABLE configs (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, run_name TEXT NOT NULL,
+                      config TEXT NOT NULL, created_at TEXT NOT NULL, UNIQUE(run_id));
+CREATE TABLE system_metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL,
+                             timestamp TEXT NOT NULL, run_name TEXT NOT NULL, metrics TEXT NOT NULL);
+"""
+_SCHEMA_OLD = """
+CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, timestamp TEXT NOT NULL, run_name TEXT NOT NULL,
+                      step INTEGER NOT NULL, metrics TEXT NOT NULL);
+"""
+
+
+def _as_trackio(v):  # trackio's serialize_values
+    return "NaN" if isinstance(v, float) and math.isnan(v) else (
+        ("Infinity" if v > 0 else "-Infinity") if isinstance(v, float) and math.isinf(v) else v)
+
+
+def trackio_project(path, runs, old=False):
+    """runs = [(run_id, name, start ISO, [(global_step, grad_norm)], eval_every)]: one row per Trainer log
+    call as TrackioCallback.on_log writes it (metrics JSON as bytes, as trackio 0.43 stores them)."""
+    con = sqlite3.connect(path)
+    con.executescript(_SCHEMA_OLD if old else _SCHEMA_043)
+    for rid, name, start, points, eval_every in runs:
+        counter = 0
+        for i, (gstep, g) in enumerate(points):
+            rows = [{"train/loss": 3.0 - i / 100, "train/grad_norm": _as_trackio(g),
+                     "train/learning_rate": 1e-4, "train/epoch": i / 100, "train/global_step": gstep}]
+            if eval_every and (i + 1) % eval_every == 0:
+                rows.append({"eval/loss": 2.5, "train/global_step": gstep})
+            for row in rows:
+                blob = json.dumps(row).encode()
+                if old:
+                    con.execute("INSERT INTO metrics (timestamp, run_name, step, metrics) "
+                                "VALUES (?, ?, ?, ?)", (start, name, counter, blob.decode()))
+                else:
+                    con.execute("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) "
+                                "VALUES (?, ?, ?, ?, ?)", (rid, start, name, counter, blob))
+                counter += 1
+    con.commit()
+    con.close()
+
+
+def _points(n, every=10, nan_at=None):
+    return [(every * (i + 1), math.nan if i == nan_at else 1.0 + (i % 7) / 10) for i in range(n)]
+
+
+def test_a_trackio_project_of_the_trainer(tmp_path, run):
+    db = tmp_path / "my-proj.db"
+    trackio_project(db, [("c0f6d109aaaa", "bright-run", "2026-11-24T13:47:38.284301+00:00",
+                          _points(60, nan_at=29), 20)])
+    before = (db.read_bytes(), os.stat(db).st_mtime_ns)
+    h = read_norm_log(str(db))
+    assert (h.kind, h.key, h.run.name) == ("trackio", "train/grad_norm", "bright-run")
+    assert h.run.id == "c0f6d109aaaa"
+    assert h.steps == [10 * (i + 1) for i in range(60)]  # train/global_step, not Trackio's call counter
+    assert math.isnan(h.norms[29]) and h.norms[0] == 1.0 and h.loss[1] == 2.99 and h.lr[0] == 1e-4
+    r = run("suggest-threshold", str(db), "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["source"]["kind"] == "trackio" and doc["source"]["run"] == {"id": "c0f6d109aaaa",
+                                                                             "name": "bright-run"}
+    assert doc["history"]["nonfinite_steps"] == [300] and doc["history"]["logging_interval"] == 10
+    assert (db.read_bytes(), os.stat(db).st_mtime_ns) == before  # opened read-only, left as it was
+
+
+def test_trackio_runs_are_chosen_with_run(tmp_path, run):
+    db = tmp_path / "p.db"
+    trackio_project(db, [("aaaa1111", "old", "2026-11-20T10:00:00+00:00", _points(30), 0),
+                         ("bbbb2222", "new", "2026-11-21T10:00:00+00:00", _points(40), 0)])
+    r = run("suggest-threshold", str(db))
+    assert r.exit_code == 2 and "holds 2 Trackio runs with a gradient norm ('new' (bbbb2222" in r.stderr
+    assert len(read_norm_log(str(db), run="latest")) == 40
+    assert len(read_norm_log(str(db), run="old")) == 30 and len(read_norm_log(str(db), run="aaaa")) == 30
+    with pytest.raises(UsageError, match="no run 'nope' among its 2 Trackio runs"):
+        read_norm_log(str(db), run="nope")
+
+
+def test_an_older_trackio_project_without_run_ids(tmp_path):
+    db = tmp_path / "p.db"
+    trackio_project(db, [(None, "r1", "2025-08-01T10:00:00", _points(30, every=5), 0)], old=True)
+    h = read_norm_log(str(db))
+    assert h.run.name == "r1" and h.steps == [5 * (i + 1) for i in range(30)]
+
+
+def test_trackio_rows_without_a_global_step_are_read_by_trackios_step(tmp_path):
+    db = tmp_path / "p.db"
+    con = sqlite3.connect(db)
+    con.executescript(_SCHEMA_043)
+    con.executemany("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) VALUES (?, ?, ?, ?, ?)",
+                    [("r", "2026-01-01T00:00:00", "r", s, json.dumps({"grad_norm": 1.0 + s}))
+                     for s in range(5)])
+    con.commit()
+    con.close()
+    assert read_norm_log(str(db)).steps == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("metrics, message", [
+    ("not json", "row 1 of Trackio run 'r' .*holds no JSON object"),
+    ("[1, 2]", "row 1 of Trackio run 'r' .*holds no JSON object"),
+    ('{"loss": 1.0}', r"no gradient-norm metric .* in its 1 Trackio run\(s\) \(metrics: loss\)"),
+])
+def test_damaged_or_normless_trackio_projects_are_input_errors(tmp_path, run, metrics, message):
+    db = tmp_path / "p.db"
+    con = sqlite3.connect(db)
+    con.executescript(_SCHEMA_043)
+    con.execute("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) "
+                "VALUES ('r', 'x', 'r', 0, ?)", (metrics,))
+    con.commit()
+    con.close()
+    with pytest.raises(InputError, match=message):
+        read_norm_log(str(db))
+    r = run("suggest-threshold", str(db))
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+_SMALL_PROJECT: list[bytes] = []  # made once (see test_mlflow's _SMALL_STORE)
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8))
+def test_a_corrupted_project_is_read_or_refused_in_one_line(tmp_path_factory, flips):
+    if not _SMALL_PROJECT:
+        db = tmp_path_factory.mktemp("project") / "p.db"
+        trackio_project(db, [("r1", "one", "2026-01-01T00:00:00+00:00", _points(30), 10)])
+        _SMALL_PROJECT.append(db.read_bytes())
+    data = bytearray(_SMALL_PROJECT[0])
+    for pos, value in flips:
+        data[pos % len(data)] = value
+    db = tmp_path_factory.mktemp("db") / "p.db"
+    db.write_bytes(bytes(data))
+    try:
+        h = read_norm_log(str(db))
+    except (InputError, UsageError) as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert len(h.steps) == len(h.norms) <= 30
