@@ -129,17 +129,19 @@ def _directory_doubts(directory: str, files: Sequence[str], steps: Sequence[str]
 
 def _logs_hint(directory: str) -> str:
     """"; it holds training logs (...): suggest-threshold reads them" when ``directory`` is what
-    ``suggest-threshold`` reads as a log (a Trainer's output, TensorBoard, MLflow or W&B runs); else ""."""
+    ``suggest-threshold`` reads as a log (a Trainer's output, TensorBoard, MLflow, Trackio or W&B runs);
+    else ""."""
     from .logs import tensorboard_runs, trainer_state_files
     from .mlflow_store import file_store_runs
+    from .sqlite_logs import log_databases
     from .wandb_log import is_run_store
 
     if trainer_state_files(directory):
         what = "trainer_state.json"
     elif is_run_store(directory):
         what = "W&B runs"
-    elif os.path.isfile(os.path.join(directory, "mlflow.db")):
-        what = "MLflow's mlflow.db"
+    elif databases := log_databases(directory):
+        what = ", ".join(map(os.path.basename, databases[:3])) + (", ..." if len(databases) > 3 else "")
     elif file_store_runs(directory):
         what = "MLflow runs"
     elif tensorboard_runs(directory):

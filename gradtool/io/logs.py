@@ -480,9 +480,16 @@ def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHist
     kinds = [k for k, runs in (("TensorBoard", tb), ("MLflow", mlflow), ("W&B", wandb)) if runs]
     if not kinds:
         from .detect import no_dumps_hint
+        from .sqlite_logs import log_databases, read_sqlite_log
 
+        databases = log_databases(path)  # mlflow.db where MLflow ran; Trackio's <project>.db files
+        if len(databases) == 1:
+            return read_sqlite_log(databases[0], key, run)
+        if databases:
+            raise UsageError(f"{path}: holds {len(databases)} MLflow or Trackio databases "
+                             f"({listed(map(os.path.basename, databases), 4)}); give one of them")
         raise InputError(f"{path}: directory holds no gradient dumps, trainer_state.json, TensorBoard event "
-                         f"files, MLflow or W&B runs{no_dumps_hint(path)}")
+                         f"files, MLflow, Trackio or W&B runs{no_dumps_hint(path)}")
     if kinds == ["MLflow"]:
         return read_file_store(path, key, run, mlflow)
     chosen = choose_run(tb + mlflow + wandb, run, path, f"{' or '.join(kinds)} runs")

@@ -164,7 +164,7 @@ def test_a_directory_of_compressed_dumps_says_what_it_holds(run, tmp_path, comp)
     logs.mkdir()
     (logs / "metrics.csv.gz").write_bytes(gzip.compress(b"step,grad_norm\n1,2.0\n"))
     r = run("suggest-threshold", str(logs))
-    assert r.exit_code == 1 and r.stderr.endswith("MLflow or W&B runs\n"), r.stderr
+    assert r.exit_code == 1 and r.stderr.endswith("MLflow, Trackio or W&B runs\n"), r.stderr
 
 
 def test_a_directory_of_pickles_says_so(run, tmp_path):
@@ -238,8 +238,10 @@ def test_a_directory_of_training_logs_given_to_stats_points_to_suggest_threshold
     cases[ml] = "MLflow runs"
     db = tmp_path / "proj"
     db.mkdir()
-    sqlite3.connect(db / "mlflow.db").close()
-    cases[db] = "MLflow's mlflow.db"
+    con = sqlite3.connect(db / "mlflow.db")
+    con.executescript("CREATE TABLE runs (run_uuid); CREATE TABLE metrics (key, value, step, run_uuid);")
+    con.close()
+    cases[db] = "mlflow.db"
     tb = tmp_path / "runs"
     (tb / "Nov24").mkdir(parents=True)
     (tb / "Nov24" / "events.out.tfevents.1.host").write_bytes(b"x")

@@ -154,7 +154,8 @@ def test_a_tensorboard_log_directory(tmp_path, run):
     empty.mkdir()
     r = run("suggest-threshold", str(empty))
     assert r.exit_code == 1
-    assert "no gradient dumps, trainer_state.json, TensorBoard event files, MLflow or W&B runs" in r.stderr
+    assert ("no gradient dumps, trainer_state.json, TensorBoard event files, MLflow, Trackio or W&B runs"
+            in r.stderr)
 
 
 # --- the JSON Lines fast paths (msgspec decoder, lines joined without a loop) equal the plain reader -----

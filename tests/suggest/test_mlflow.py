@@ -6,6 +6,7 @@ mlflow.log_metrics; mlflow itself is not a test dependency)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
@@ -387,3 +388,12 @@ def test_a_corrupted_store_is_read_or_refused_in_one_line(tmp_path_factory, flip
         assert "\n" not in str(exc)
     else:
         assert len(h.steps) == len(h.norms) <= 30
+
+
+def test_the_directory_mlflow_ran_in(tmp_path, run):
+    """MLflow 3.7+ writes mlflow.db in the directory it runs in: that directory reads as the store."""
+    sql_store(tmp_path / "mlflow.db", [("r1", "one", T0, "active", hf_metrics(30))])
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    r = run("suggest-threshold", str(tmp_path), "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["source"]["kind"] == "mlflow" and json.loads(r.stdout)["history"]["n"] == 30

@@ -156,3 +156,26 @@ def test_a_corrupted_project_is_read_or_refused_in_one_line(tmp_path_factory, fl
         assert "\n" not in str(exc)
     else:
         assert len(h.steps) == len(h.norms) <= 30
+
+
+def test_a_directory_of_databases(tmp_path, run):
+    # ~/.cache/huggingface/trackio/ holds one <project>.db per project; MLflow (3.7+) writes mlflow.db in
+    # the directory it ran in. One is read; several are a usage error naming them; other SQLite files
+    # (an Optuna study) are not logs
+    trackio_dir = tmp_path / "trackio"
+    trackio_dir.mkdir()
+    optuna = sqlite3.connect(trackio_dir / "optuna.db")
+    optuna.execute("CREATE TABLE studies (study_id INTEGER, study_name TEXT)")
+    optuna.commit()
+    optuna.close()
+    trackio_project(trackio_dir / "proj-a.db", [("r1", "one", "2026-01-01T00:00:00+00:00", _points(30), 0)])
+    (trackio_dir / "proj-a.lock").write_text("")
+    h = read_norm_log(str(trackio_dir))
+    assert h.kind == "trackio" and h.run.name == "one" and len(h) == 30
+    r = run("stats", str(trackio_dir))
+    assert r.exit_code == 1 and "it holds training logs (proj-a.db): suggest-threshold reads them" in r.stderr
+    trackio_project(trackio_dir / "proj-b.db", [("r2", "two", "2026-01-02T00:00:00+00:00", _points(20), 0)])
+    r = run("suggest-threshold", str(trackio_dir))
+    assert r.exit_code == 2
+    assert "holds 2 MLflow or Trackio databases (proj-a.db, proj-b.db); give one" in r.stderr
+    assert len(read_norm_log(str(trackio_dir / "proj-b.db"))) == 20
