@@ -28,8 +28,8 @@ from ..errors import InputError, UsageError, listed
 NORM_KEYS = ("grad_norm", "gnorm", "grad_2.0_norm_total", "grad-norm", "total_norm", "grad_norm_total",
              "train/grad_norm", "gradient_norm", "global_grad_norm", "grad norm", "grad_norm/total", "grads/norm")
 # The trainer's step before W&B's `_step`, which counts log calls (a W&B history saved to a file has both)
-STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "iteration", "iter", "num_updates",
-             "steps", "_step")
+STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "iteration", "iter",
+             "num_updates", "steps", "_step")
 LOSS_KEYS = ("loss", "train_loss", "train/loss", "lm loss", "lm_loss", "training_loss", "train_loss_step",
              "train/ce loss", "train/crossentropyloss")  # OLMo-core, OLMo
 LR_KEYS = ("learning_rate", "lr", "train/learning_rate", "learning rate", "lr-adam", "lr-adamw", "lr-sgd",

@@ -657,10 +657,12 @@ def test_training_step_is_preferred_to_wandbs_log_counter(tmp_path, step_key, fm
     # goes up by one per log call, next to the trainer's step (Hugging Face: train/global_step, Lightning:
     # trainer/global_step). The trainer's step is the step: it is what `.wandb` logs are read by, and only
     # it shows the logging interval (here 50: a warning that spikes between samples go unseen).
-    rows = [{"_step": i, step_key: 50 * (i + 1), "train/grad_norm": 1.0 + i % 3, "train/loss": 2.0} for i in range(6)]
+    rows = [{"_step": i, step_key: 50 * (i + 1), "train/grad_norm": 1.0 + i % 3, "train/loss": 2.0}
+            for i in range(6)]
     p = tmp_path / f"history.{fmt}"
     if fmt == "csv":
-        p.write_text(",".join(rows[0]) + "\n" + "".join(",".join(str(v) for v in r.values()) + "\n" for r in rows))
+        body = "".join(",".join(str(v) for v in r.values()) + "\n" for r in rows)
+        p.write_text(",".join(rows[0]) + "\n" + body)
     else:
         p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     h = read_norm_log(str(p))
