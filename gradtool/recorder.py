@@ -45,14 +45,43 @@ def _torch_bits_as_ml_dtypes(x: Any) -> np.ndarray | None:
     return bits.view(getattr(ml_dtypes, wanted[1]))
 
 
+def _is_dtensor(x: Any) -> bool:
+    """True for a PyTorch DTensor (FSDP2's and tensor parallelism's gradients): a wrapper whose data is
+    each rank's piece, reached through ``to_local()``; NumPy reading it directly reads no real data."""
+    return type(x).__name__ == "DTensor" and type(x).__module__.startswith("torch.distributed")
+
+
+def dtensor_piece(x: Any, name: str, sharded: bool) -> Any:
+    """This rank's piece of the DTensor ``x`` as a plain tensor: the whole tensor when its mesh is one
+    rank; with ``sharded`` (a Recorder with ``shard``, whose pieces gradtool adds up) the local shard of
+    a tensor sharded on every mesh dimension. Anything else is refused: a piece replicated on other
+    ranks would count once per rank, a partial one is not reduced yet."""
+    ranks = x.device_mesh.size()
+    if ranks == 1:
+        return x.to_local()
+    placements = tuple(x.placements)
+    if not sharded:
+        raise UsageError(f"tensor {name!r} is a DTensor spread over {ranks} ranks ({placements}): record "
+                         "each rank's piece with Recorder(..., shard=f'rank{rank}') (gradtool adds the "
+                         "pieces up), or pass .full_tensor() (an all-gather, called on every rank)")
+    if not all(p.is_shard() for p in placements):
+        raise UsageError(f"tensor {name!r} is a DTensor with placements {placements}: a Replicate piece is "
+                         "held by several ranks and would count once per rank, a Partial one is not reduced "
+                         "yet; record .full_tensor() from one rank instead")
+    return x.to_local()
+
+
 def to_numpy(x: Any, name: str = "tensor") -> np.ndarray:
     """A host NumPy array from any array-like, without importing its framework. PyTorch bfloat16 and
-    float8 tensors become ml_dtypes arrays with the same bits."""
+    float8 tensors become ml_dtypes arrays with the same bits; a DTensor on one rank its local tensor
+    (on several: see :func:`dtensor_piece`)."""
     if isinstance(x, np.ndarray):
         return x
     if type(x).__name__ == "Parameter" and type(x).__module__.startswith("torch"):
         raise UsageError(f"tensor {name!r} is a torch.nn.Parameter (the weights), not its gradient: pass "
                          "p.grad (or p.detach() to record the weights themselves)")
+    if _is_dtensor(x):
+        x = dtensor_piece(x, name, sharded=False)
     for attr in ("detach",):  # PyTorch tensors that require grad refuse __array__/dlpack export
         if hasattr(x, attr) and hasattr(x, "requires_grad"):
             x = x.detach()
@@ -129,7 +158,7 @@ def _numpy_dtype_of(x: Any) -> np.dtype | None:
 def tensor_shape_and_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype] | None:
     """(shape, dtype) of ``x`` as :func:`to_numpy` will give it, without a copy to the host; None when
     that cannot be known without converting (the caller converts it then)."""
-    if type(x).__name__ == "Parameter":
+    if type(x).__name__ == "Parameter" or (_is_dtensor(x) and x.device_mesh.size() > 1):
         return None  # to_numpy says what it is
     dtype = _numpy_dtype_of(x)
     shape = getattr(x, "shape", None)
@@ -203,6 +232,9 @@ class Recorder:
             raise UsageError(f"step must be an integer, not {step!r}")
         step = int(step)
         meta = {"step": step, **{k: _scalar(v) for k, v in scalars.items()}}
+        if self.shard is not None:  # FSDP2 / tensor-parallel DTensors: this rank's shard of each
+            grads = [(n, dtensor_piece(t, n, sharded=True) if _is_dtensor(t) else t)
+                     for n, t in flatten_tensors(grads)]
         if self.history_file:
             return self._append_group(step, grads, meta)
         from .io.dump import save_dump
