@@ -29,37 +29,40 @@ def is_trackio_project(con: Any, tables: set[str]) -> bool:
     return TRACKIO_COLUMNS <= {str(row[1]) for row in con.execute("PRAGMA table_info(metrics)")}
 
 
+KEY_SAMPLE_ROWS = 500  # a run's metric names are taken from its first rows (the Trainer logs its norm in
+# every training row): choosing a run decodes this many rows of each, not every row of every run
+
+
 def read_trackio_project(con: Any, key: str | None, run: str | None, source: str) -> Any:
     """The norm history of one run of the Trackio project ``con``: the only run that logged a gradient
     norm, or the one ``run`` names (see :func:`~gradtool.io.runs.choose_run`). A row's own step comes
     last (as ``_step``, W&B's name for such a counter): ``train/global_step``, logged by the Hugging Face
-    Trainer in every row, is the training step."""
+    Trainer in every row, is the training step. Only the chosen run's rows are all read."""
     from .logs import NORM_KEYS, _find_norm_key, from_records
 
     columns = {str(row[1]) for row in con.execute("PRAGMA table_info(metrics)")}
-    run_column = "run_id" if "run_id" in columns else "run_name"
-    rows_of: dict[str, list[tuple[Any, Any, Any]]] = {}
-    names: dict[str, str] = {}
-    firsts: dict[str, Any] = {}
-    for rowid, rid, name, step, stamp, metrics in con.execute(
-            f"SELECT rowid, {run_column}, run_name, step, timestamp, metrics FROM metrics ORDER BY rowid"):
-        rid = str(rid)
-        rows_of.setdefault(rid, []).append((rowid, step, metrics))
-        names.setdefault(rid, str(name))
-        firsts.setdefault(rid, stamp)
-    runs = [Run(rid, names[rid], _seconds(firsts[rid]), rid) for rid in rows_of]
+    by = "run_id" if "run_id" in columns else "run_name"
+    runs = [Run(str(rid), str(name), _seconds(first), str(rid)) for rid, name, first in con.execute(
+        f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics GROUP BY {by} ORDER BY MIN(rowid)")]
     if not runs:
         raise InputError(f"{source}: a Trackio project with no runs")
-    records_of: dict[str, list[dict[str, Any]]] = {}
-    keys_of: dict[str, list[str]] = {}
-    for r in runs:
-        records_of[r.id] = [_record(rowid, step, metrics, r, source)
-                            for rowid, step, metrics in rows_of[r.id]]
-        keys_of[r.id] = list(dict.fromkeys(k for rec in records_of[r.id] for k in rec))
+
+    def records(r: Run, limit: int = -1) -> list[dict[str, Any]]:
+        rows = con.execute(f"SELECT rowid, step, metrics FROM metrics WHERE {by} = ? ORDER BY rowid LIMIT ?",
+                           (r.where, limit)).fetchall()
+        docs = _decoded_at_once([m for _, _, m in rows])
+        if docs is None:
+            return [_record(rowid, step, metrics, r, source) for rowid, step, metrics in rows]
+        return [_record(rowid, step, doc, r, source, decoded=True)
+                for (rowid, step, _), doc in zip(rows, docs, strict=True)]
+
+    def keys(r: Run) -> list[str]:
+        return list(dict.fromkeys(k for rec in records(r, KEY_SAMPLE_ROWS) for k in rec))
+
     by_name = run not in (None, "latest")
-    candidates = runs if by_name else [r for r in runs if _find_norm_key(keys_of[r.id], key)]
+    candidates = runs if by_name else [r for r in runs if _find_norm_key(keys(r), key)]
     if not candidates:
-        seen = sorted({k for r in runs for k in keys_of[r.id]} - {"_step"})
+        seen = sorted({k for r in runs for k in keys(r)} - {"_step"})
         tried = ", ".join(NORM_KEYS[:4])
         named = f"no metric {key!r}" if key else f"no gradient-norm metric (tried {tried}, ...)"
         raise InputError(f"{source}: {named} in its {len(runs)} Trackio run(s) (metrics: {listed(seen, 12)})"
@@ -67,23 +70,51 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
     what = "Trackio runs" if by_name else "Trackio runs with a gradient norm"
     chosen = choose_run(candidates, run, source, what)
     try:
-        hist = from_records(records_of[chosen.id], source, "trackio", key)
+        hist = from_records(records(chosen), source, "trackio", key)
     except InputError as exc:
         raise InputError(f"{source}: run {chosen.label()}: {str(exc).removeprefix(source + ': ')}") from None
     hist.run = chosen
     return hist
 
 
-def _record(rowid: Any, step: Any, metrics: Any, run: Run, source: str) -> dict[str, Any]:
-    """A row's metrics as a dict, its own step under ``_step``."""
+def _decoded_at_once(blobs: list[Any]) -> list[Any] | None:
+    """Every row's JSON decoded by msgspec's ``decode_lines`` in one call (``gradtool[speedups]``; ~10x
+    faster than a ``json.loads`` per row on 10^6 rows), each row on its own line and so decoded on its
+    own. None (decode row by row) without msgspec, when a row holds a line break or is not strict JSON
+    (a bare NaN from an old Trackio), or when the rows do not come back one value each."""
     try:
-        doc = json.loads(metrics) if isinstance(metrics, (str, bytes)) else None
-    except (ValueError, RecursionError):
-        doc = None
+        import msgspec
+    except ImportError:
+        return None
+    try:
+        joined = b"\n".join([b.encode("utf-8", "surrogatepass") if isinstance(b, str) else b for b in blobs])
+    except (TypeError, UnicodeError):  # a value that is neither (a number in a tampered row)
+        return None
+    if joined.count(b"\n") != len(blobs) - 1 or b"\r" in joined:  # a row of several lines
+        return None
+    try:
+        docs = msgspec.json.Decoder().decode_lines(joined)
+    except msgspec.DecodeError:
+        return None
+    return docs if len(docs) == len(blobs) else None  # an empty row is skipped: row by row, then
+
+
+def _record(rowid: Any, step: Any, metrics: Any, run: Run, source: str,
+            decoded: bool = False) -> dict[str, Any]:
+    """A row's metrics (JSON text or bytes; ``decoded``: the decoded value) as a dict, its own step under
+    ``_step`` (unless it logged one of that name)."""
+    doc = metrics if decoded else None
+    if not decoded and isinstance(metrics, (str, bytes)):
+        try:
+            doc = json.loads(metrics)
+        except (ValueError, RecursionError):
+            doc = None
     if not isinstance(doc, dict):
         raise InputError(f"{source}: row {rowid} of Trackio run {run.label()} holds no JSON object of "
                          "metrics")
-    return {"_step": step, **doc} if type(step) is int else doc
+    if type(step) is int:
+        doc.setdefault("_step", step)
+    return doc
 
 
 def _seconds(stamp: Any) -> float | None:

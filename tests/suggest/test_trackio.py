@@ -179,3 +179,50 @@ def test_a_directory_of_databases(tmp_path, run):
     assert r.exit_code == 2
     assert "holds 2 MLflow or Trackio databases (proj-a.db, proj-b.db); give one" in r.stderr
     assert len(read_norm_log(str(trackio_dir / "proj-b.db"))) == 20
+
+
+_row_value = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6),
+                       st.sampled_from(["NaN", "Infinity", "-Infinity", "x"]), st.none())
+
+
+_row_key = st.sampled_from(["grad_norm", "loss", "train/global_step", "lr", "_step"])
+
+
+_row = st.tuples(st.integers(0, 40), st.dictionaries(_row_key, _row_value, max_size=5),
+                 st.sampled_from(["bytes", "str", "pretty", "nan-token"]))
+
+
+@given(rows=st.lists(_row, min_size=1, max_size=25))
+def test_decoding_rows_at_once_equals_row_by_row(tmp_path_factory, monkeypatch_module, rows):
+    # msgspec's decode_lines (gradtool[speedups]) and json.loads per row give the same history or error
+    from gradtool.io import trackio_store
+
+    db = tmp_path_factory.mktemp("t") / "p.db"
+    con = sqlite3.connect(db)
+    con.executescript(_SCHEMA_043)
+    for i, (step, doc, how) in enumerate(rows):
+        text = json.dumps({"grad_norm": 1.0 + i, **doc}, indent=1 if how == "pretty" else None,
+                          allow_nan=True)
+        value = text if how in ("str", "pretty") else text.encode()
+        con.execute("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) "
+                    "VALUES ('r', 't', 'r', ?, ?)", (step, value))
+    con.commit()
+    con.close()
+
+    def outcome():
+        try:
+            h = read_norm_log(str(db))
+        except (InputError, UsageError) as exc:
+            return type(exc), str(exc)
+        return h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr]
+
+    at_once = outcome()
+    with monkeypatch_module.context() as m:
+        m.setattr(trackio_store, "_decoded_at_once", lambda blobs: None)
+        assert outcome() == at_once
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as m:
+        yield m
