@@ -177,6 +177,23 @@ def write_mlflow_db(path: str, norms: np.ndarray) -> None:
     con.close()
 
 
+def write_trackio_db(path: str, norms: np.ndarray) -> None:
+    """A Trackio project (its metrics table, as trackio 0.43 writes it) of one run: one row per value, as
+    the Hugging Face Trainer logs them (grad_norm, loss, learning rate, global step; JSON as bytes)."""
+    import json
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, "
+                "timestamp TEXT NOT NULL, run_name TEXT NOT NULL, step INTEGER NOT NULL, metrics TEXT NOT NULL)")
+    con.executemany("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) "
+                    "VALUES ('r0', '2026-11-24T10:00:00+00:00', 'bench', ?, ?)",
+                    ((i, json.dumps({"train/loss": 2.0, "train/grad_norm": float(v), "train/learning_rate": 1e-4,
+                                     "train/global_step": i + 1}).encode()) for i, v in enumerate(norms)))
+    con.commit()
+    con.close()
+
+
 def write_wandb_log(path: str, norms: np.ndarray) -> None:
     """A W&B run log of one history record per value (grad_norm, loss, global step), written by the
     tests' encoder (tests/wandb_encoder.py: wandb's framing and protobuf wire format)."""
@@ -500,7 +517,9 @@ def main() -> None:
                 ("an MLflow mlflow.db of 10^6 points", lambda p: write_mlflow_db(p, norms),
                  os.path.join(tmp, "mlflow.db")),
                 ("a W&B run log of 10^5 points", lambda p: write_wandb_log(p, norms[:100_000]),
-                 os.path.join(tmp, "run-bench.wandb"))):
+                 os.path.join(tmp, "run-bench.wandb")),
+                ("a Trackio project of 10^6 rows", lambda p: write_trackio_db(p, norms),
+                 os.path.join(tmp, "bench.db"))):
             target = make(path) or path
             t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", target, "--format", "value"], 1)
             rows.append((f"suggest-threshold on {what}", f"{t_sug:.2f} s", f"{t_jsonl} (10^6-line JSONL)", "-"))
