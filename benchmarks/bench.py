@@ -185,11 +185,12 @@ def write_trackio_db(path: str, norms: np.ndarray) -> None:
 
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, "
-                "timestamp TEXT NOT NULL, run_name TEXT NOT NULL, step INTEGER NOT NULL, metrics TEXT NOT NULL)")
+                "timestamp TEXT NOT NULL, run_name TEXT NOT NULL, step INTEGER NOT NULL, "
+                "metrics TEXT NOT NULL)")
+    rows = ((i, json.dumps({"train/loss": 2.0, "train/grad_norm": float(v), "train/learning_rate": 1e-4,
+                            "train/global_step": i + 1}).encode()) for i, v in enumerate(norms))
     con.executemany("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) "
-                    "VALUES ('r0', '2026-11-24T10:00:00+00:00', 'bench', ?, ?)",
-                    ((i, json.dumps({"train/loss": 2.0, "train/grad_norm": float(v), "train/learning_rate": 1e-4,
-                                     "train/global_step": i + 1}).encode()) for i, v in enumerate(norms)))
+                    "VALUES ('r0', '2026-11-24T10:00:00+00:00', 'bench', ?, ?)", rows)
     con.commit()
     con.close()
 
