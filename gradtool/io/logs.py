@@ -672,7 +672,7 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
     fast = _csv_fast(text, header, delim, key)
     if fast is not None:
         hist = NormHistory(*fast[0][:4], source=path, key=fast[1], kind="csv", _arrays=fast[0][4])
-        return _with_others(hist, header, key)
+        return _note_bucketed(_with_others(hist, header, key), header, text, delim)
     try:
         table = list(csv.reader(io.StringIO(text), delimiter=delim))
     except csv.Error as exc:
@@ -682,7 +682,34 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
     for r, raw in zip(rows, body):
         if len(raw) > len(header):
             r[None] = raw[len(header):]  # type: ignore[index]  # as csv.DictReader does
-    return from_records(rows, path, "csv", key)
+    return _note_bucketed(from_records(rows, path, "csv", key), header, text, delim)
+
+
+def _differ(a: float | None, b: float | None) -> bool:
+    """a != b, with NaN equal to NaN (a bucket of one NaN step)."""
+    return a != b and not (a is not None and b is not None and math.isnan(a) and math.isnan(b))
+
+
+def _note_bucketed(hist: NormHistory, header: list[str], text: str, delim: str) -> NormHistory:
+    """``hist`` with a note when it is a W&B chart export whose rows are buckets of several logged steps:
+    W&B shows (and exports) a chart of more points than it draws as bucket means, with the bucket's range
+    in ``KEY__MIN`` and ``KEY__MAX``; where those differ, a spike within a bucket was averaged away."""
+    low, high = f"{hist.key}__MIN", f"{hist.key}__MAX"
+    if low not in header or high not in header:
+        return hist
+    i, j = header.index(low), header.index(high)
+    try:
+        rows = csv.reader(io.StringIO(text), delimiter=delim)
+        next(rows, None)
+        bucketed = sum(1 for r in rows if len(r) > max(i, j) and _differ(_num(r[i]), _num(r[j])))
+    except csv.Error:
+        return hist
+    if bucketed:
+        hist.notes.append(f"{hist.source}: {bucketed} of its rows are the mean of several logged steps (a "
+                          f"W&B chart export, downsampled: {high} differs from {low}): spikes inside them "
+                          "are averaged away and clip rates understated; export the run's full history "
+                          "(wandb's run.scan_history()) or read its wandb/run-*/*.wandb log")
+    return hist
 
 
 _NEGATIVE_INTEGER_ZERO = re.compile(rb"-0(?![.\deE])")

@@ -792,3 +792,22 @@ def test_nemo_dllogger_lines(tmp_path):
     h = read_norm_log(str(p))
     assert h.steps == [10, 20, 30] and h.norms == [55.5, 65.5, 75.5] and h.loss == [2.5, -7.5, -17.5]
     assert h.lr == pytest.approx([1e-5, 2e-5, 3e-5])
+
+
+def test_a_downsampled_wandb_chart_export_is_said_to_average_spikes_away(tmp_path, run):
+    # W&B's chart export of a run with more points than the chart shows: each row is a bucket of steps,
+    # its value their mean and __MIN/__MAX their range. A spike inside a bucket is averaged away
+    col = "my-run - train/grad_norm"
+    rows = [f"{10 * i},{1.0 + i % 3},{0.9 + i % 3},{1.1 + i % 3 + (5 if i == 30 else 0)}" for i in range(60)]
+    p = tmp_path / "wandb_export.csv"
+    p.write_text(f"Step,{col},{col}__MIN,{col}__MAX\n" + "\n".join(rows) + "\n")
+    h = read_norm_log(str(p))
+    assert h.key == col and any("mean of several logged steps" in n for n in h.notes)
+    r = run("suggest-threshold", str(p), "--format", "json")
+    assert r.exit_code == 0 and any("__MAX" in w for w in json.loads(r.stdout)["history"]["warnings"])
+    # every row one step (MIN == MAX == the value): no note
+    p.write_text(f"Step,{col},{col}__MIN,{col}__MAX\n"
+                 + "".join(f"{i},{1.0 + i % 3},{1.0 + i % 3},{1.0 + i % 3}\n" for i in range(60)))
+    assert not read_norm_log(str(p)).notes
+    p.write_text(f"Step,{col},{col}__MIN,{col}__MAX\n1,nan,nan,nan\n2,1.0,1.0,1.0\n3,,,\n")
+    assert not read_norm_log(str(p)).notes  # a NaN step, an empty row: no bucket
