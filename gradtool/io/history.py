@@ -124,7 +124,31 @@ def _directory_doubts(directory: str, files: Sequence[str], steps: Sequence[str]
         doubts.append(f"{directory}: its files are named as the shards of one checkpoint (-00001-of-"
                       f"{len(files):05d}...) but are read as {len(files)} steps; add --sharded to read them "
                       "as one step")
+    elif len(files) > 1 and (shapes := _npy_shapes(files)) and len({shape for _, shape in shapes}) > 1:
+        shown = listed([f"{name} {shape}" for name, shape in shapes], 3)
+        doubts.append(f"{directory}: its {len(files)} .npy files hold tensors of different shapes ({shown}) "
+                      f"but are read as {len(files)} steps of one tensor each (numbered by the digits in "
+                      "their names); if they are one step's tensors, add --sharded to read them as one step")
     return doubts
+
+
+def _npy_shapes(files: Sequence[str]) -> list[tuple[str, tuple[int, ...]]] | None:
+    """(tensor name, shape) of each of ``files`` when every one is a .npy file (one tensor each, as
+    ``np.save(f"{name}.npy", g)`` writes them), from their headers; None otherwise."""
+    from .npy import MAGIC, read_npy_header
+
+    found = []
+    for f in files:
+        name = os.path.splitext(os.path.basename(f))[0]
+        try:
+            with open(f, "rb") as fh:
+                if fh.read(len(MAGIC)) != MAGIC:
+                    return None
+                fh.seek(0)
+                found.append((name, read_npy_header(fh, name, f)[0]))
+        except (OSError, InputError):
+            return None
+    return found
 
 
 def _logs_hint(directory: str) -> str:

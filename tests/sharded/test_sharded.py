@@ -209,3 +209,28 @@ def test_files_named_as_one_checkpoints_shards_get_a_hint(run, tmp_path):
     assert dump["step"] == 100 and dump["global_norm"] == pytest.approx(math.sqrt(4 * (1 + 4 + 9)))
     (d / "model-00003-of-00003.safetensors").unlink()  # not all of them: no hint
     assert "warning" not in run("stats", str(d)).stderr
+
+
+def test_a_directory_of_one_steps_npy_tensors_gets_a_hint(run, tmp_path):
+    """np.save(f"grads/{name}.npy", g) per tensor: a directory of single-tensor files reads as a history,
+    here 4 "steps" numbered by the digits in fc1/fc2. Tensors of different shapes are no steps of one
+    tensor: a warning says so and what reads them as one step."""
+    d = tmp_path / "grads"
+    d.mkdir()
+    tensors = {"fc1.weight": np.ones((4, 3)), "fc1.bias": np.ones(4), "fc2.weight": np.ones((2, 4)),
+               "fc2.bias": np.ones(2)}
+    for name, g in tensors.items():
+        np.save(d / f"{name}.npy", g.astype(np.float32))
+    r = run("stats", str(d))
+    assert r.exit_code == 0
+    assert (f"gradtool: warning: {d}: its 4 .npy files hold tensors of different shapes (fc1.bias (4,), "
+            "fc1.weight (4, 3), fc2.bias (2,), ...) but are read as 4 steps of one tensor each") in r.stderr
+    assert "add --sharded to read them as one step" in r.stderr
+    one = run("stats", "--sharded", str(d), "--format", "json")
+    assert "warning" not in one.stderr
+    assert one.json()["dumps"][0]["global_norm"] == pytest.approx(math.sqrt(26))
+    steps = tmp_path / "steps"  # one tensor per step, as a history is: no warning
+    steps.mkdir()
+    for s in (100, 200):
+        np.save(steps / f"step_{s}.npy", np.full(5, s / 100, np.float32))
+    assert "warning" not in run("stats", str(steps)).stderr
