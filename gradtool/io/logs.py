@@ -219,8 +219,11 @@ def other_norm_keys(keys: Iterable[str], chosen: str) -> list[str]:
             and (k.lower() in NORM_KEYS or _looks_like_norm_key(k))]
 
 
-def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key: str | None = None) -> NormHistory:
-    """Build a history from dict records (HF log_history entries, JSONL lines, CSV rows)."""
+def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key: str | None = None,
+                 split_trainings: bool = True) -> NormHistory:
+    """Build a history from dict records (HF log_history entries, JSONL lines, CSV rows). With
+    ``split_trainings``, records whose steps start over hold several trainings: the last is read (see
+    :func:`_last_training`); records merged from files on purpose (a run's checkpoints) pass False."""
     if type(records) is not list or set(map(type, records)) != {dict}:  # the type scan runs in C
         records = [r for r in records if type(r) is dict]
     rows = records
@@ -234,9 +237,17 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
     skey = _find_key(all_keys, STEP_KEYS)
     lkey = _find_loss_key(all_keys)
     rkey = _find_key(all_keys, LR_KEYS)
-    fast = _vectorised(rows, nkey, skey, lkey, rkey)
+    fast = _vectorised(rows, nkey, skey, lkey, rkey, split_trainings)
     if fast is not None:
-        return _with_others(NormHistory(*fast[:4], source, nkey, kind, fast[4]), all_keys, key)
+        hist = _noted(NormHistory(*fast[:4], source, nkey, kind, fast[4]), fast[5])
+        return _with_others(hist, all_keys, key)
+    notes: list[str] = []
+    if split_trainings and skey:  # the steps of the norm rows, in log order: several trainings?
+        ordered = [(i, int(st)) for i, r in enumerate(rows) if _num(r.get(nkey)) is not None
+                   and (st := _num(r.get(skey))) is not None and math.isfinite(st)]
+        cut, notes = _last_training([st for _, st in ordered])
+        if cut:
+            rows = rows[ordered[cut][0]:]
     by_step: dict[int, tuple[float, float | None, float | None]] = {}
     order = 0
     last_loss: dict[int, float] = {}  # a loss logged in another row of the same step (Lightning, HF eval rows)
@@ -255,7 +266,42 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
     hist = NormHistory(steps, [by_step[s][0] for s in steps],
                        [by_step[s][1] if by_step[s][1] is not None else last_loss.get(s) for s in steps],
                        [by_step[s][2] for s in steps], source, nkey, kind)
-    return _with_others(hist, all_keys, key)
+    return _with_others(_noted(hist, notes), all_keys, key)
+
+
+def _noted(hist: NormHistory, notes: list[str]) -> NormHistory:
+    """``hist`` with ``notes`` (said of its log) added to its notes, its source named in front."""
+    hist.notes.extend(f"{hist.source}: {n}" for n in notes)
+    return hist
+
+
+def _last_training(steps: Any) -> tuple[int, list[str]]:
+    """Where the last training in a log begins, as an index into ``steps`` (the steps of its norm values,
+    in log order), and what to say about the log. A step at or below the first step of the
+    training so far starts a new training (a second run appended to the same log file, or a run name used
+    again: the Trainer's default run name is its output directory); its values must not be merged with
+    the earlier run's by step. A step below the one before but above that first step is a run resumed
+    from a checkpoint: its values replace those of the steps it logs again."""
+    n = len(steps)
+    back = [i for i in range(1, n) if steps[i] < steps[i - 1]] if n > 1 else []
+    start, restarts, resumes = 0, [], []
+    for b in back:
+        if steps[b] <= steps[start]:
+            start, resumes = b, []
+            restarts.append(b)
+        else:
+            resumes.append(b)
+    notes = []
+    if restarts:
+        b = restarts[-1]
+        notes.append(f"its steps start over {len(restarts)} time(s) (last at step {steps[b - 1]} then "
+                     f"{steps[b]}): it holds {len(restarts) + 1} trainings (runs appended to one log, or a "
+                     f"run name used again) and only the last is read ({n - b} of {n} values)")
+    if resumes:
+        b = resumes[0]
+        notes.append(f"its steps go back {len(resumes)} time(s) (at step {steps[b - 1]} then {steps[b]}: a "
+                     "run resumed from a checkpoint?); a step logged twice counts once, the later value")
+    return start, notes
 
 
 def _with_others(hist: NormHistory, keys: Iterable[str], explicit: str | None) -> NormHistory:
@@ -285,7 +331,7 @@ def _column(rows: list[dict[str, Any]], key: str) -> list[Any]:
 
 
 def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: str | None,
-                rkey: str | None) -> tuple[list[int], list[float], list[float | None], list[float | None]] | None:
+                rkey: str | None, split_trainings: bool = True) -> Any:
     """The common case (plain numbers, integer steps, every row carries the norm) with NumPy instead of a
     Python loop per row. None sends the caller to the general loop."""
     number = {float, int}
@@ -303,18 +349,23 @@ def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: s
         steps = _column(rows, skey)
         if not set(map(type, steps)) <= {int}:
             return None
-    return _columns(steps, norms, extra[0], extra[1])
+    return _columns(steps, norms, extra[0], extra[1], split_trainings=split_trainings)
 
 
-def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = False, lists: bool = True
-             ) -> tuple[list[int] | None, list[float] | None, list[float | None] | None, list[float | None] | None,
-                        tuple] | None:
+Columns = tuple[list[int] | None, list[float] | None, list[float | None] | None, list[float | None] | None,
+                tuple, list[str]]  # what _columns gives: the four columns as lists, as arrays, notes
+
+
+def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = False, lists: bool = True,
+             split_trainings: bool = True) -> Columns | None:
     """A history from columns (numbers, or numeric strings from a CSV): the last row of each step kept,
     in step order, as lists and as the arrays ``NormHistory.arrays`` gives. None when a column does not
     convert (empty cells, words): the general loop decides. ``types_known``: the lists already hold exactly
     int steps, float norms and float-or-None loss and learning rate (a typed decoder checked them), so
     they are passed through without scanning their types again. ``lists=False``: columns that are arrays
-    are not turned into lists (None in their place; ``NormHistory`` makes them from the arrays on first use)."""
+    are not turned into lists (None in their place; ``NormHistory`` makes them from the arrays on first use).
+    The last element: notes on the log (several trainings in it: only the last is kept; see
+    :func:`_last_training`)."""
     import numpy as np
 
     try:
@@ -324,6 +375,14 @@ def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = Fal
         return None
     n = step_arr.size
     in_order = n < 2 or bool(np.all(step_arr[1:] > step_arr[:-1]))  # the usual log: no step twice, sorted
+    notes: list[str] = []
+    if not in_order and split_trainings and bool(np.any(step_arr[1:] < step_arr[:-1])):
+        cut, notes = _last_training(step_arr.tolist())
+        if cut:  # the last training's rows only
+            steps, norms, loss, lr = (None if c is None else c[cut:] for c in (steps, norms, loss, lr))
+            step_arr, norm_arr = step_arr[cut:], norm_arr[cut:]
+            n = step_arr.size
+            in_order = n < 2 or bool(np.all(step_arr[1:] > step_arr[:-1]))
     if in_order:
         idx = None  # every row kept, in place: lists of the right types are passed through, not converted
     else:
@@ -363,7 +422,7 @@ def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = Fal
     else:
         steps_v, step_arr = kept(steps, step_arr, int)
     norms_v, norm_arr = kept(norms, norm_arr, float)
-    return steps_v, norms_v, loss_p[0], lr_p[0], (step_arr, norm_arr, loss_p[1], lr_p[1])
+    return steps_v, norms_v, loss_p[0], lr_p[0], (step_arr, norm_arr, loss_p[1], lr_p[1]), notes
 
 
 def _loads(text: str, source: str) -> Any:
@@ -463,7 +522,7 @@ def read_run_directory(path: str, key: str | None = None, run: str | None = None
         doc = _loads(_read_text(f), f)
         if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
             records.extend(doc["log_history"])  # later files repeat earlier steps: from_records keeps the last
-    return from_records(records, path, "trainer_state", key)
+    return from_records(records, path, "trainer_state", key, split_trainings=False)
 
 
 def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHistory:
@@ -620,7 +679,7 @@ def _msgspec_typed(text: str, path: str, key: str | None) -> NormHistory | None:
                     types_known=True, lists=False)
     if fast is None:
         return None
-    return _with_others(NormHistory(*fast[:4], path, nkey, "jsonl", fast[4]), keys, key)
+    return _with_others(_noted(NormHistory(*fast[:4], path, nkey, "jsonl", fast[4]), fast[5]), keys, key)
 
 
 def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
@@ -671,7 +730,8 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
         raise InputError(f"{path}: empty CSV (no header)")
     fast = _csv_fast(text, header, delim, key)
     if fast is not None:
-        hist = NormHistory(*fast[0][:4], source=path, key=fast[1], kind="csv", _arrays=fast[0][4])
+        hist = _noted(NormHistory(*fast[0][:4], source=path, key=fast[1], kind="csv", _arrays=fast[0][4]),
+                      fast[0][5])
         return _note_bucketed(_with_others(hist, header, key), header, text, delim)
     try:
         table = list(csv.reader(io.StringIO(text), delimiter=delim))

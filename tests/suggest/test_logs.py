@@ -762,7 +762,7 @@ def test_text_log_reads_back_what_was_printed(records, blocks, noise):
     from gradtool.io.logs import read_text_log
 
     out = []
-    for step, norm, loss, lr in records:
+    for step, norm, loss, lr in sorted(records):  # in step order, as a training prints them
         loss_text = "" if loss is None else f"lm loss: {loss!r}"
         lr_text = "" if lr is None else f"learning rate: {lr!r}"
         if blocks:
@@ -811,3 +811,58 @@ def test_a_downsampled_wandb_chart_export_is_said_to_average_spikes_away(tmp_pat
     assert not read_norm_log(str(p)).notes
     p.write_text(f"Step,{col},{col}__MIN,{col}__MAX\n1,nan,nan,nan\n2,1.0,1.0,1.0\n3,,,\n")
     assert not read_norm_log(str(p)).notes  # a NaN step, an empty row: no bucket
+
+
+def _two_trainings(first, second):
+    """Records of two trainings appended to one log: steps 10, 20, ... each, norms 1.x then 5.x."""
+    return ([{"step": 10 * (i + 1), "grad_norm": 1.0 + i / 100, "loss": 2.0} for i in range(first)]
+            + [{"step": 10 * (i + 1), "grad_norm": 5.0 + i / 100, "loss": 3.0} for i in range(second)])
+
+
+@pytest.mark.parametrize("how", ["jsonl", "jsonl-general", "csv", "csv-general", "text"])
+def test_a_log_of_two_trainings_is_read_as_its_last(tmp_path, how):
+    # `python train.py >> train.log` twice, or a tracker's run name used again (the Trainer's default
+    # name is its output directory): the second training's steps start over. Merged by step, the longer
+    # first training's tail (steps 210..300 here) was read as if the second had logged it
+    recs = _two_trainings(30, 20)
+    if how == "jsonl-general":  # a string in a column sends the reader to its general loop
+        recs[0]["note"] = "x"
+        recs[0]["loss"] = "2.0"
+    name = "log.jsonl" if how.startswith("jsonl") else "log.csv" if how.startswith("csv") else "train.log"
+    p = tmp_path / name
+    if how.startswith("jsonl"):
+        p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    elif how.startswith("csv"):
+        body = "".join(f"{r['step']},{r['grad_norm']},{r['loss']}\n" for r in recs)
+        p.write_text("step,grad_norm,loss\n" + body + ("10,,\n" if how == "csv-general" else ""))
+    else:
+        p.write_text("".join(f"step: {r['step']}  loss: {r['loss']}  grad_norm: {r['grad_norm']}\n"
+                             for r in recs))
+    h = read_norm_log(str(p))
+    assert h.steps == [10 * (i + 1) for i in range(20)] and h.norms[0] == 5.0 and h.norms[-1] == 5.19
+    assert any("start over 1 time(s) (last at step 300 then 10): it holds 2 trainings" in n
+               and "(20 of 50 values)" in n for n in h.notes), h.notes
+
+
+def test_a_resumed_run_in_one_log_is_merged_and_said_so(tmp_path, run):
+    # resumed from the checkpoint at step 200 after a crash at step 250: steps 210..250 logged twice
+    recs = ([{"step": s, "grad_norm": 1.0, "loss": 2.0} for s in range(10, 260, 10)]
+            + [{"step": s, "grad_norm": 2.0, "loss": 2.0} for s in range(210, 410, 10)])
+    p = tmp_path / "log.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    h = read_norm_log(str(p))
+    assert h.steps == list(range(10, 410, 10)) and h.norms[19] == 1.0 and h.norms[20:] == [2.0] * 20
+    assert any("go back 1 time(s) (at step 250 then 210: a run resumed" in n for n in h.notes), h.notes
+    r = run("suggest-threshold", str(p), "--format", "json")
+    assert any("a run resumed from a checkpoint" in w for w in r.json()["history"]["warnings"])
+
+
+def test_a_runs_checkpoints_are_merged_without_a_word_of_trainings(tmp_path):
+    # each checkpoint's trainer_state.json repeats the history from step 0: one training, merged on purpose
+    out = tmp_path / "output"
+    for ck in (100, 200):
+        (out / f"checkpoint-{ck}").mkdir(parents=True)
+        hist = [{"step": s, "grad_norm": 1.0 + s / 1000, "loss": 2.0} for s in range(10, ck + 10, 10)]
+        (out / f"checkpoint-{ck}" / "trainer_state.json").write_text(json.dumps({"log_history": hist}))
+    h = read_norm_log(str(out))
+    assert h.steps == list(range(10, 210, 10)) and not h.notes

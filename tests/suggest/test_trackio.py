@@ -226,3 +226,15 @@ def test_decoding_rows_at_once_equals_row_by_row(tmp_path_factory, monkeypatch_m
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as m:
         yield m
+
+
+def test_a_run_name_used_again_holds_two_trainings_and_the_last_is_read(tmp_path):
+    # the Trainer's TrackioCallback inits with resume="allow" and its run name defaults to the output
+    # directory: training twice appends the second training to the first's run (trackio 0.43 does so)
+    db = tmp_path / "p.db"
+    first = [(10 * (i + 1), 1.0) for i in range(40)]
+    second = [(10 * (i + 1), 3.0) for i in range(25)]
+    trackio_project(db, [("r1", "same-name", "2026-01-01T00:00:00+00:00", first + second, 0)])
+    h = read_norm_log(str(db))
+    assert h.steps == [10 * (i + 1) for i in range(25)] and set(h.norms) == {3.0}
+    assert any("it holds 2 trainings" in n for n in h.notes)
