@@ -295,8 +295,9 @@ def _last_training(steps: Any) -> tuple[int, list[str]]:
     if restarts:
         b = restarts[-1]
         notes.append(f"its steps start over {len(restarts)} time(s) (last at step {steps[b - 1]} then "
-                     f"{steps[b]}): it holds {len(restarts) + 1} trainings (runs appended to one log, or a "
-                     f"run name used again) and only the last is read ({n - b} of {n} values)")
+                     f"{steps[b]}): it holds {len(restarts) + 1} trainings (runs appended to one log, a run "
+                     f"name used again, or steps counted per epoch?) and only the last is read ({n - b} of "
+                     f"{n} values)")
     if resumes:
         b = resumes[0]
         notes.append(f"its steps go back {len(resumes)} time(s) (at step {steps[b - 1]} then {steps[b]}: a "
