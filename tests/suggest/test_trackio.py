@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gradtool.errors import InputError, UsageError
 from gradtool.io.logs import read_norm_log
+from tests.damaged import read_flipped
 
 _SCHEMA_043 = """
 CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, timestamp TEXT NOT NULL,
@@ -145,17 +146,7 @@ def test_a_corrupted_project_is_read_or_refused_in_one_line(tmp_path_factory, fl
         db = tmp_path_factory.mktemp("project") / "p.db"
         trackio_project(db, [("r1", "one", "2026-01-01T00:00:00+00:00", _points(30), 10)])
         _SMALL_PROJECT.append(db.read_bytes())
-    data = bytearray(_SMALL_PROJECT[0])
-    for pos, value in flips:
-        data[pos % len(data)] = value
-    db = tmp_path_factory.mktemp("db") / "p.db"
-    db.write_bytes(bytes(data))
-    try:
-        h = read_norm_log(str(db))
-    except (InputError, UsageError) as exc:
-        assert "\n" not in str(exc)
-    else:
-        assert len(h.steps) == len(h.norms) <= 30
+    read_flipped(tmp_path_factory, _SMALL_PROJECT[0], flips, "p.db", 30)
 
 
 def test_a_directory_of_databases(tmp_path, run):
