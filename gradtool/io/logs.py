@@ -33,7 +33,8 @@ STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", 
 LOSS_KEYS = ("loss", "train_loss", "train/loss", "lm loss", "lm_loss", "training_loss", "train_loss_step",
              "train/ce loss", "train/crossentropyloss")  # OLMo-core, OLMo
 LR_KEYS = ("learning_rate", "lr", "train/learning_rate", "learning rate", "lr-adam", "lr-adamw", "lr-sgd",
-           "optim/lr (group 0)", "optim/learning_rate_group0")  # OLMo-core, OLMo
+           "optim/lr (group 0)", "optim/learning_rate_group0",  # OLMo-core, OLMo
+           "learning-rate", "learning/current_learning_rate")  # Megatron's TensorBoard tag, MaxText
 MAX_LOG_BYTES = 2 << 30
 
 

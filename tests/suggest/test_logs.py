@@ -866,3 +866,15 @@ def test_a_runs_checkpoints_are_merged_without_a_word_of_trainings(tmp_path):
         (out / f"checkpoint-{ck}" / "trainer_state.json").write_text(json.dumps({"log_history": hist}))
     h = read_norm_log(str(out))
     assert h.steps == list(range(10, 210, 10)) and not h.notes
+
+
+@pytest.mark.parametrize(("norm", "loss", "lr"), [("grad-norm", "lm loss", "learning-rate"),  # Megatron TB
+                                                  ("learning/raw_grad_norm", "learning/loss",
+                                                   "learning/current_learning_rate")])  # MaxText
+def test_megatron_and_maxtext_learning_rates_are_found(tmp_path, norm, loss, lr):
+    # the learning rate is how a warm-up is found (the observations before it ends are skipped)
+    p = tmp_path / "scalars.jsonl"
+    p.write_text("".join(json.dumps({"step": s, norm: 1.0, loss: 2.0, lr: 1e-4 * min(s, 10) / 10}) + "\n"
+                         for s in range(1, 31)))
+    h = read_norm_log(str(p))
+    assert h.key == norm and h.loss[0] == 2.0 and h.lr[0] == pytest.approx(1e-5)
