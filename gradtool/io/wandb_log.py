@@ -207,19 +207,15 @@ def _rows_of(path: str, source: str) -> list[dict[str, Any]]:
 def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
                    run: Run | None = None) -> Any:
     """The norm history in the W&B run log at ``path`` (with ``run``: in that run's logs, in order, a
-    resumed run's continuing the first). Steps are ``train/global_step`` when logged (the Hugging Face
-    Trainer's training step), else W&B's own step counter; a step logged again keeps its later value."""
+    resumed run's continuing the first). Steps are the trainer's when it logs them (``train/global_step``
+    of the Hugging Face Trainer, ``trainer/global_step`` of Lightning, ``global_step``: see
+    :data:`~gradtool.io.logs.STEP_KEYS`), else W&B's own step counter ``_step``, which counts log calls;
+    a step logged again keeps its later value."""
     from .logs import from_records
 
     source = source or path
     parts = run.parts if run is not None and run.parts else (path,)
     rows = [row for p in parts for row in _rows_of(p, source if len(parts) == 1 else p)]
-    if any("train/global_step" in r for r in rows):
-        for r in rows:
-            r["step"] = r.get("train/global_step")
-    else:
-        for r in rows:
-            r["step"] = r.get("_step")
     hist = from_records(rows, source, "wandb", key)
     hist.run = run
     if len(parts) > 1:

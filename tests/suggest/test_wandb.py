@@ -187,3 +187,11 @@ def test_a_log_on_standard_input_names_its_run_from_its_run_record(tmp_path, run
     p = write_log(tmp_path / "copy.bin", hf_records(30, "named"))
     r = run("suggest-threshold", "-", "--format", "json", input=p.read_bytes())
     assert r.exit_code == 0 and r.json()["source"]["run"] == {"id": "abc123", "name": "named"}
+
+
+@pytest.mark.parametrize("step_key", ["trainer/global_step", "global_step"])  # Lightning, torchtune
+def test_other_trainers_steps_are_the_steps(tmp_path, step_key):
+    # W&B's _step counts log calls: Lightning logs every 50 steps here, which _step shows as every step
+    p = write_log(tmp_path / "run-x.wandb",
+                  [history(i, i, {"grad_norm": 1.0 + i % 3, step_key: 50 * (i + 1)}) for i in range(30)])
+    assert read_norm_log(str(p)).steps == [50 * (i + 1) for i in range(30)]
