@@ -45,6 +45,10 @@ def _torch_bits_as_ml_dtypes(x: Any) -> np.ndarray | None:
     return bits.view(getattr(ml_dtypes, wanted[1]))
 
 
+NO_GRADIENTS = ("recorded before loss.backward() or after optimizer.zero_grad()? a frozen parameter? under "
+                "DeepSpeed ZeRO p.grad stays None: pass deepspeed.utils.safe_get_full_grad(p)")
+
+
 def _is_dtensor(x: Any) -> bool:
     """True for a PyTorch DTensor (FSDP2's and tensor parallelism's gradients): a wrapper whose data is
     each rank's piece, reached through ``to_local()``; NumPy reading it directly reads no real data."""
@@ -77,6 +81,8 @@ def to_numpy(x: Any, name: str = "tensor") -> np.ndarray:
     (on several: see :func:`dtensor_piece`)."""
     if isinstance(x, np.ndarray):
         return x
+    if x is None:
+        raise UsageError(f"tensor {name!r} is None: it has no gradient ({NO_GRADIENTS})")
     if type(x).__name__ == "Parameter" and type(x).__module__.startswith("torch"):
         raise UsageError(f"tensor {name!r} is a torch.nn.Parameter (the weights), not its gradient: pass "
                          "p.grad (or p.detach() to record the weights themselves)")
@@ -232,20 +238,22 @@ class Recorder:
             raise UsageError(f"step must be an integer, not {step!r}")
         step = int(step)
         meta = {"step": step, **{k: _scalar(v) for k, v in scalars.items()}}
+        items = flatten_tensors(grads)
         if self.shard is not None:  # FSDP2 / tensor-parallel DTensors: this rank's shard of each
-            grads = [(n, dtensor_piece(t, n, sharded=True) if _is_dtensor(t) else t)
-                     for n, t in flatten_tensors(grads)]
+            items = [(n, dtensor_piece(t, n, sharded=True) if _is_dtensor(t) else t) for n, t in items]
+        elif not items:  # (a rank may hold none of a sharded step's tensors; a whole step of none is amiss)
+            raise UsageError(f"no tensors to record for step {step} ({NO_GRADIENTS})")
         if self.history_file:
-            return self._append_group(step, grads, meta)
+            return self._append_group(step, items, meta)
         from .io.dump import save_dump
 
         path = self.path_for(step)
         if self.shard is not None:
             os.makedirs(os.path.dirname(path), exist_ok=True)  # every rank may make it; exist_ok is race-safe
-        return save_dump(path, grads, meta, format=self.format, force=self.force, compress=self.compress,
+        return save_dump(path, items, meta, format=self.format, force=self.force, compress=self.compress,
                          fsync=self.fsync)
 
-    def _append_group(self, step: int, grads: Mapping[str, Any], meta: dict[str, Any]) -> str:
+    def _append_group(self, step: int, grads: list[tuple[str, Any]], meta: dict[str, Any]) -> str:
         """Write the step into a group ``NAME.partial`` without attributes, then give it its attributes
         (``step`` among them) and its name: a write that fails (a tensor that cannot be converted or
         stored, Ctrl-C) removes the partial group and leaves the file as it was: no phantom step of zero

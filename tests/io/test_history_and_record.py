@@ -496,3 +496,22 @@ def test_real_dtensors_on_two_ranks(tmp_path, run):
     assert r.exit_code == 0, r.stderr
     got = json.loads(r.stdout)["dumps"][0]["global_norm"]
     assert got == pytest.approx(float(np.linalg.norm(full.astype(np.float64))), rel=1e-12)
+
+
+def test_a_step_without_gradients_is_refused_not_recorded_empty(tmp_path):
+    """{n: p.grad ... if p.grad is not None} is empty after optimizer.zero_grad() (set_to_none) or under
+    DeepSpeed ZeRO (p.grad stays None): it recorded empty steps, read as a global norm of 0."""
+    from gradtool.errors import UsageError
+
+    for target in (str(tmp_path / "run"), str(tmp_path / "run.h5")):
+        rec = Recorder(target)
+        with pytest.raises(UsageError, match=r"no tensors to record for step 3 \(recorded before "
+                                             r"loss.backward\(\) or after optimizer.zero_grad\(\)\?.*ZeRO"):
+            rec.write(3, {})
+        with pytest.raises(UsageError, match=r"tensor 'w' is None: it has no gradient \(recorded before"):
+            rec.write(3, {"w": None, "b": np.ones(2)})
+    assert os.listdir(tmp_path / "run") == []
+    with pytest.raises(UsageError, match="no tensors"):
+        Recorder(str(tmp_path / "p"), format="safetensors").write(1, {"params": {}})  # an empty pytree
+    # one rank of a sharded step may hold none of its tensors: that is no mistake
+    Recorder(str(tmp_path / "sharded"), format="safetensors", shard="rank1").write(1, {})
