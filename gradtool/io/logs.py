@@ -214,8 +214,12 @@ def other_norm_keys(keys: Iterable[str], chosen: str) -> list[str]:
     column per run ("run-a - train/grad_norm", "run-b - train/grad_norm"; its ``__MIN``/``__MAX``
     columns are the same run's), and the first is taken unless ``--key`` says otherwise. Beside a norm
     taken before clipping, the others are the same run's after it (see :func:`_with_others`)."""
-    if _clip_words(chosen) == "before":
-        return []
+    return [] if _clip_words(chosen) == "before" else _norm_keys_besides(keys, chosen)
+
+
+def _norm_keys_besides(keys: Iterable[str], chosen: str) -> list[str]:
+    """The keys other than ``chosen`` that name a gradient norm (a W&B export's ``__MIN``/``__MAX``
+    columns left out)."""
     return [k for k in keys if k != chosen and not k.endswith(("__MIN", "__MAX"))
             and (k.lower() in NORM_KEYS or _looks_like_norm_key(k))]
 
@@ -312,9 +316,7 @@ def _with_others(hist: NormHistory, keys: Iterable[str], explicit: str | None) -
     if not explicit:
         hist.other_keys = other_norm_keys(keys, hist.key)
         if _clip_words(hist.key) == "before":
-            after = [k for k in keys if k != hist.key and (k.lower() in NORM_KEYS or _looks_like_norm_key(k))
-                     and not k.endswith(("__MIN", "__MAX"))]
-            if after:
+            if after := _norm_keys_besides(keys, hist.key):
                 hist.notes.append(f"{hist.source}: the norm before clipping, {hist.key!r}, was taken over "
                                   f"{listed(after, 3, repr)} (then the norm after clipping, never above the "
                                   "threshold in use); --key chooses another")
@@ -333,7 +335,7 @@ def _column(rows: list[dict[str, Any]], key: str) -> list[Any]:
 
 
 def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: str | None,
-                rkey: str | None, split_trainings: bool = True) -> Any:
+                rkey: str | None, split_trainings: bool = True) -> Columns | None:
     """The common case (plain numbers, integer steps, every row carries the norm) with NumPy instead of a
     Python loop per row. None sends the caller to the general loop."""
     number = {float, int}
