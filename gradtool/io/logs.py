@@ -928,8 +928,12 @@ def _text_norm(line: str) -> re.Match[str] | None:
     threshold in use)."""
     low = line.lower()
     if "clip" not in low and "raw" not in low:  # the usual line: the first norm (a pattern 3x faster)
-        return _TEXT_NORM.search(line)
-    found = [(m, _clip_words(m.group(1) + m.group(2))) for m in _TEXT_NORM_NAMED.finditer(line)]
+        m = _TEXT_NORM.search(line)
+        while m is not None and low[max(0, m.start() - 4):m.start()] in ("max_", "max-", "max "):
+            m = _TEXT_NORM.search(line, m.end())  # max_grad_norm=1.0, a printed setting: no norm value
+        return m
+    found = [(m, _clip_words(m.group(1) + m.group(2))) for m in _TEXT_NORM_NAMED.finditer(line)
+             if "max" not in re.split(r"[^a-z]+", m.group(1).lower())]  # not a max_grad_norm setting
     return (next((m for m, c in found if c == "before"), None)
             or next((m for m, c in found if c != "after"), None))
 

@@ -878,3 +878,16 @@ def test_megatron_and_maxtext_learning_rates_are_found(tmp_path, norm, loss, lr)
                          for s in range(1, 31)))
     h = read_norm_log(str(p))
     assert h.key == norm and h.loss[0] == 2.0 and h.lr[0] == pytest.approx(1e-5)
+
+
+def test_a_printed_max_grad_norm_setting_is_no_norm_value(tmp_path):
+    # the Trainer prints its TrainingArguments (max_grad_norm=1.0, ...) at start: a limit, not a norm; read
+    # as one it was a norm line without a step, and every step became the lines' order
+    p = tmp_path / "train.log"
+    p.write_text("TrainingArguments(learning_rate=5e-05, max_grad_norm=1.0, max-grad-norm 1.0, "
+                 "max_steps=30)\n"
+                 + "".join(f"step: {s}  loss: 2.0  grad_norm: {1 + s / 100}\n" for s in range(10, 310, 10)))
+    h = read_norm_log(str(p))
+    assert h.steps == list(range(10, 310, 10)) and not h.line_order and not h.notes
+    p.write_text("clip: max_grad_norm=1.0 | step 10 | raw_grad_norm: 3.0\n")
+    assert read_norm_log(str(p)).norms == [3.0]
