@@ -881,8 +881,9 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
             train/CE loss=3.21
             optim/total grad norm=0.4212
 
-    A norm line without a step of its own takes the step line before it (once: a second norm under one
-    step line, or one with no step line, makes every step the lines' order, and the history says so)."""
+    A norm line without a step of its own takes the step line before it (once). Norm lines still without
+    a step are left out when most have one (a warning that names the norm); when most have none, the
+    steps are the lines' order. Either is said in the history's notes."""
     text = _read_text(path) if text is None else text
     if "\x1b" in text:
         text = _ANSI.sub("", text)
@@ -909,16 +910,19 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
         records.append(r)
     if not records:
         raise InputError(f"{path}: no 'grad norm: X' values found in this text log")
-    with_step = sum("step" in r for r in records)
-    if 0 < with_step < len(records):
-        for r in records:
-            r.pop("step", None)
+    n, with_step = len(records), sum("step" in r for r in records)
+    if with_step * 2 >= n:  # most give their step: the others (a warning naming the norm) are left out
+        hist = from_records([r for r in records if "step" in r], path, "text", "grad_norm")
+        if with_step < n:
+            hist.notes.append(f"{path}: {n - with_step} of {n} gradient-norm lines have no step number and "
+                              "are left out")
+        return hist
+    for r in records:
+        r.pop("step", None)
     hist = from_records(records, path, "text", "grad_norm")
-    if with_step < len(records):
-        hist.line_order = True
-        hist.notes.append(f"{path}: {len(records) - with_step} of {len(records)} gradient-norm lines have "
-                          "no step number: steps are the order of those lines (0, 1, 2, ...), not training "
-                          "steps")
+    hist.line_order = True
+    hist.notes.append(f"{path}: {n - with_step} of {n} gradient-norm lines have no step number: steps are "
+                      "the order of those lines (0, 1, 2, ...), not training steps")
     return hist
 
 

@@ -701,9 +701,20 @@ def test_text_log_without_steps_says_its_steps_are_line_order(tmp_path):
     h = read_norm_log(str(p))
     assert h.steps == [0, 1, 2, 3, 4] and h.norms[-1] == 1.4
     assert h.line_order and any("order" in n for n in h.notes)
-    p.write_text("grad norm: 1.0\ngrad norm: 2.0 step 7\n")  # some with a step, some without
+    p.write_text("grad norm: 1.0\ngrad norm: 2.0 step 7\ngrad norm: 3.0\n")  # few with a step: line order
     h = read_norm_log(str(p))
-    assert h.steps == [0, 1] and h.line_order
+    assert h.steps == [0, 1, 2] and h.line_order
+
+
+def test_a_stray_norm_line_without_a_step_is_left_out(tmp_path):
+    # a warning in a log of steps ("grad_norm is nan, skipping the update") is no observation of its own
+    p = tmp_path / "train.log"
+    lines = [f"step: {s}  loss: 2.0  grad_norm: {1 + s / 100}" for s in range(10, 310, 10)]
+    lines.insert(12, "WARNING: grad_norm: nan, skipping the update")
+    p.write_text("\n".join(lines) + "\n")
+    h = read_norm_log(str(p))
+    assert h.steps == list(range(10, 310, 10)) and not h.line_order
+    assert any("1 of 31 gradient-norm lines have no step number and are left out" in n for n in h.notes)
 
 
 @pytest.mark.parametrize(("norm", "loss", "lr"), [
