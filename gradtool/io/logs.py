@@ -280,13 +280,14 @@ def _noted(hist: NormHistory, notes: list[str]) -> NormHistory:
     return hist
 
 
-def _last_training(steps: Any) -> tuple[int, list[str]]:
+def _last_training(steps: Any, unit: str = "step") -> tuple[int, list[str]]:
     """Where the last training in a log begins, as an index into ``steps`` (the steps of its norm values,
     in log order), and what to say about the log. A step at or below the first step of the
     training so far starts a new training (a second run appended to the same log file, or a run name used
     again: the Trainer's default run name is its output directory); its values must not be merged with
     the earlier run's by step. A step below the one before but above that first step is a run resumed
-    from a checkpoint: its values replace those of the steps it logs again."""
+    from a checkpoint: its values replace those of the steps it logs again. ``unit`` "epoch": ``steps``
+    are the epochs of a log without steps (the Trainer's console lines), read in line order."""
     n = len(steps)
     back = [i for i in range(1, n) if steps[i] < steps[i - 1]] if n > 1 else []
     start, restarts, resumes = 0, [], []
@@ -299,14 +300,17 @@ def _last_training(steps: Any) -> tuple[int, list[str]]:
     notes = []
     if restarts:
         b = restarts[-1]
-        notes.append(f"its steps start over {len(restarts)} time(s) (last at step {steps[b - 1]} then "
-                     f"{steps[b]}): it holds {len(restarts) + 1} trainings (runs appended to one log, a run "
-                     f"name used again, or steps counted per epoch?) and only the last is read ({n - b} of "
-                     f"{n} values)")
+        causes = "runs appended to one log, a run name used again" + (
+            ", or steps counted per epoch?" if unit == "step" else "")
+        notes.append(f"its {unit}s start over {len(restarts)} time(s) (last at {unit} {steps[b - 1]} then "
+                     f"{steps[b]}): it holds {len(restarts) + 1} trainings ({causes}) and only the last is "
+                     f"read ({n - b} of {n} values)")
     if resumes:
         b = resumes[0]
-        notes.append(f"its steps go back {len(resumes)} time(s) (at step {steps[b - 1]} then {steps[b]}: a "
-                     "run resumed from a checkpoint?); a step logged twice counts once, the later value")
+        twice = ("a step logged twice counts once, the later value" if unit == "step"
+                 else "lines logged again are read again")
+        notes.append(f"its {unit}s go back {len(resumes)} time(s) (at {unit} {steps[b - 1]} then {steps[b]}: "
+                     f"a run resumed from a checkpoint?); {twice}")
     return start, notes
 
 
@@ -990,9 +994,16 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
         records.append({k: quoted if q else bare.strip().removeprefix("tensor(")
                         for _, k, q, quoted, bare in pairs})
     keys = dict.fromkeys(k for r in records for k in r)
-    if not records or _find_norm_key(keys, key) is None:
+    if not records or (nkey := _find_norm_key(keys, key)) is None:
         return None
-    hist = from_records(records, path, "console", key)
+    notes = []
+    if _find_key(keys, STEP_KEYS) is None and "epoch" in keys:  # the Trainer's: no step, but its epoch
+        with_norm = [r for r in records if _num(r.get(nkey)) is not None]
+        epochs = [_num(r.get("epoch")) for r in with_norm]
+        if with_norm and None not in epochs:
+            cut, notes = _last_training(epochs, "epoch")  # the epoch starting over: another training
+            records = with_norm[cut:]
+    hist = _noted(from_records(records, path, "console", key), notes)
     if not hist.steps:
         return None  # no number where the norm should be: not this kind of log
     if _find_key(keys, STEP_KEYS) is None:

@@ -902,3 +902,34 @@ def test_a_printed_max_grad_norm_setting_is_no_norm_value(tmp_path):
     assert h.steps == list(range(10, 310, 10)) and not h.line_order and not h.notes
     p.write_text("clip: max_grad_norm=1.0 | step 10 | raw_grad_norm: 3.0\n")
     assert read_norm_log(str(p)).norms == [3.0]
+
+
+def test_trainer_console_logs_of_two_trainings_are_told_apart_by_their_epoch(tmp_path):
+    # `python train.py 2>&1 | tee -a train.log` twice: the Trainer's lines give no step, but an epoch
+    # that starts over
+    def lines(n, g):
+        return "".join(f"{{'loss': 2.0, 'grad_norm': {g}, 'learning_rate': 5e-05, "
+                       f"'epoch': {(i + 1) / 100}}}\n" for i in range(n))
+
+    p = tmp_path / "train.log"
+    p.write_text(lines(40, 1.0) + "{'train_runtime': 12.3, 'epoch': 0.4}\n" + lines(30, 3.0))
+    h = read_norm_log(str(p))
+    assert h.kind == "console" and h.line_order and len(h) == 30 and set(h.norms) == {3.0}
+    assert any("its epochs start over 1 time(s) (last at epoch 0.4 then 0.01): it holds 2 trainings" in n
+               for n in h.notes), h.notes
+    p.write_text(lines(40, 1.0))  # one training: as before
+    assert len(read_norm_log(str(p))) == 40 and len(read_norm_log(str(p)).notes) == 1
+
+
+@pytest.mark.skipif(not REAL_FILES, reason="../shared/real-logs not present")
+@pytest.mark.parametrize("name", REAL_FILES)
+def test_real_trainer_logs_printed_to_the_console_read_as_one_training(tmp_path, name):
+    # the real logs' entries as the Trainer prints them (a dict a line, no step): their epochs never start
+    # over, so every norm is read, none taken for a second training
+    with open(os.path.join(REAL, name)) as f:
+        entries = json.load(f)["log_history"]
+    p = tmp_path / "console.log"
+    p.write_text("".join(repr({k: v for k, v in e.items() if k != "step"}) + "\n" for e in entries))
+    h = read_norm_log(str(p))
+    assert h.kind == "console" and h.norms == [e["grad_norm"] for e in entries if "grad_norm" in e]
+    assert len(h.notes) == 1 and "gives no step numbers" in h.notes[0]
