@@ -13,7 +13,7 @@ import sqlite3
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradtool.errors import InputError, UsageError
@@ -356,6 +356,7 @@ def test_any_metric_text_parses_or_is_an_input_error(text):
         assert len(steps) == len(stamps) == len(values)
 
 
+@settings(deadline=None)  # SQLite files written and read: the first example opens sqlite3
 @given(st.binary(max_size=2000))
 def test_any_bytes_after_the_sqlite_magic_are_an_input_error(tmp_path_factory, tail):
     db = tmp_path_factory.mktemp("db") / "mlflow.db"
@@ -375,6 +376,7 @@ def _small_store(tmp_path_factory):
     return _SMALL_STORE[0]
 
 
+@settings(deadline=None)  # SQLite files written and read: the first example opens sqlite3
 @given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8))
 def test_a_corrupted_store_is_read_or_refused_in_one_line(tmp_path_factory, flips):
     """Found by it: a damaged run name was a UnicodeDecodeError traceback (sqlite3 decodes text strictly)."""

@@ -12,7 +12,7 @@ import os
 import sqlite3
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradtool.errors import InputError, UsageError
@@ -140,6 +140,7 @@ def test_damaged_or_normless_trackio_projects_are_input_errors(tmp_path, run, me
 _SMALL_PROJECT: list[bytes] = []  # made once (see test_mlflow's _SMALL_STORE)
 
 
+@settings(deadline=None)  # SQLite files written and read: the first example opens sqlite3
 @given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=8))
 def test_a_corrupted_project_is_read_or_refused_in_one_line(tmp_path_factory, flips):
     if not _SMALL_PROJECT:
@@ -183,6 +184,7 @@ _row = st.tuples(st.integers(0, 40), st.dictionaries(_row_key, _row_value, max_s
                  st.sampled_from(["bytes", "str", "pretty", "nan-token"]))
 
 
+@settings(deadline=None)  # SQLite files written and read: the first example opens sqlite3
 @given(rows=st.lists(_row, min_size=1, max_size=25))
 def test_decoding_rows_at_once_equals_row_by_row(tmp_path_factory, monkeypatch_module, rows):
     # msgspec's decode_lines (gradtool[speedups]) and json.loads per row give the same history or error
