@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import InputError, UsageError, listed
-from .runs import Run, choose_run
+from .runs import Run, choose_run_with_norm
 
 DBL_MAX = 1.7976931348623157e308  # MLflow's SQL store writes +-Inf as +-DBL_MAX (SQL has no infinity)
 _METRIC_LINE = re.compile(r"\d{12,14} \S+(?: -?\d+)?")  # "<ms timestamp> <value> [<step>]"
@@ -116,22 +116,10 @@ def history_of_run(series: dict[str, Series], norm_key: str, loss_key: str | Non
 
 def _choose(runs: list[Run], keys: dict[str, list[str]], key: str | None, run: str | None,
             source: str) -> Run:
-    """The run to read: among those with a gradient-norm metric (all runs when ``run`` names one, so that
-    a run without one is told so rather than not found)."""
-    from .logs import NORM_KEYS, _find_norm_key
-
-    if not runs:
-        raise InputError(f"{source}: an MLflow store with no runs")
-    by_name = run not in (None, "latest")  # a run named is looked for among all; latest: the last with a norm
-    candidates = runs if by_name else [r for r in runs if _find_norm_key(keys.get(r.where, []), key)]
-    if not candidates:
-        seen = sorted({k for r in runs for k in keys.get(r.where, [])})
-        tried = ", ".join(NORM_KEYS[:4])
-        named = f"no metric {key!r}" if key else f"no gradient-norm metric (tried {tried}, ...)"
-        raise InputError(f"{source}: {named} in its {len(runs)} MLflow run(s) (metrics: {listed(seen, 12)})"
-                         + ("" if key else "; name it with --key"))
-    what = "MLflow runs" if by_name else "MLflow runs with a gradient norm"
-    return choose_run(candidates, run, source, what)
+    """The run to read (see :func:`~gradtool.io.runs.choose_run_with_norm`); ``keys``: each run's metric
+    names, by its ``where``."""
+    return choose_run_with_norm(runs, lambda r: keys.get(r.where, []), key, run, source, "MLflow",
+                                "an MLflow store")
 
 
 def _norm_key(keys: list[str], key: str | None, source: str, chosen: Run) -> str:

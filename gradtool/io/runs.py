@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ..errors import UsageError, listed
+from ..errors import InputError, UsageError, listed
 
 RUN_HELP = "choose one with --run NAME, --run ID or --run latest"
 
@@ -76,3 +76,25 @@ def choose_run(runs: Sequence[Run], wanted: str | None, source: str, what: str) 
                          f"({listed(newest_first(prefixed), 4, Run.label)}); give more of it")
     raise UsageError(f"{source}: no run {wanted!r} among its {len(runs)} {what} "
                      f"({listed(order, 4, Run.label)})")
+
+
+def choose_run_with_norm(runs: Sequence[Run], keys_of: Callable[[Run], list[str]], key: str | None,
+                         wanted: str | None, source: str, kind: str, store: str) -> Run:
+    """The run of a store of ``kind`` ("MLflow", "Trackio"; ``store`` names one, "an MLflow store") to
+    read, by :func:`choose_run`: among the runs whose metric names (``keys_of(run)``) hold a gradient norm
+    (``key``, or one found), or among all when ``wanted`` names a run, so that a run without a norm is
+    told so rather than not found."""
+    from .logs import NORM_KEYS, _find_norm_key
+
+    if not runs:
+        raise InputError(f"{source}: {store} with no runs")
+    by_name = wanted not in (None, "latest")  # a run named: among all; latest: the last with a norm
+    candidates = runs if by_name else [r for r in runs if _find_norm_key(keys_of(r), key)]
+    if not candidates:
+        seen = sorted({k for r in runs for k in keys_of(r)})
+        tried = ", ".join(NORM_KEYS[:4])
+        named = f"no metric {key!r}" if key else f"no gradient-norm metric (tried {tried}, ...)"
+        raise InputError(f"{source}: {named} in its {len(runs)} {kind} run(s) (metrics: {listed(seen, 12)})"
+                         + ("" if key else "; name it with --key"))
+    what = f"{kind} runs" if by_name else f"{kind} runs with a gradient norm"
+    return choose_run(candidates, wanted, source, what)

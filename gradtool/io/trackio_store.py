@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-from ..errors import InputError, listed
-from .runs import Run, choose_run
+from ..errors import InputError
+from .runs import Run, choose_run_with_norm
 
 TRACKIO_COLUMNS = {"run_name", "step", "metrics"}
 
@@ -38,14 +39,12 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
     norm, or the one ``run`` names (see :func:`~gradtool.io.runs.choose_run`). A row's own step comes
     last (as ``_step``, W&B's name for such a counter): ``train/global_step``, logged by the Hugging Face
     Trainer in every row, is the training step. Only the chosen run's rows are all read."""
-    from .logs import NORM_KEYS, _find_norm_key, from_records
+    from .logs import from_records
 
     columns = {str(row[1]) for row in con.execute("PRAGMA table_info(metrics)")}
     by = "run_id" if "run_id" in columns else "run_name"
     runs = [Run(str(rid), str(name), _seconds(first), str(rid)) for rid, name, first in con.execute(
         f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics GROUP BY {by} ORDER BY MIN(rowid)")]
-    if not runs:
-        raise InputError(f"{source}: a Trackio project with no runs")
 
     def records(r: Run, limit: int = -1) -> list[dict[str, Any]]:
         rows = con.execute(f"SELECT rowid, step, metrics FROM metrics WHERE {by} = ? ORDER BY rowid LIMIT ?",
@@ -56,19 +55,12 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
         return [_record(rowid, step, doc, r, source, decoded=True)
                 for (rowid, step, _), doc in zip(rows, docs, strict=True)]
 
-    def keys(r: Run) -> list[str]:
-        return list(dict.fromkeys(k for rec in records(r, KEY_SAMPLE_ROWS) for k in rec))
+    @cache
+    def keys(r: Run) -> list[str]:  # its metric names (the row's own step, "_step", is none)
+        names = dict.fromkeys(k for rec in records(r, KEY_SAMPLE_ROWS) for k in rec)
+        return [k for k in names if k != "_step"]
 
-    by_name = run not in (None, "latest")
-    candidates = runs if by_name else [r for r in runs if _find_norm_key(keys(r), key)]
-    if not candidates:
-        seen = sorted({k for r in runs for k in keys(r)} - {"_step"})
-        tried = ", ".join(NORM_KEYS[:4])
-        named = f"no metric {key!r}" if key else f"no gradient-norm metric (tried {tried}, ...)"
-        raise InputError(f"{source}: {named} in its {len(runs)} Trackio run(s) (metrics: {listed(seen, 12)})"
-                         + ("" if key else "; name it with --key"))
-    what = "Trackio runs" if by_name else "Trackio runs with a gradient norm"
-    chosen = choose_run(candidates, run, source, what)
+    chosen = choose_run_with_norm(runs, keys, key, run, source, "Trackio", "a Trackio project")
     try:
         hist = from_records(records(chosen), source, "trackio", key)
     except InputError as exc:
