@@ -265,7 +265,7 @@ class Recorder:
         from .io.base import TensorInfo, check_tensor_name, check_unique
         from .io.hdf5 import Hdf5Writer
 
-        items = [(check_tensor_name(n, self.target), t) for n, t in flatten_tensors(grads)]
+        items = [(check_tensor_name(n, self.target), t) for n, t in grads]  # flattened by write()
         check_unique([n for n, _ in items], self.target)
         group = f"{self.prefix}{step:08d}"
         partial = f"{group}.partial"

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import InputError
 from .detect import WANDB_MAGIC
-from .runs import Run, choose_run
+from .runs import Run, choose_run, walk
 
 BLOCK = 32768
 _HEADER = 7  # of the file, and of each record
@@ -254,8 +254,6 @@ def wandb_runs(path: str, depth: int = 2) -> list[Run]:
     ``latest-run`` link is not counted twice."""
     import calendar
     import time
-
-    from .runs import walk
 
     found: dict[str, list[tuple[float, Run]]] = {}  # run ID -> its logs (a resumed run has several)
     for d, _, names in walk(os.path.normpath(path), depth):  # links (latest-run) are not followed
