@@ -759,6 +759,18 @@ def test_text_lines_give_the_norm_before_clipping(tmp_path, line, norm):
     assert h.steps == [10] and h.norms == [norm] and h.loss == [2.3]
 
 
+def test_text_log_names_in_any_case(tmp_path):
+    # the patterns match lowercased lines; a name written in capitals, and a character whose lowercase
+    # is longer ("İ" -> "i̇": the printed setting max_grad_norm was once looked for at shifted places)
+    p = tmp_path / "train.log"
+    p.write_text("Iteration 10 | LM Loss: 2.3 | Learning Rate: 1.0E-04 | Grad Norm: 3.4E+00 |\n"
+                 "STEP: 20  LOSS: NaN  GRAD_NORM: INF\n"
+                 "İİİİ step: 30 loss: 2.5 max_grad_norm=1.0 grad_norm: 0.7\n")
+    h = read_norm_log(str(p))
+    assert h.steps == [10, 20, 30] and h.norms == [3.4, math.inf, 0.7] and h.lr == [1e-4, None, None]
+    assert h.loss[0] == 2.3 and math.isnan(h.loss[1]) and h.loss[2] == 2.5
+
+
 _finite = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False)
 
 
