@@ -26,7 +26,9 @@ from typing import Any
 from ..errors import InputError, UsageError, listed
 
 NORM_KEYS = ("grad_norm", "gnorm", "grad_2.0_norm_total", "grad-norm", "total_norm", "grad_norm_total",
-             "train/grad_norm", "gradient_norm", "global_grad_norm", "grad norm", "grad_norm/total", "grads/norm")
+             "train/grad_norm", "gradient_norm", "global_grad_norm", "grad norm", "grad_norm/total",
+             "grads/norm", "l2_norm/grad/global", "grad_l2_norm/step",  # Composer's Optimizer/GradMonitor
+             "l2_grads", "grad/norm")  # big_vision, musubi-tuner
 # The trainer's step before W&B's `_step`, which counts log calls (a W&B history saved to a file has both)
 STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "iteration", "iter",
              "num_updates", "steps", "_step")
@@ -209,6 +211,19 @@ def _find_norm_key(keys: Iterable[str], explicit: str | None) -> str | None:
     return next((c for c in keys if _looks_like_norm_key(c)), None)
 
 
+def why_no_norm(keys: Iterable[str]) -> str:
+    """The likely reason a log of these metric names holds no gradient norm, as "; ..." for an error
+    message, or "" (the Hugging Face Trainer logs ``grad_norm`` from transformers 4.38 on, and only when
+    it clips: ``max_grad_norm`` > 0)."""
+    low = {k.lower() for k in keys if isinstance(k, str)}
+    if {"current_steps", "total_steps"} <= low:
+        return "; LLaMA-Factory's trainer_log.jsonl leaves it out: read trainer_state.json beside it"
+    if low & {"loss", "train/loss"} and low & {"learning_rate", "train/learning_rate"}:
+        return ("; the Hugging Face Trainer logs grad_norm from transformers 4.38 on, and only with "
+                "max_grad_norm > 0")
+    return ""
+
+
 def other_norm_keys(keys: Iterable[str], chosen: str) -> list[str]:
     """The keys besides ``chosen`` that hold a gradient norm too: a W&B export of several runs has one
     column per run ("run-a - train/grad_norm", "run-b - train/grad_norm"; its ``__MIN``/``__MAX``
@@ -238,7 +253,8 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
     if nkey is None:
         if key:
             raise UsageError(f"{source}: no column/key named {key!r}; keys found: {', '.join(list(all_keys)[:20])}")
-        raise InputError(f"{source}: found no gradient-norm key (tried {', '.join(NORM_KEYS)}); name it with --key")
+        raise InputError(f"{source}: found no gradient-norm key among its keys ({listed(all_keys, 12)}); "
+                         f"name it with --key{why_no_norm(all_keys)}")
     skey = _find_key(all_keys, STEP_KEYS)
     lkey = _find_loss_key(all_keys)
     rkey = _find_key(all_keys, LR_KEYS)

@@ -123,14 +123,14 @@ def _choose(runs: list[Run], keys: dict[str, list[str]], key: str | None, run: s
 
 
 def _norm_key(keys: list[str], key: str | None, source: str, chosen: Run) -> str:
-    from .logs import _find_norm_key
+    from .logs import _find_norm_key, why_no_norm
 
     nkey = _find_norm_key(keys, key)
     if nkey is None:
         what = f"no metric {key!r}" if key else "no gradient-norm metric"
         raise (UsageError if key else InputError)(
             f"{source}: run {chosen.label()} has {what} (metrics: {listed(sorted(keys), 12)})"
-            + ("" if key else "; name it with --key"))
+            + ("" if key else f"; name it with --key{why_no_norm(keys)}"))
     return nkey
 
 

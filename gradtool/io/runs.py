@@ -84,7 +84,7 @@ def choose_run_with_norm(runs: Sequence[Run], keys_of: Callable[[Run], list[str]
     read, by :func:`choose_run`: among the runs whose metric names (``keys_of(run)``) hold a gradient norm
     (``key``, or one found), or among all when ``wanted`` names a run, so that a run without a norm is
     told so rather than not found."""
-    from .logs import NORM_KEYS, _find_norm_key
+    from .logs import NORM_KEYS, _find_norm_key, why_no_norm
 
     if not runs:
         raise InputError(f"{source}: {store} with no runs")
@@ -95,6 +95,6 @@ def choose_run_with_norm(runs: Sequence[Run], keys_of: Callable[[Run], list[str]
         tried = ", ".join(NORM_KEYS[:4])
         named = f"no metric {key!r}" if key else f"no gradient-norm metric (tried {tried}, ...)"
         raise InputError(f"{source}: {named} in its {len(runs)} {kind} run(s) (metrics: {listed(seen, 12)})"
-                         + ("" if key else "; name it with --key"))
+                         + ("" if key else f"; name it with --key{why_no_norm(seen)}"))
     what = f"{kind} runs" if by_name else f"{kind} runs with a gradient norm"
     return choose_run(candidates, wanted, source, what)

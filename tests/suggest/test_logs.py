@@ -730,6 +730,37 @@ def test_olmo_metric_names_are_found_without_key(tmp_path, norm, loss, lr):
     assert h.lr == [0.0, 1e-4, 2e-4]
 
 
+@pytest.mark.parametrize(("norm", "others"), [
+    ("l2_norm/grad/global", ["l2_norm/grad/model.fc.weight", "l2_norm/moment/model.fc.weight"]),  # Composer
+    ("grad_l2_norm/step", ["layer_grad_l2_norm/model.fc.weight"]),  # Composer's older GradMonitor
+    ("l2_grads", ["l2_params", "l2_updates"]),  # big_vision's big_vision_metrics.txt
+    ("grad/norm", ["grad/mean_norm", "grad/max"]),  # musubi-tuner's --log_grad_metrics (before clipping)
+])
+def test_other_trainers_global_norm_names_are_found_without_key(tmp_path, norm, others):
+    # per-layer norms and other statistics beside them are not taken for the global norm
+    p = tmp_path / "big_vision_metrics.txt"
+    p.write_text("".join(json.dumps({"step": 10 * i, **{o: 50.0 for o in others}, norm: 1.0 + i,
+                                     "training_loss": 3.0 - i}) + "\n" for i in range(3)))
+    h = read_norm_log(str(p))
+    assert h.key == norm and h.steps == [0, 10, 20] and h.norms == [1.0, 2.0, 3.0]
+    assert h.loss == [3.0, 2.0, 1.0]
+
+
+@pytest.mark.parametrize(("rows", "why"), [
+    ([{"loss": 2.0, "learning_rate": 5e-5, "epoch": 0.1, "step": 10}], "transformers 4.38"),  # older Trainer
+    ([{"current_steps": 10, "total_steps": 100, "loss": 2.0, "lr": 1e-4, "epoch": 0.1, "percentage": 10}],
+     "LLaMA-Factory's trainer_log.jsonl leaves it out: read trainer_state.json beside it"),
+    ([{"step": 10, "loss": 2.0}], None),
+])
+def test_a_log_without_a_norm_says_which_keys_it_has_and_why(tmp_path, run, rows, why):
+    p = tmp_path / "trainer_log.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run("suggest-threshold", str(p))
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1
+    assert f"among its keys ({', '.join(rows[0])}); name it with --key" in r.stderr
+    assert (why in r.stderr) if why else r.stderr.endswith("--key\n")
+
+
 def test_the_norm_before_clipping_is_taken_over_the_clipped_one(tmp_path):
     # MaxText logs learning/grad_norm AFTER clipping (never above its threshold, 1.0 by default) and
     # learning/raw_grad_norm before it: a threshold chosen from the clipped norm would only repeat 1.0

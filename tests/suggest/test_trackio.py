@@ -122,6 +122,8 @@ def test_trackio_rows_without_a_global_step_are_read_by_trackios_step(tmp_path):
     ("not json", "row 1 of Trackio run 'r' .*holds no JSON object"),
     ("[1, 2]", "row 1 of Trackio run 'r' .*holds no JSON object"),
     ('{"loss": 1.0}', r"no gradient-norm metric .* in its 1 Trackio run\(s\) \(metrics: loss\)"),
+    ('{"train/loss": 1.0, "train/learning_rate": 1e-4}',  # a Trainer older than 4.38, or not clipping
+     r"metrics: train/learning_rate, train/loss\); .*logs grad_norm from transformers 4.38 on"),
 ])
 def test_damaged_or_normless_trackio_projects_are_input_errors(tmp_path, run, metrics, message):
     db = tmp_path / "p.db"
