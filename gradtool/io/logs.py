@@ -1041,7 +1041,8 @@ def read_tensorboard(path: str, key: str | None = None) -> NormHistory:
     tags = acc.Tags().get("scalars", [])
     nkey = _find_norm_key(tags, key)
     if nkey is None:
-        raise InputError(f"{path}: no gradient-norm scalar among {', '.join(tags[:20])}; name it with --key")
+        raise InputError(f"{path}: no gradient-norm scalar among {', '.join(tags[:20])}; name it with --key"
+                         + why_no_norm(tags))
     records: dict[int, dict[str, Any]] = {}
     for tag, name in ((nkey, "grad_norm"), (_find_loss_key(tags), "loss"),
                       (_find_key(tags, LR_KEYS), "learning_rate")):

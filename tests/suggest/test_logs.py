@@ -125,6 +125,17 @@ def _tb_events(directory, steps, tag="train/grad_norm"):
     w.close()
 
 
+def test_a_tensorboard_run_without_a_norm_says_why(tmp_path, run):
+    # the Trainer's TensorBoard tags before transformers 4.38 (or without clipping): train/loss and
+    # train/learning_rate, no train/grad_norm
+    pytest.importorskip("tensorboard")
+    _tb_events(tmp_path, [1, 2, 3], tag="train/learning_rate")
+    r = run("suggest-threshold", str(tmp_path))
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1
+    assert "no gradient-norm scalar among train/learning_rate, train/loss; name it with --key" in r.stderr
+    assert "logs grad_norm from transformers 4.38 on, and only with max_grad_norm > 0" in r.stderr
+
+
 def test_a_tensorboard_log_directory(tmp_path, run):
     """`suggest-threshold output/` on a Trainer's output with TensorBoard logs (output/runs/<date_host>/)
     was "directory holds neither gradient dumps nor trainer_state.json files": the log directory is what
