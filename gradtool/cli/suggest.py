@@ -35,9 +35,9 @@ Examples:
 Inputs: gradient dumps (files, directories, multi-step HDF5: every mode can be derived) and/or training
 logs (trainer_state.json, CSV/TSV, JSON Lines, Megatron text logs, console output of the Hugging Face
 Trainer or fairseq, TensorBoard events with gradtool[tensorboard], MLflow's mlflow.db and mlruns/, W&B's
-wandb/ run logs, Trackio projects; gzip/bzip2/xz-compressed too); a log given with dumps adds its loss
-and learning rate. A store of several runs lists them: choose one with --run. Logs carry only the global
-norm, so per-tensor modes cannot be derived from them.
+wandb/ run logs, Trackio projects, DVCLive's dvclive/; gzip/bzip2/xz-compressed too); a log given with
+dumps adds its loss and learning rate. A store of several runs lists them: choose one with --run. Logs
+carry only the global norm, so per-tensor modes cannot be derived from them.
 
 \b
 Default method (robust): skip the warm-up, leave out everything after a divergence, take a recent

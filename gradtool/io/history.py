@@ -153,8 +153,10 @@ def _npy_shapes(files: Sequence[str]) -> list[tuple[str, tuple[int, ...]]] | Non
 
 def _logs_hint(directory: str) -> str:
     """"; it holds training logs (...): suggest-threshold reads them" when ``directory`` is what
-    ``suggest-threshold`` reads as a log (a Trainer's output, TensorBoard, MLflow, Trackio or W&B runs);
+    ``suggest-threshold`` reads as a log (a Trainer's output, TensorBoard, MLflow, Trackio, W&B or DVCLive
+    runs);
     else ""."""
+    from .dvclive_log import dvclive_metrics_dir
     from .logs import tensorboard_runs, trainer_state_files
     from .mlflow_store import file_store_runs
     from .sqlite_logs import log_databases
@@ -170,6 +172,8 @@ def _logs_hint(directory: str) -> str:
         what = "MLflow runs"
     elif tensorboard_runs(directory):
         what = "TensorBoard event files"
+    elif dvclive_metrics_dir(directory):
+        what = "a DVCLive log"
     else:
         return ""
     return f"; it holds training logs ({what}): suggest-threshold reads them"

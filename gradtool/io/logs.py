@@ -28,7 +28,8 @@ from ..errors import InputError, UsageError, listed
 NORM_KEYS = ("grad_norm", "gnorm", "grad_2.0_norm_total", "grad-norm", "total_norm", "grad_norm_total",
              "train/grad_norm", "gradient_norm", "global_grad_norm", "grad norm", "grad_norm/total",
              "grads/norm", "l2_norm/grad/global", "grad_l2_norm/step",  # Composer's Optimizer/GradMonitor
-             "l2_grads", "grad/norm")  # big_vision, musubi-tuner
+             "l2_grads", "grad/norm",  # big_vision, musubi-tuner
+             "grad/total/2.0_norm")  # Lightning's grad_2.0_norm_total as DVCLive's Lightning logger names it
 # The trainer's step before W&B's `_step`, which counts log calls (a W&B history saved to a file has both)
 STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "iteration", "iter",
              "num_updates", "steps", "_step")
@@ -551,7 +552,8 @@ def read_run_directory(path: str, key: str | None = None, run: str | None = None
 
 def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHistory:
     """One of the TensorBoard, MLflow file-store and W&B runs under directory ``path`` (``run`` chooses
-    among several; MLflow runs alone are chosen among those that logged a gradient norm)."""
+    among several; MLflow runs alone are chosen among those that logged a gradient norm); else its DVCLive
+    log, or its one MLflow or Trackio database."""
     from .mlflow_store import file_store_runs, read_file_store
     from .runs import Run, choose_run
     from .wandb_log import read_wandb_dir, wandb_runs
@@ -563,8 +565,11 @@ def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHist
     kinds = [k for k, runs in (("TensorBoard", tb), ("MLflow", mlflow), ("W&B", wandb)) if runs]
     if not kinds:
         from .detect import no_dumps_hint
+        from .dvclive_log import dvclive_metrics_dir, read_dvclive
         from .sqlite_logs import log_databases, read_sqlite_log
 
+        if dvclive_metrics_dir(path):  # dvclive/plots/metrics/<name>.tsv
+            return read_dvclive(path, key)
         databases = log_databases(path)  # mlflow.db where MLflow ran; Trackio's <project>.db files
         if len(databases) == 1:
             return read_sqlite_log(databases[0], key, run)
@@ -572,7 +577,7 @@ def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHist
             raise UsageError(f"{path}: holds {len(databases)} MLflow or Trackio databases "
                              f"({listed(map(os.path.basename, databases), 4)}); give one of them")
         raise InputError(f"{path}: directory holds no gradient dumps, trainer_state.json, TensorBoard event "
-                         f"files, MLflow, Trackio or W&B runs{no_dumps_hint(path)}")
+                         f"files, MLflow, Trackio, W&B or DVCLive runs{no_dumps_hint(path)}")
     if kinds == ["MLflow"]:
         return read_file_store(path, key, run, mlflow)
     chosen = choose_run(tb + mlflow + wandb, run, path, f"{' or '.join(kinds)} runs")

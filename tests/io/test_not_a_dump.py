@@ -164,7 +164,7 @@ def test_a_directory_of_compressed_dumps_says_what_it_holds(run, tmp_path, comp)
     logs.mkdir()
     (logs / "metrics.csv.gz").write_bytes(gzip.compress(b"step,grad_norm\n1,2.0\n"))
     r = run("suggest-threshold", str(logs))
-    assert r.exit_code == 1 and r.stderr.endswith("MLflow, Trackio or W&B runs\n"), r.stderr
+    assert r.exit_code == 1 and r.stderr.endswith("MLflow, Trackio, W&B or DVCLive runs\n"), r.stderr
 
 
 def test_a_directory_of_pickles_says_so(run, tmp_path):

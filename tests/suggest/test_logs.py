@@ -165,7 +165,8 @@ def test_a_tensorboard_log_directory(tmp_path, run):
     empty.mkdir()
     r = run("suggest-threshold", str(empty))
     assert r.exit_code == 1
-    assert ("no gradient dumps, trainer_state.json, TensorBoard event files, MLflow, Trackio or W&B runs"
+    assert ("no gradient dumps, trainer_state.json, TensorBoard event files, MLflow, Trackio, W&B or "
+            "DVCLive runs"
             in r.stderr)
 
 

@@ -1,0 +1,88 @@
+"""DVCLive logs as gradient-norm histories.
+
+DVCLive (``report_to="dvclive"`` in the Hugging Face Trainer; its Lightning, Keras and fastai loggers)
+writes each metric to its own tab-separated file, ``<dir>/plots/metrics/<name>.tsv`` (``<dir>`` is
+``dvclive/`` by default; a name with ``/`` is a subdirectory), of lines ``timestamp step value`` under the
+header ``timestamp	step	<name>``. ``step`` is DVCLive's own counter, which its Trainer callback
+advances once per log call (every ``logging_steps``), and its Lightning logger sets to the trainer's
+global step. The files of the norm, loss and learning rate are read and joined by that step.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from typing import Any
+
+from ..errors import InputError, UsageError, listed
+
+METRICS_DIR = os.path.join("plots", "metrics")
+
+
+def dvclive_metrics_dir(path: str) -> str | None:
+    """The ``plots/metrics`` directory of the DVCLive log at ``path`` (the log's directory, its
+    ``plots/metrics`` directory, or a directory holding ``dvclive/``), or None."""
+    for d in (os.path.join(path, METRICS_DIR), os.path.join(path, "dvclive", METRICS_DIR), path):
+        if os.path.isdir(d) and os.path.normpath(d).endswith(METRICS_DIR) and metric_files(d):
+            return d
+    return None
+
+
+def metric_files(metrics_dir: str) -> dict[str, str]:
+    """Metric name -> file, for the ``.tsv``/``.csv`` files under ``metrics_dir`` (``train/loss`` for
+    ``train/loss.tsv``), in name order."""
+    found = {}
+    for root, dirs, files in os.walk(metrics_dir):
+        dirs.sort()
+        for f in sorted(files):
+            stem, ext = os.path.splitext(f)
+            if ext in (".tsv", ".csv"):
+                rel = os.path.relpath(os.path.join(root, stem), metrics_dir)
+                found[rel.replace(os.sep, "/")] = os.path.join(root, f)
+    return dict(sorted(found.items()))
+
+
+def _series(path: str) -> dict[int, float | None]:
+    """Step -> value of one metric file; a line cut short (the last one of a run that crashed) or one
+    that is not ``timestamp step value`` is skipped, as a JSON Lines log's garbage lines are."""
+    from .logs import _num, _read_text
+
+    rows = csv.reader(_read_text(path).splitlines(), delimiter="\t" if path.endswith(".tsv") else ",")
+    header = next(rows, None)
+    if header is None or [h.strip() for h in header[:2]] != ["timestamp", "step"] or len(header) != 3:
+        raise InputError(f"{path}: not a DVCLive metric file (its header is not 'timestamp, step, <name>')")
+    values: dict[int, float | None] = {}
+    for row in rows:
+        if len(row) == 3 and row[1].strip().isdigit():
+            values[int(row[1])] = _num(row[2])  # a step logged twice (a resumed run): the later value
+    return values
+
+
+def read_dvclive(path: str, key: str | None = None) -> Any:
+    """The norm history of the DVCLive log at ``path`` (see the module's docstring). When the log is the
+    Hugging Face Trainer's (``grad_norm`` beside ``learning_rate`` and ``epoch``), its steps count log
+    calls, not training steps: the history says so."""
+    from .logs import LR_KEYS, _find_key, _find_loss_key, _find_norm_key, from_records, why_no_norm
+
+    metrics_dir = dvclive_metrics_dir(path)
+    if metrics_dir is None:
+        raise InputError(f"{path}: no DVCLive metric files (plots/metrics/*.tsv)")
+    files = metric_files(metrics_dir)
+    nkey = _find_norm_key(files, key)
+    if nkey is None:
+        what = f"no metric {key!r}" if key else "no gradient-norm metric"
+        raise (UsageError if key else InputError)(
+            f"{path}: DVCLive log with {what} (metrics: {listed(files, 12)})"
+            + ("" if key else f"; name it with --key{why_no_norm(files)}"))
+    records: dict[int, dict[str, Any]] = {}
+    for name in dict.fromkeys(k for k in (nkey, _find_loss_key(files), _find_key(files, LR_KEYS)) if k):
+        for step, value in _series(files[name]).items():
+            records.setdefault(step, {"step": step})[name] = value
+    if not records:
+        raise InputError(f"{files[nkey]}: no values")
+    hist = from_records([records[s] for s in sorted(records)], path, "dvclive", nkey)
+    if nkey == "grad_norm" and {"learning_rate", "epoch"} <= files.keys():  # the Trainer's callback
+        hist.line_order = True
+        hist.notes.append(f"{path}: DVCLive's steps count the Hugging Face Trainer's log calls (one every "
+                          "logging_steps), not training steps")
+    return hist
