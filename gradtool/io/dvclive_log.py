@@ -2,8 +2,9 @@
 
 DVCLive (``report_to="dvclive"`` in the Hugging Face Trainer; its Lightning, Keras and fastai loggers)
 writes each metric to its own tab-separated file, ``<dir>/plots/metrics/<name>.tsv`` (``<dir>`` is
-``dvclive/`` by default; a name with ``/`` is a subdirectory), of lines ``timestamp step value`` under the
-header ``timestamp	step	<name>``. ``step`` is DVCLive's own counter, which its Trainer callback
+``dvclive/`` by default; a name with ``/`` is a subdirectory), of lines ``step value`` under the header
+``step	<last part of the name>`` (``timestamp`` first when asked for, and in DVCLive before 3.0).
+``step`` is DVCLive's own counter, which its Trainer callback
 advances once per log call (every ``logging_steps``), and its Lightning logger sets to the trainer's
 global step. The files of the norm, loss and learning rate are read and joined by that step.
 """
@@ -44,17 +45,18 @@ def metric_files(metrics_dir: str) -> dict[str, str]:
 
 def _series(path: str) -> dict[int, float | None]:
     """Step -> value of one metric file; a line cut short (the last one of a run that crashed) or one
-    that is not ``timestamp step value`` is skipped, as a JSON Lines log's garbage lines are."""
+    that is not ``[timestamp] step value`` is skipped, as a JSON Lines log's garbage lines are."""
     from .logs import _num, _read_text
 
     rows = csv.reader(_read_text(path).splitlines(), delimiter="\t" if path.endswith(".tsv") else ",")
-    header = next(rows, None)
-    if header is None or [h.strip() for h in header[:2]] != ["timestamp", "step"] or len(header) != 3:
-        raise InputError(f"{path}: not a DVCLive metric file (its header is not 'timestamp, step, <name>')")
+    header = [h.strip() for h in next(rows, [])]
+    at = 1 if header[:1] == ["timestamp"] else 0  # the step's column
+    if header[at:at + 1] != ["step"] or len(header) != at + 2:
+        raise InputError(f"{path}: not a DVCLive metric file (its header is not '[timestamp] step <name>')")
     values: dict[int, float | None] = {}
     for row in rows:
-        if len(row) == 3 and row[1].strip().isdigit():
-            values[int(row[1])] = _num(row[2])  # a step logged twice (a resumed run): the later value
+        if len(row) == at + 2 and row[at].strip().isdigit():
+            values[int(row[at])] = _num(row[at + 1])  # a step logged twice (a resumed run): the later value
     return values
 
 

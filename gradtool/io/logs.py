@@ -29,7 +29,7 @@ NORM_KEYS = ("grad_norm", "gnorm", "grad_2.0_norm_total", "grad-norm", "total_no
              "train/grad_norm", "gradient_norm", "global_grad_norm", "grad norm", "grad_norm/total",
              "grads/norm", "l2_norm/grad/global", "grad_l2_norm/step",  # Composer's Optimizer/GradMonitor
              "l2_grads", "grad/norm",  # big_vision, musubi-tuner
-             "grad/total/2.0_norm")  # Lightning's grad_2.0_norm_total as DVCLive's Lightning logger names it
+             "grad/total/2.0_norm")  # Lightning's grad_2.0_norm_total as older DVCLive loggers name it
 # The trainer's step before W&B's `_step`, which counts log calls (a W&B history saved to a file has both)
 STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "iteration", "iter",
              "num_updates", "steps", "_step")
