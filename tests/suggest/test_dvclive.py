@@ -1,7 +1,7 @@
 """DVCLive logs (``report_to="dvclive"``; DVCLive's Lightning logger): one ``step <name>`` TSV per metric
 under ``dvclive/plots/metrics/``, written here the way DVCLive's ``Metric.dump`` writes them (csv.DictWriter,
 tab-separated, header once, the column named after the last part of the metric's name; checked against
-dvclive 3.49), with a ``timestamp`` column first when asked for (and always before DVCLive 3.0)."""
+dvclive 3.49), with a ``timestamp`` column first when asked for (and always in older versions)."""
 
 import csv
 import math
