@@ -888,13 +888,15 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # 1,234 at the end of a value
 _IS = r"[\"']?\s*[:=]?\s*"  # between a name and its value: grad norm: 1.2, grad_norm=1.2, "grad_norm": 1.2
 # The text patterns are matched on lowercased lines: re.IGNORECASE made them 3x slower.
-_TEXT_NORM = re.compile(rf"(?:grad[ _-]?norm|gnorm|total_norm){_IS}({_NUMBER}|nan|inf(?:inity)?)")
+_NORM_NAME = r"(?:grad[ _-]?norm|gnorm|total_norm|l2_norm/grad/global)"  # the last: Composer's
+_TEXT_NORM = re.compile(rf"{_NORM_NAME}{_IS}({_NUMBER}|nan|inf(?:inity)?)")
 _TEXT_NORM_NAMED = re.compile(  # the same with up to two words before and after the name: see _text_norm
-    rf"((?:[a-z]+[ _-]){{0,2}})(?:grad[ _-]?norm|gnorm|total_norm)((?:[ _-][a-z]+){{0,2}})"
+    rf"((?:[a-z]+[ _-]){{0,2}}){_NORM_NAME}((?:[ _-][a-z]+){{0,2}})"
     rf"{_IS}({_NUMBER}|nan|inf(?:inity)?)")
 _TEXT_STEP = re.compile(rf"(?:iteration|step|global_step|num_updates){_IS}(\d+)")
-_TEXT_LOSS = re.compile(rf"(?:lm loss|loss){_IS}({_NUMBER}|nan|inf)")
-_TEXT_LR = re.compile(rf"(?:learning rate|lr)(?:\s*\([^()]*\))?{_IS}({_NUMBER})")
+_BATCH_HEADER = re.compile(r"(?:^|\s)\[batch=(\d+)(?:/\d+)?\]:?\s*$")  # Composer's console, in batches
+_TEXT_LOSS = re.compile(rf"(?:lm loss|loss/train/total|loss){_IS}({_NUMBER}|nan|inf)")  # Composer's 2nd
+_TEXT_LR = re.compile(rf"(?:learning rate|lr-[a-z]+/group0|lr)(?:\s*\([^()]*\))?{_IS}({_NUMBER})")
 
 
 def read_text_log(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
@@ -906,6 +908,9 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
             train/CE loss=3.21
             optim/total grad norm=0.4212
 
+    and Composer's (LLM Foundry's), whose step line is ``[batch=100/3000]:`` and norm line
+    ``Train l2_norm/grad/global: 0.4212``.
+
     A norm line without a step of its own takes the step line before it (once). Norm lines still without
     a step are left out when most have one (a warning that names the norm); when most have none, the
     steps are the lines' order. Either is said in the history's notes."""
@@ -916,7 +921,7 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
     block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
     for line in text.lower().splitlines():  # names in any case; float() reads 1.0e-04, nan, inf
         m = _text_norm(line)
-        s = _TEXT_STEP.search(line)
+        s = _TEXT_STEP.search(line) or _BATCH_HEADER.search(line)
         if m is None:
             if s is not None:
                 block = {"step": int(s.group(1))}

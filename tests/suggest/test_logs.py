@@ -706,6 +706,30 @@ def test_console_blocks_take_the_step_of_their_marker_line(tmp_path):
     assert h.lr == pytest.approx([float(_olmo_float(4e-4 * s / 30)) for s in steps])
 
 
+def test_composer_console_blocks(tmp_path):
+    # Composer's ConsoleLogger (LLM Foundry's runs): "[batch=N/M]:" then "\t Train <name>: <value>" lines
+    # (4 decimals), per-layer norms of its OptimizerMonitor before the global one, an evaluation between;
+    # the per-layer norms are not the norm, and "[Eval batch=3/10]" is no training step
+    steps = [10, 20, 30]
+    lines = ["******************************", "Config:", "global_train_batch_size: 256",
+             "max_duration: 3000ba", "******************************"]
+    for s in steps:
+        lines.append(f"[batch={s}/3000]:")
+        lines += [f"\t Train time/batch: {s - 1}", f"\t Train loss/train/total: {3.0 - s / 100:.4f}",
+                  "\t Train l2_norm/grad/model.transformer.blocks.0.norm_1.weight: 0.0100",
+                  "\t Train l2_norm/moment/model.transformer.wte.weight: 0.0200",
+                  f"\t Train l2_norm/grad/global: {1.0 + s / 10:.4f}",
+                  f"\t Train lr-DecoupledAdamW/group0: {1e-4 * s / 30:.4f}"]
+        if s == 20:
+            lines += ["[Eval batch=3/10] Eval on eval data", "[Eval batch=10/10] Eval on eval data:",
+                      "\t Eval metrics/eval/LanguageCrossEntropy: 2.1000"]
+    p = tmp_path / "train.log"
+    p.write_text("\n".join(lines) + "\n")
+    h = read_norm_log(str(p))
+    assert h.steps == steps and h.norms == [2.0, 3.0, 4.0] and not h.line_order and not h.notes
+    assert h.loss == [2.9, 2.8, 2.7] and h.lr == [round(1e-4 * s / 30, 4) for s in steps]
+
+
 def test_text_log_without_steps_says_its_steps_are_line_order(tmp_path):
     # one step number near the top ("resuming from step 5000") is no step of the norm lines after it
     p = tmp_path / "train.log"
