@@ -34,10 +34,12 @@ NORM_KEYS = ("grad_norm", "gnorm", "grad_2.0_norm_total", "grad-norm", "total_no
 STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "iteration", "iter",
              "num_updates", "steps", "_step")
 LOSS_KEYS = ("loss", "train_loss", "train/loss", "lm loss", "lm_loss", "training_loss", "train_loss_step",
-             "train/ce loss", "train/crossentropyloss")  # OLMo-core, OLMo
+             "train/ce loss", "train/crossentropyloss",  # OLMo-core, OLMo
+             "loss/train/total")  # Composer
 LR_KEYS = ("learning_rate", "lr", "train/learning_rate", "learning rate", "lr-adam", "lr-adamw", "lr-sgd",
            "optim/lr (group 0)", "optim/learning_rate_group0",  # OLMo-core, OLMo
-           "learning-rate", "learning/current_learning_rate")  # Megatron's TensorBoard tag, MaxText
+           "learning-rate", "learning/current_learning_rate",  # Megatron's TensorBoard tag, MaxText
+           "lr-decoupledadamw/group0", "lr-adamw/group0")  # Composer's LRMonitor
 MAX_LOG_BYTES = 2 << 30
 
 
@@ -972,8 +974,8 @@ def _text_norm(line: str) -> re.Match[str] | None:
 
 
 def _text_loss_and_lr(record: dict[str, Any], line: str) -> None:
-    """The loss and learning rate on ``line`` (lowercased) into ``record``, unless it has them (the first one counts:
-    OLMo prints its cross-entropy loss before its Z loss)."""
+    """The loss and learning rate on ``line`` (lowercased) into ``record``, unless it has them (the first
+    one counts: OLMo prints its cross-entropy loss before its Z loss)."""
     if "loss" not in record and (lo := _TEXT_LOSS.search(line)):
         record["loss"] = float(lo.group(1).replace(",", ""))
     if "learning_rate" not in record and (lr := _TEXT_LR.search(line)):

@@ -766,6 +766,17 @@ def test_olmo_metric_names_are_found_without_key(tmp_path, norm, loss, lr):
     assert h.lr == [0.0, 1e-4, 2e-4]
 
 
+def test_composers_metric_names_are_found_without_key(tmp_path):
+    # what LLM Foundry logs to MLflow / W&B / JSON: OptimizerMonitor's global norm, the loss and LRMonitor's
+    p = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "l2_norm/grad/model.fc.weight": 0.5, "l2_norm/grad/global": 1.0 + s,
+             "loss/train/total": 3.0 - s, "lr-DecoupledAdamW/group0": 1e-4 * s} for s in (1, 2)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    h = read_norm_log(str(p))
+    assert h.key == "l2_norm/grad/global" and h.norms == [2.0, 3.0] and h.loss == [2.0, 1.0]
+    assert h.lr == [1e-4, 2e-4]
+
+
 @pytest.mark.parametrize(("norm", "others"), [
     ("l2_norm/grad/global", ["l2_norm/grad/model.fc.weight", "l2_norm/moment/model.fc.weight"]),  # Composer
     ("grad_l2_norm/step", ["layer_grad_l2_norm/model.fc.weight"]),  # Composer's older GradMonitor
