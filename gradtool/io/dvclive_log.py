@@ -3,10 +3,10 @@
 DVCLive (``report_to="dvclive"`` in the Hugging Face Trainer; its Lightning, Keras and fastai loggers)
 writes each metric to its own tab-separated file, ``<dir>/plots/metrics/<name>.tsv`` (``<dir>`` is
 ``dvclive/`` by default; a name with ``/`` is a subdirectory), of lines ``step value`` under the header
-``step	<last part of the name>`` (``timestamp`` first when asked for, and always in older versions).
-``step`` is DVCLive's own counter, which its Trainer callback
-advances once per log call (every ``logging_steps``), and its Lightning logger sets to the trainer's
-global step. The files of the norm, loss and learning rate are read and joined by that step.
+``step <last part of the name>`` (a ``timestamp`` column first when asked for, and always in older
+versions). ``step`` is DVCLive's own counter, which its Trainer callback advances once per log call
+(every ``logging_steps``) and its Lightning logger sets to the trainer's global step. The files of the
+norm, loss and learning rate are read and joined by that step.
 """
 
 from __future__ import annotations

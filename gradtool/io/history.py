@@ -154,8 +154,7 @@ def _npy_shapes(files: Sequence[str]) -> list[tuple[str, tuple[int, ...]]] | Non
 def _logs_hint(directory: str) -> str:
     """"; it holds training logs (...): suggest-threshold reads them" when ``directory`` is what
     ``suggest-threshold`` reads as a log (a Trainer's output, TensorBoard, MLflow, Trackio, W&B or DVCLive
-    runs);
-    else ""."""
+    runs); else ""."""
     from .dvclive_log import dvclive_metrics_dir
     from .logs import tensorboard_runs, trainer_state_files
     from .mlflow_store import file_store_runs
