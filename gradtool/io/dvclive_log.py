@@ -15,7 +15,7 @@ import csv
 import os
 from typing import Any
 
-from ..errors import InputError, UsageError, listed
+from ..errors import InputError
 
 METRICS_DIR = os.path.join("plots", "metrics")
 
@@ -64,7 +64,7 @@ def read_dvclive(path: str, key: str | None = None) -> Any:
     """The norm history of the DVCLive log at ``path`` (see the module's docstring). When the log is the
     Hugging Face Trainer's (``grad_norm`` beside ``learning_rate`` and ``epoch``), its steps count log
     calls, not training steps: the history says so."""
-    from .logs import LR_KEYS, _find_key, _find_loss_key, _find_norm_key, from_records, why_no_norm
+    from .logs import LR_KEYS, _find_key, _find_loss_key, _find_norm_key, from_records, no_norm_metric
 
     metrics_dir = dvclive_metrics_dir(path)
     if metrics_dir is None:
@@ -72,10 +72,7 @@ def read_dvclive(path: str, key: str | None = None) -> Any:
     files = metric_files(metrics_dir)
     nkey = _find_norm_key(files, key)
     if nkey is None:
-        what = f"no metric {key!r}" if key else "no gradient-norm metric"
-        raise (UsageError if key else InputError)(
-            f"{path}: DVCLive log with {what} (metrics: {listed(files, 12)})"
-            + ("" if key else f"; name it with --key{why_no_norm(files)}"))
+        raise no_norm_metric(f"{path}: DVCLive log with", files, key)
     records: dict[int, dict[str, Any]] = {}
     for name in dict.fromkeys(k for k in (nkey, _find_loss_key(files), _find_key(files, LR_KEYS)) if k):
         for step, value in _series(files[name]).items():

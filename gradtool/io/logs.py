@@ -227,6 +227,17 @@ def why_no_norm(keys: Iterable[str]) -> str:
     return ""
 
 
+def no_norm_metric(where: str, keys: Iterable[str], key: str | None) -> InputError | UsageError:
+    """The error for a run or log (``where``: "SOURCE: run 'x' has") whose metrics ``keys`` hold no
+    gradient norm, or not the metric ``key`` named (a usage error): it lists them and says why when it
+    can (:func:`why_no_norm`)."""
+    keys = sorted(keys)
+    if key:
+        return UsageError(f"{where} no metric {key!r} (metrics: {listed(keys, 12)})")
+    return InputError(f"{where} no gradient-norm metric (metrics: {listed(keys, 12)}); name it with --key"
+                      + why_no_norm(keys))
+
+
 def other_norm_keys(keys: Iterable[str], chosen: str) -> list[str]:
     """The keys besides ``chosen`` that hold a gradient norm too: a W&B export of several runs has one
     column per run ("run-a - train/grad_norm", "run-b - train/grad_norm"; its ``__MIN``/``__MAX``

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import InputError, UsageError, listed
+from ..errors import InputError, UsageError
 from .runs import Run, choose_run_with_norm
 
 DBL_MAX = 1.7976931348623157e308  # MLflow's SQL store writes +-Inf as +-DBL_MAX (SQL has no infinity)
@@ -123,14 +123,11 @@ def _choose(runs: list[Run], keys: dict[str, list[str]], key: str | None, run: s
 
 
 def _norm_key(keys: list[str], key: str | None, source: str, chosen: Run) -> str:
-    from .logs import _find_norm_key, why_no_norm
+    from .logs import _find_norm_key, no_norm_metric
 
     nkey = _find_norm_key(keys, key)
     if nkey is None:
-        what = f"no metric {key!r}" if key else "no gradient-norm metric"
-        raise (UsageError if key else InputError)(
-            f"{source}: run {chosen.label()} has {what} (metrics: {listed(sorted(keys), 12)})"
-            + ("" if key else f"; name it with --key{why_no_norm(keys)}"))
+        raise no_norm_metric(f"{source}: run {chosen.label()} has", keys, key)
     return nkey
 
 
