@@ -20,27 +20,16 @@ from ..errors import InputError
 METRICS_DIR = os.path.join("plots", "metrics")
 
 
-def dvclive_metrics_dir(path: str) -> str | None:
-    """The ``plots/metrics`` directory of the DVCLive log at ``path`` (the log's directory, its
-    ``plots/metrics`` directory, or a directory holding ``dvclive/``), or None."""
+def dvclive_files(path: str) -> dict[str, str]:
+    """Metric name -> file of the DVCLive log at ``path`` (the log's directory, its ``plots/metrics``
+    directory, or a directory holding ``dvclive/``), in name order; empty when ``path`` holds none."""
+    from .logs import files_by_metric
+
     for d in (os.path.join(path, METRICS_DIR), os.path.join(path, "dvclive", METRICS_DIR), path):
-        if os.path.isdir(d) and os.path.normpath(d).endswith(METRICS_DIR) and metric_files(d):
-            return d
-    return None
-
-
-def metric_files(metrics_dir: str) -> dict[str, str]:
-    """Metric name -> file, for the ``.tsv``/``.csv`` files under ``metrics_dir`` (``train/loss`` for
-    ``train/loss.tsv``), in name order."""
-    found = {}
-    for root, dirs, files in os.walk(metrics_dir):
-        dirs.sort()
-        for f in sorted(files):
-            stem, ext = os.path.splitext(f)
-            if ext in (".tsv", ".csv"):
-                rel = os.path.relpath(os.path.join(root, stem), metrics_dir)
-                found[rel.replace(os.sep, "/")] = os.path.join(root, f)
-    return dict(sorted(found.items()))
+        if os.path.isdir(d) and os.path.normpath(d).endswith(METRICS_DIR) and (
+                files := files_by_metric(d, (".tsv", ".csv"))):
+            return dict(sorted(files.items()))
+    return {}
 
 
 def _series(path: str) -> dict[int, float | None]:
@@ -60,26 +49,20 @@ def _series(path: str) -> dict[int, float | None]:
     return values
 
 
-def read_dvclive(path: str, key: str | None = None) -> Any:
-    """The norm history of the DVCLive log at ``path`` (see the module's docstring). When the log is the
-    Hugging Face Trainer's (``grad_norm`` beside ``learning_rate`` and ``epoch``), its steps count log
-    calls, not training steps: the history says so."""
-    from .logs import LR_KEYS, _find_key, _find_loss_key, _find_norm_key, from_records, no_norm_metric
+def read_dvclive(path: str, key: str | None = None, files: dict[str, str] | None = None) -> Any:
+    """The norm history of the DVCLive log at ``path`` (see the module's docstring; ``files``: its
+    :func:`dvclive_files`, when the caller has them). When the log is the Hugging Face Trainer's
+    (``grad_norm`` beside ``learning_rate`` and ``epoch``), its steps count log calls, not training
+    steps: the history says so."""
+    from .logs import _find_norm_key, from_metric_series, no_norm_metric
 
-    metrics_dir = dvclive_metrics_dir(path)
-    if metrics_dir is None:
+    files = files or dvclive_files(path)
+    if not files:
         raise InputError(f"{path}: no DVCLive metric files (plots/metrics/*.tsv)")
-    files = metric_files(metrics_dir)
     nkey = _find_norm_key(files, key)
     if nkey is None:
         raise no_norm_metric(f"{path}: DVCLive log with", files, key)
-    records: dict[int, dict[str, Any]] = {}
-    for name in dict.fromkeys(k for k in (nkey, _find_loss_key(files), _find_key(files, LR_KEYS)) if k):
-        for step, value in _series(files[name]).items():
-            records.setdefault(step, {"step": step})[name] = value
-    if not records:
-        raise InputError(f"{files[nkey]}: no values")
-    hist = from_records([records[s] for s in sorted(records)], path, "dvclive", nkey)
+    hist = from_metric_series(files, nkey, lambda name: _series(files[name]).items(), path, "dvclive")
     if nkey == "grad_norm" and {"learning_rate", "epoch"} <= files.keys():  # the Trainer's callback
         hist.line_order = True
         hist.notes.append(f"{path}: DVCLive's steps count the Hugging Face Trainer's log calls (one every "

@@ -155,7 +155,7 @@ def _logs_hint(directory: str) -> str:
     """"; it holds training logs (...): suggest-threshold reads them" when ``directory`` is what
     ``suggest-threshold`` reads as a log (a Trainer's output, TensorBoard, MLflow, Trackio, W&B or DVCLive
     runs); else ""."""
-    from .dvclive_log import dvclive_metrics_dir
+    from .dvclive_log import dvclive_files
     from .logs import tensorboard_runs, trainer_state_files
     from .mlflow_store import file_store_runs
     from .sqlite_logs import log_databases
@@ -171,7 +171,7 @@ def _logs_hint(directory: str) -> str:
         what = "MLflow runs"
     elif tensorboard_runs(directory):
         what = "TensorBoard event files"
-    elif dvclive_metrics_dir(directory):
+    elif dvclive_files(directory):
         what = "a DVCLive log"
     else:
         return ""

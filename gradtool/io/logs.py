@@ -189,6 +189,13 @@ def _find_loss_key(keys: Iterable[str]) -> str | None:
          and not k.lower().startswith(("eval", "val", "test"))), None)
 
 
+def loss_and_lr_keys(keys: Iterable[str]) -> tuple[str | None, str | None]:
+    """The loss key (:func:`_find_loss_key`) and the learning-rate key (the first of LR_KEYS) among
+    ``keys``, each None when there is none."""
+    keys = list(keys)
+    return _find_loss_key(keys), _find_key(keys, LR_KEYS)
+
+
 def _looks_like_norm_key(key: str) -> bool:
     """e.g. "train/grad_norm_global", "run-a - train/grad_norm", "optim/total grad norm" (OLMo-core),
     "learning/raw_grad_norm" (MaxText, before clipping); not "grad_norm_clipped" nor a per-layer
@@ -270,8 +277,7 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
         raise InputError(f"{source}: found no gradient-norm key among its keys ({listed(all_keys, 12)}); "
                          f"name it with --key{why_no_norm(all_keys)}")
     skey = _find_key(all_keys, STEP_KEYS)
-    lkey = _find_loss_key(all_keys)
-    rkey = _find_key(all_keys, LR_KEYS)
+    lkey, rkey = loss_and_lr_keys(all_keys)
     fast = _vectorised(rows, nkey, skey, lkey, rkey, split_trainings)
     if fast is not None:
         hist = _noted(NormHistory(*fast[:4], source, nkey, kind, fast[4]), fast[5])
@@ -578,11 +584,11 @@ def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHist
     kinds = [k for k, runs in (("TensorBoard", tb), ("MLflow", mlflow), ("W&B", wandb)) if runs]
     if not kinds:
         from .detect import no_dumps_hint
-        from .dvclive_log import dvclive_metrics_dir, read_dvclive
+        from .dvclive_log import dvclive_files, read_dvclive
         from .sqlite_logs import log_databases, read_sqlite_log
 
-        if dvclive_metrics_dir(path):  # dvclive/plots/metrics/<name>.tsv
-            return read_dvclive(path, key)
+        if files := dvclive_files(path):  # dvclive/plots/metrics/<name>.tsv
+            return read_dvclive(path, key, files)
         databases = log_databases(path)  # mlflow.db where MLflow ran; Trackio's <project>.db files
         if len(databases) == 1:
             return read_sqlite_log(databases[0], key, run)
@@ -601,6 +607,21 @@ def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHist
     hist = read_tensorboard(chosen.where, key)
     hist.run = chosen
     return hist
+
+
+def files_by_metric(top: str, suffixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """The files under ``top`` of a log that keeps one file per metric (an MLflow file-store run's
+    ``metrics/``, DVCLive's ``plots/metrics/``), by metric name: the file's path below ``top`` with ``/``
+    between parts (``train/grad_norm``), without its suffix when ``suffixes`` are given (then only files
+    with one of them count). Directories and names in sorted order, as ``os.walk`` visits them."""
+    out = {}
+    for d, subdirs, names in os.walk(top):
+        subdirs.sort()
+        for n in sorted(names):
+            stem, ext = os.path.splitext(n) if suffixes else (n, "")
+            if ext in suffixes or not suffixes:
+                out[os.path.relpath(os.path.join(d, stem), top).replace(os.sep, "/")] = os.path.join(d, n)
+    return out
 
 
 def _newest_mtime(d: str) -> float | None:
@@ -687,7 +708,7 @@ def _msgspec_typed(text: str, path: str, key: str | None) -> NormHistory | None:
     nkey = _find_norm_key(keys, key)
     if nkey is None:
         return None
-    skey, lkey, rkey = _find_key(keys, STEP_KEYS), _find_loss_key(keys), _find_key(keys, LR_KEYS)
+    skey, (lkey, rkey) = _find_key(keys, STEP_KEYS), loss_and_lr_keys(keys)
     kinds = {nkey: (float,), skey: (int,), lkey: (float | None, None), rkey: (float | None, None)}
     fields = [(f"f{i}", *kinds.get(k, (msgspec.Raw, msgspec.UNSET))) for i, k in enumerate(keys)]
     try:
@@ -869,7 +890,7 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
     nkey = _find_norm_key(header, key)
     if nkey is None:
         return None
-    keys = [_find_key(header, STEP_KEYS), nkey, _find_loss_key(header), _find_key(header, LR_KEYS)]
+    keys = [_find_key(header, STEP_KEYS), nkey, *loss_and_lr_keys(header)]
     wanted = [header.index(k) for k in keys if k is not None]
     import warnings
 
@@ -1066,15 +1087,21 @@ def read_tensorboard(path: str, key: str | None = None) -> NormHistory:
     if nkey is None:
         raise InputError(f"{path}: no gradient-norm scalar among {', '.join(tags[:20])}; name it with --key"
                          + why_no_norm(tags))
+    return from_metric_series(tags, nkey, lambda tag: ((ev.step, ev.value) for ev in acc.Scalars(tag)),
+                              path, "tensorboard")
+
+
+def from_metric_series(keys: Iterable[str], nkey: str, series: Any, source: str, kind: str) -> NormHistory:
+    """A history from a log that keeps each metric apart (TensorBoard scalars, DVCLive's files): the
+    norm ``nkey``, and the loss and learning rate found among ``keys``, each read as (step, value) pairs
+    by ``series(name)`` and joined by step (a step given twice keeps its later value)."""
     records: dict[int, dict[str, Any]] = {}
-    for tag, name in ((nkey, "grad_norm"), (_find_loss_key(tags), "loss"),
-                      (_find_key(tags, LR_KEYS), "learning_rate")):
-        if tag:
-            for ev in acc.Scalars(tag):
-                records.setdefault(ev.step, {"step": ev.step})[name] = ev.value
-    hist = from_records([records[s] for s in sorted(records)], path, "tensorboard", "grad_norm")
-    hist.key = nkey  # the scalar's own tag, as the other readers name their column
-    return hist
+    for name in dict.fromkeys(k for k in (nkey, *loss_and_lr_keys(keys)) if k):
+        for step, value in series(name):
+            records.setdefault(step, {"step": step})[name] = value
+    if not records:
+        raise InputError(f"{source}: no values of {nkey!r}")
+    return from_records([records[s] for s in sorted(records)], source, kind, nkey)
 
 
 def is_log_file(path: str) -> bool:

@@ -173,10 +173,10 @@ def _run_history(chosen: Run, keys: list[str], key: str | None, source: str,
                  fetch: Callable[[str], Series]) -> Any:
     """The history of run ``chosen`` whose metrics are ``keys``: its norm metric (``key``, or found), loss
     and learning rate, each read by ``fetch(metric)``."""
-    from .logs import LR_KEYS, _find_key, _find_loss_key, _with_others
+    from .logs import _with_others, loss_and_lr_keys
 
     nkey = _norm_key(keys, key, source, chosen)
-    lkey, rkey = _find_loss_key(keys), _find_key(keys, LR_KEYS)
+    lkey, rkey = loss_and_lr_keys(keys)
     series = {k: fetch(k) for k in dict.fromkeys((nkey, lkey, rkey)) if k}
     return _with_others(history_of_run(series, nkey, lkey, rkey, source, chosen), keys, key)
 
@@ -249,14 +249,9 @@ def file_store_runs(path: str, depth: int = 3) -> list[Run]:
 
 def metric_files(run_dir: str) -> dict[str, str]:
     """A file-store run's metrics: name (``train/grad_norm`` for a nested file) -> file."""
-    top = os.path.join(run_dir, "metrics")
-    out = {}
-    for d, subdirs, names in os.walk(top):
-        subdirs.sort()
-        for n in sorted(names):
-            f = os.path.join(d, n)
-            out[os.path.relpath(f, top).replace(os.sep, "/")] = f
-    return out
+    from .logs import files_by_metric
+
+    return files_by_metric(os.path.join(run_dir, "metrics"))
 
 
 def read_file_store(path: str, key: str | None = None, run: str | None = None,
