@@ -879,6 +879,33 @@ def test_text_log_reads_back_what_was_printed(records, blocks, noise):
     assert h.loss == [r[2] for r in want] and h.lr == [r[3] for r in want] and not h.line_order
 
 
+_TEXT_PIECES = ["step", "iteration", "global_step", "num_updates", "[batch=", "]", ":", "=", " ", "/", "|",
+                "12", "3.5e-04", "nan", "grad", " norm", "_norm", "gnorm", "total_norm", "l2_norm/grad/global",
+                "max_", "clip", "raw", "lm loss", "loss", "loss/train/total", "lr", "lr-adamw/group0",
+                "learning rate", " (1e-4)", "\t", "x"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.lists(st.sampled_from(_TEXT_PIECES), max_size=12).map("".join), max_size=6))
+def test_text_log_substring_checks_skip_only_lines_the_patterns_cannot_match(lines):
+    # the text reader looks for "norm", "step", "loss", "lr", ... in a line before it runs a pattern (2x
+    # faster on logs full of other lines); each pattern needs its word, so the results are the ones of
+    # running every pattern on every line
+    from gradtool.io import logs
+
+    for line in lines:
+        step = logs._TEXT_STEP.search(line) or logs._BATCH_HEADER.search(line)
+        got = logs._text_step(line)
+        assert (got and (got.re, got.span())) == (step and (step.re, step.span()))
+        if "norm" not in line:
+            assert logs._TEXT_NORM.search(line) is None and logs._TEXT_NORM_NAMED.search(line) is None
+        record: dict = {}
+        logs._text_loss_and_lr(record, line)
+        lo, lr = logs._TEXT_LOSS.search(line), logs._TEXT_LR.search(line)
+        assert repr(record.get("loss")) == repr(lo and float(lo.group(1).replace(",", "")))  # nan == nan
+        assert repr(record.get("learning_rate")) == repr(lr and float(lr.group(1).replace(",", "")))
+
+
 def test_nemo_dllogger_lines(tmp_path):
     # NeMo 2's DLLogger (NVIDIA's DeepLearningExamples too): "DLLL " and a JSON object per line, the
     # metrics in its "data"; the names are quoted, which the text patterns did not allow for
