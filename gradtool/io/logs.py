@@ -993,9 +993,8 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
 def _text_step(line: str) -> re.Match[str] | None:
     """The step number of ``line`` (lowercased), if it has one: ``iteration 100/ 1000``, ``step: 10``,
     ``[step=100/3000]``, ``num_updates 100`` or Composer's ``[batch=100/3000]:``."""
-    if "step" in line or "iteration" in line or "num_updates" in line:
-        if s := _TEXT_STEP.search(line):
-            return s
+    if ("step" in line or "iteration" in line or "num_updates" in line) and (s := _TEXT_STEP.search(line)):
+        return s
     return _BATCH_HEADER.search(line) if "[batch=" in line else None
 
 

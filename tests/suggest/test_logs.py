@@ -880,7 +880,8 @@ def test_text_log_reads_back_what_was_printed(records, blocks, noise):
 
 
 _TEXT_PIECES = ["step", "iteration", "global_step", "num_updates", "[batch=", "]", ":", "=", " ", "/", "|",
-                "12", "3.5e-04", "nan", "grad", " norm", "_norm", "gnorm", "total_norm", "l2_norm/grad/global",
+                "12", "3.5e-04", "nan", "grad", " norm", "_norm", "gnorm", "total_norm",
+                "l2_norm/grad/global",
                 "max_", "clip", "raw", "lm loss", "loss", "loss/train/total", "lr", "lr-adamw/group0",
                 "learning rate", " (1e-4)", "\t", "x"]
 
