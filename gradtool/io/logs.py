@@ -954,8 +954,8 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
     records: list[dict[str, Any]] = []
     block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
     for line in text.lower().splitlines():  # names in any case; float() reads 1.0e-04, nan, inf
-        m = _text_norm(line) if "norm" in line else None  # `in` first: chatter lines skip the patterns
-        s = _text_step(line)
+        m = _text_norm(line) if "norm" in line else None  # each pattern needs its word: lines without
+        s = _text_step(line)  # it (a chatty log's warnings, OLMo's other metrics) run no pattern (2-3x)
         if m is None:
             if s is not None:
                 block = {"step": int(s.group(1))}
@@ -993,7 +993,7 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
 def _text_step(line: str) -> re.Match[str] | None:
     """The step number of ``line`` (lowercased), if it has one: ``iteration 100/ 1000``, ``step: 10``,
     ``[step=100/3000]``, ``num_updates 100`` or Composer's ``[batch=100/3000]:``."""
-    if ("step" in line or "iteration" in line or "num_updates" in line) and (s := _TEXT_STEP.search(line)):
+    if ("iteration" in line or "step" in line or "num_updates" in line) and (s := _TEXT_STEP.search(line)):
         return s
     return _BATCH_HEADER.search(line) if "[batch=" in line else None
 
@@ -1018,7 +1018,7 @@ def _text_loss_and_lr(record: dict[str, Any], line: str) -> None:
     one counts: OLMo prints its cross-entropy loss before its Z loss)."""
     if "loss" not in record and "loss" in line and (lo := _TEXT_LOSS.search(line)):
         record["loss"] = float(lo.group(1).replace(",", ""))
-    if "learning_rate" not in record and ("lr" in line or "learning rate" in line) and (
+    if "learning_rate" not in record and ("learning rate" in line or "lr" in line) and (
             lr := _TEXT_LR.search(line)):
         record["learning_rate"] = float(lr.group(1).replace(",", ""))
 
