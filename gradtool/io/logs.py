@@ -920,7 +920,8 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
 
 
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # 1,234 at the end of a value
-_IS = r"[\"']?\s*[:=]?\s*"  # between a name and its value: grad norm: 1.2, grad_norm=1.2, "grad_norm": 1.2
+_IS = r"[\"']?\s*[:=]?\s*(?:tensor\()?"  # between a name and its value: grad norm: 1.2, grad_norm=1.2,
+# "grad_norm": 1.2, and a PyTorch tensor printed with print(), str() or %s: tensor(1.2345, device='cuda:0')
 # The text patterns are matched on lowercased lines: re.IGNORECASE made them 3x slower.
 _NORM_NAME = r"(?:grad[ _-]?norm|gnorm|total_norm|l2_norm/grad/global)"  # the last: Composer's
 _TEXT_NORM = re.compile(rf"{_NORM_NAME}{_IS}({_NUMBER}|nan|inf(?:inity)?)")
@@ -1042,7 +1043,8 @@ def _csv_header_like(first: str, key: str | None) -> bool:
     commas in it ("10:00:00,000 ... grad_norm: 1.2 ... tps: 1,234") holds its values in its cells."""
     cells = re.split(r"[,\t]", first)
     nkey = _find_norm_key(cells, key)
-    return nkey is not None and _VALUE_IN_CELL.search(nkey) is None
+    return (nkey is not None and _VALUE_IN_CELL.search(nkey) is None
+            and _TEXT_NORM.search(nkey.lower()) is None)  # "grad_norm tensor(1.2, device='cuda:0')"
 
 
 def read_dict_lines(path: str, key: str | None = None, text: str | None = None) -> NormHistory | None:

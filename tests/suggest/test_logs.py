@@ -849,6 +849,24 @@ def test_text_log_names_in_any_case(tmp_path):
     assert h.loss[0] == 2.3 and math.isnan(h.loss[1]) and h.loss[2] == 2.5
 
 
+def test_text_log_values_printed_as_pytorch_tensors(tmp_path):
+    # a training loop's print("step", step, "loss", loss, "grad_norm", norm) or logging's %s prints a
+    # PyTorch tensor's str(): tensor(1.2345, device='cuda:0'); those lines were left out (a history of
+    # such lines only was "no 'grad norm: X' values found"), and a first line with commas in its tensors
+    # was taken for a CSV header (an empty history). The strings are torch 2's, as printed
+    p = tmp_path / "train.log"
+    p.write_text(
+        "step 10 loss tensor(2.3456, device='cuda:0', grad_fn=<NllLossBackward0>) "
+        "grad_norm tensor(1.2345, device='cuda:0')\n"
+        "INFO step=20 grad_norm=tensor(1.2338e-05, device='cuda:0', dtype=torch.bfloat16) lr=tensor(0.0001)\n"
+        "INFO step=30 grad_norm=tensor(nan, device='cuda:0') loss=tensor(inf)\n"
+        "step: 40 | grad norm: tensor(123392., dtype=torch.bfloat16) | loss: tensor(-0.5000)\n")
+    h = read_norm_log(str(p))
+    assert h.steps == [10, 20, 30, 40] and h.norms[:2] == [1.2345, 1.2338e-05] and h.norms[3] == 123392.0
+    assert math.isnan(h.norms[2]) and h.lr == [None, 1e-4, None, None]
+    assert h.loss[0] == 2.3456 and h.loss[2] == math.inf and h.loss[3] == -0.5
+
+
 _finite = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False)
 
 
