@@ -85,6 +85,22 @@ def test_logs_without_norms_are_input_errors(tmp_path, content):
         read_norm_log(str(p))
 
 
+@pytest.mark.parametrize("name, content, said", [
+    ("trainer_state.json", '{"log_history": [], "global_step": 0}', "its log_history is empty"),
+    ("metrics.csv", "step,grad_norm\n", "a header and no rows"),
+    ("metrics.tsv", "step\tgrad_norm\r\n", "a header and no rows"),
+    ("log.json", "[]", "no records"),
+])
+def test_a_log_with_nothing_logged_yet_says_so(tmp_path, name, content, said):
+    # a run whose first log has not come yet: "found no gradient-norm key among its keys (); name it
+    # with --key" sent the user after a key; none can help
+    p = tmp_path / name
+    p.write_text(content)
+    for key in (None, "grad_norm"):
+        with pytest.raises(InputError, match=f"{name}: {said}: nothing logged yet"):
+            read_norm_log(str(p), key)
+
+
 def test_tensorboard_needs_extra(tmp_path):
     import importlib.util
 
