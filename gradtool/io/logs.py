@@ -269,8 +269,8 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
         records = [r for r in records if type(r) is dict]
     rows = records
     if not rows:  # --key cannot help: say what is missing
-        what = {"trainer_state": "its log_history is empty", "csv": "a header and no rows"}.get(kind, "no records")
-        raise InputError(f"{source}: {what}: nothing logged yet?")
+        empty = {"trainer_state": "its log_history is empty", "csv": "a header and no rows"}
+        raise InputError(f"{source}: {empty.get(kind, 'no records')}: nothing logged yet?")
     seen = dict.fromkeys(chain.from_iterable(rows))  # every key, in first-seen order, without a loop per row
     all_keys = {k: None for k in seen if isinstance(k, str)}  # csv puts extra cells under the key None
     nkey = _find_norm_key(all_keys, key)
