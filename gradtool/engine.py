@@ -20,7 +20,7 @@ from .backend import dtype_name, is_floating_dtype
 from .core.norms import parse_norm_type
 from .errors import UsageError
 from .io.base import metadata_step
-from .io.history import DumpRef, fallback_step, open_each
+from .io.history import DumpRef, fallback_steps, open_each
 from .summarize import DumpSummary, name_selected, summarize_dump
 
 ENGINES = ("local", "dask")
@@ -99,11 +99,12 @@ def summarize_refs(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclu
 
 def with_fallback_steps(refs: Sequence[DumpRef], summaries: list[DumpSummary]) -> list[DumpSummary]:
     """``summaries`` (of ``refs``, in order), each without a step (none given, none in its metadata)
-    given its file name's or its position's (:func:`~gradtool.io.history.fallback_step`): refs from
+    given its file name's or its position's (:func:`~gradtool.io.history.fallback_steps`): refs from
     ``expand_inputs(resolve_steps=False)`` get the steps ``expand_inputs`` would have given them."""
-    for order, (ref, summary) in enumerate(zip(refs, summaries)):
-        if summary.step is None:
-            summary.step = fallback_step(ref, order)
+    if any(summary.step is None for summary in summaries):
+        for summary, step in zip(summaries, fallback_steps(refs)):
+            if summary.step is None:
+                summary.step = step
     return summaries
 
 

@@ -4,8 +4,9 @@ Inputs are files, directories (their dump files in name order with numbers by va
 step_10; not recursive; other files are ignored) and multi-step HDF5 files (one dump per top-level group
 with an integer ``step`` attribute).
 A dump's step number comes from, in order: its metadata (``step`` in the npz ``__metadata__.json``, the
-safetensors ``__metadata__``, or the HDF5 group/root attribute); else the first integer in its file name
-(``step_00100.npz`` -> 100); else its position in the argument order (0, 1, 2, ...).
+safetensors ``__metadata__``, or the HDF5 group/root attribute); else its file name (see
+:func:`steps_from_filenames`: ``step_00100.npz`` -> 100, ``gpt2_step_100.npz`` -> 100); else its position
+in the argument order (0, 1, 2, ...).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from .dump import is_stream, open_dump, spooled_copy, stream_name
 _INT = re.compile(r"\d+")
 _INT_PARTS = re.compile(r"(\d+)")  # split() gives text at even, digits at odd positions
 _FD_PATH = re.compile(r"/(?:dev|proc/(?:self|\d+))/fd/\d+")  # a shell's <(cmd): its number is no step
+_STEP_IN_NAME = re.compile(  # step_100, iter-100, it100; not in "split1" or "bf16"
+    r"(?<![a-z])(?:global_?step|steps?|iter(?:ation)?s?|it|updates?|batch)[-_.=]?(\d+)", re.IGNORECASE)
 
 
 @dataclass
@@ -49,10 +52,42 @@ class DumpRef:
         return open_dump(self.path, group=self.group, format=self.format)
 
 
+def _name_stem(path: str) -> str:
+    """The file (or step directory) name without a dump extension: the 5 of .h5 is no step."""
+    from .detect import EXTENSIONS
+
+    name = os.path.basename(os.path.normpath(path))
+    stem, ext = os.path.splitext(name)
+    return stem if ext.lower() in EXTENSIONS else name
+
+
 def step_from_filename(path: str) -> int | None:
-    """The first integer in the file name (not the directory): step_00100.npz -> 100."""
-    m = _INT.search(os.path.basename(path))
-    return int(m.group()) if m else None
+    """The step a file (or step directory) name gives, the directory it is in aside: the number after a
+    step word (``step_00100.npz``, ``gpt2_step_100.npz``, ``iter-100.h5``, ``rank0_it100.npz`` -> 100),
+    else the last number (``llama3_000100.npz`` -> 100; a model name's digits come first), else None
+    (``grads.h5``)."""
+    stem = _name_stem(path)
+    m = _STEP_IN_NAME.search(stem)
+    if m:
+        return int(m.group(1))
+    numbers = _INT.findall(stem)
+    return int(numbers[-1]) if numbers else None
+
+
+def steps_from_filenames(paths: Sequence[str]) -> list[int | None]:
+    """The steps the names of a history's dumps give: each name's (:func:`step_from_filename`), unless
+    those repeat or are missing while the names hold the same count of numbers and one place of them
+    differs in every name (``run2_100_r0.npz``, ``run2_200_r0.npz``: the second); then that place's
+    numbers (the last such place if several do)."""
+    own = [step_from_filename(p) for p in paths]
+    if len(paths) < 2 or (None not in own and len(set(own)) == len(own)):
+        return own
+    numbers = [[int(n) for n in _INT.findall(_name_stem(p))] for p in paths]
+    width = len(numbers[0])
+    if width == 0 or any(len(row) != width for row in numbers):
+        return own
+    distinct = [i for i in range(width) if len({row[i] for row in numbers}) == len(paths)]
+    return [row[distinct[-1]] for row in numbers] if distinct else own
 
 
 def natural_key(name: str) -> tuple[list[Any], str]:
@@ -201,7 +236,7 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
 
     ``resolve_steps=False`` leaves the steps of one-dump files unknown (None) instead of opening every
     dump for its metadata: a caller that opens them anyway takes the metadata step then and
-    :func:`fallback_step` for the rest (an HDF5 file costs ~13 ms an open).
+    :func:`fallback_steps` for the rest (an HDF5 file costs ~13 ms an open).
 
     A directory of dump files is a history of one-file steps; a directory of directories is a history
     of sharded steps (each subdirectory's files are one step's shards); with ``sharded`` every directory
@@ -232,21 +267,27 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
         else:
             refs.extend(_refs_for_file(item))
     if resolve_steps:
-        for order, ref in enumerate(refs):
+        for ref in refs:
             if ref.step is None:
                 ref.step = _metadata_step(ref)
-            if ref.step is None:
-                ref.step = fallback_step(ref, order)
+        if any(ref.step is None for ref in refs):
+            for ref, step in zip(refs, fallback_steps(refs)):
+                if ref.step is None:
+                    ref.step = step
     return refs
 
 
-def fallback_step(ref: DumpRef, order: int) -> int | None:
-    """The step of a dump whose metadata has none: the first integer in its file name, else its position
-    ``order`` in the history (None for standard input)."""
-    if ref.path == "-":
-        return None
-    step = None if _FD_PATH.fullmatch(ref.path) else step_from_filename(ref.path)
-    return order if step is None else step
+def fallback_steps(refs: Sequence[DumpRef]) -> list[int | None]:
+    """The step of each dump of ``refs`` (a history, in order) for when its metadata has none: the one its
+    file name gives (:func:`steps_from_filenames`, over the named dumps of the history), else its
+    position in the history (None for standard input)."""
+    named = [i for i, ref in enumerate(refs) if ref.path != "-" and not _FD_PATH.fullmatch(ref.path)]
+    by_name = dict(zip(named, steps_from_filenames([refs[i].path for i in named])))
+    steps: list[int | None] = []
+    for order, ref in enumerate(refs):
+        step = by_name.get(order)
+        steps.append(None if ref.path == "-" else order if step is None else step)
+    return steps
 
 
 def _metadata_step(ref: DumpRef) -> int | None:

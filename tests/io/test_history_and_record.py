@@ -3,6 +3,8 @@ import types
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gradtool import Recorder, open_dump, record, save_dump
 from gradtool.io.history import expand_inputs, step_from_filename
@@ -27,6 +29,42 @@ def test_directory_expansion_ignores_non_dumps(tmp_path):
 def test_step_from_filename():
     assert step_from_filename("/runs/7/step_00100.npz") == 100
     assert step_from_filename("final.npz") is None
+    # the extension's digits were taken for a step (grads.h5 was step 5), and a model name's (gpt2_step_100
+    # was step 2)
+    assert step_from_filename("grads.h5") is None and step_from_filename("model.hdf5") is None
+    assert step_from_filename("gpt2_step_100.npz") == 100 and step_from_filename("llama3_000100.npz") == 100
+    assert step_from_filename("rank0_iter-100.safetensors") == 100 and step_from_filename("dumps/it7/") == 7
+    assert step_from_filename("split1.npz") == 1 and step_from_filename("global_step300.h5") == 300
+
+
+def test_a_history_of_dumps_named_with_other_numbers_keeps_its_steps(tmp_path):
+    # three dumps without step metadata named gpt2_step_100.npz ... were all step 2: stats showed steps
+    # 2, 2, 2 and suggest-threshold read one observation of three. Names whose own numbers repeat take
+    # the place of the numbers that differ in every name
+    from gradtool.io.history import steps_from_filenames
+
+    for s in (100, 200, 300):
+        np.savez(tmp_path / f"gpt2_step_{s}.npz", w=np.full(3, s / 100, np.float32))
+    assert [r.step for r in expand_inputs([str(tmp_path)])] == [100, 200, 300]
+    assert steps_from_filenames(["100_rank0.npz", "200_rank0.npz"]) == [100, 200]
+    assert steps_from_filenames(["e1_s100.npz", "e1_s200.npz", "e2_s300.npz"]) == [100, 200, 300]
+    assert steps_from_filenames(["run1/step_1.npz", "run2/step_1.npz"]) == [1, 1]  # nothing tells them apart
+    assert steps_from_filenames(["a_1.npz", "final.npz"]) == [1, None]
+
+
+_name_part = st.text("abcxyz_-0123456789", max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(prefix=_name_part.map(lambda p: p + "_"), suffix=_name_part.map(lambda p: "_" + p),
+       steps=st.lists(st.integers(0, 10**7), min_size=2, max_size=6, unique=True), width=st.integers(1, 8),
+       ext=st.sampled_from([".npz", ".h5", ".hdf5", ".safetensors", ""]))
+def test_steps_from_filenames_recovers_the_numbers_that_count(prefix, suffix, steps, width, ext):
+    # f"{prefix}{step:0{width}d}{suffix}{ext}", whatever digits the fixed parts hold: the steps come back
+    from gradtool.io.history import steps_from_filenames
+
+    names = [f"dumps/{prefix}{s:0{width}d}{suffix}{ext}" for s in steps]
+    assert steps_from_filenames(names) == steps
 
 
 def test_recorder_h5_history_and_torch_like_tensors(tmp_path):
