@@ -931,7 +931,13 @@ _TEXT_NORM = re.compile(rf"{_NORM_NAME}{_IS}({_NUMBER}|nan|inf(?:inity)?)")
 _TEXT_NORM_NAMED = re.compile(  # the same with up to two words before and after the name: see _text_norm
     rf"((?:[a-z]+[ _-]){{0,2}}){_NORM_NAME}((?:[ _-][a-z]+){{0,2}})"
     rf"{_IS}({_NUMBER}|nan|inf(?:inity)?)")
-_TEXT_STEP = re.compile(rf"(?:iteration|step|global_step|num_updates){_IS}(\d+)")
+_TEXT_STEP = re.compile(rf"(?:iteration|iter|step|global_step|num_updates){_IS}(\d+)")
+_LLMC_STEP = re.compile(r"s:(\d+)")  # llm.c's main.log: "s:100 trl:3.2 lr:0.0006 norm:0.45" (train loss)
+_LLMC_LOSS = re.compile(rf"\strl:({_NUMBER}|nan|inf)")  # apart: a "trl" among _TEXT_LOSS's names cost 2x
+# "norm" alone, after a separator or a value: nanoGPT-derived loops' "| norm: 1.23 |", llm.c's "| norm 1.2
+# (+0.1z)|" and its main.log's "lr:0.0006 norm:0.45"; not "param norm", "layer_norm" (read only from a log
+# without a gradient norm of _TEXT_NORM's names)
+_BARE_NORM = re.compile(rf"(?:^|[|,;\t]|(?<=[\d)%\]]) )\s*norm{_IS}({_NUMBER}|nan|inf(?:inity)?)")
 _BATCH_HEADER = re.compile(r"(?:^|\s)\[batch=(\d+)(?:/\d+)?\]:?\s*$")  # Composer's console, in batches
 _TEXT_LOSS = re.compile(rf"(?:lm loss|loss/train/total|loss){_IS}({_NUMBER}|nan|inf)")  # Composer's 2nd
 _TEXT_LR = re.compile(rf"(?:learning rate|lr-[a-z]+/group0|lr)(?:\s*\([^()]*\))?{_IS}({_NUMBER})")
@@ -947,7 +953,10 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
             optim/total grad norm=0.4212
 
     and Composer's (LLM Foundry's), whose step line is ``[batch=100/3000]:`` and norm line
-    ``Train l2_norm/grad/global: 0.4212``.
+    ``Train l2_norm/grad/global: 0.4212``. A log with none of the gradient-norm names is read for a norm
+    named "norm" alone, as nanoGPT-derived loops (``step 10 | loss: 3.2 | lr 6e-4 | norm: 0.41 |``) and
+    llm.c (``step 10/74 | loss 3.2 (+0.1z)| norm 0.41 (-0.2z)|``; its main.log ``s:10 trl:3.2 lr:0.0006
+    norm:0.41``) print it; the history says so.
 
     A norm line without a step of its own takes the step line before it (once). Norm lines still without
     a step are left out when most have one (a warning that names the norm); when most have none, the
@@ -955,16 +964,38 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
     text = _read_text(path) if text is None else text
     if "\x1b" in text:
         text = _ANSI.sub("", text)
+    lines = text.lower().splitlines()  # names in any case; float() reads 1.0e-04, nan, inf
+    llmc = text.startswith("s:") or "\ns:" in text  # llm.c's main.log (s:100 trl:3.2 ...): checked once
+    records, bare = _text_records(lines, False, llmc), False
+    if not records:  # nanoGPT-derived loops and llm.c name the gradient norm "norm"
+        records, bare = _text_records(lines, True, llmc), True
+    if not records:
+        raise InputError(f"{path}: no 'grad norm: X' values found in this text log")
+    hist = _text_history(records, path)
+    if bare:
+        hist.key = "norm"
+        hist.notes.append(f"{path}: no 'grad norm' in this log: the norm is read from 'norm' (the gradient "
+                          "norm of nanoGPT-derived loops and llm.c)")
+    return hist
+
+
+def _text_records(lines: list[str], bare: bool, llmc: bool) -> list[dict[str, Any]]:
+    """The records (step, grad_norm, loss, learning_rate) of a text log's lowercased ``lines``: see
+    :func:`read_text_log`; ``bare``: the norm named just "norm" (:data:`_BARE_NORM`); ``llmc``: lines
+    may be llm.c's ``s:100 trl:3.2 ...``."""
     records: list[dict[str, Any]] = []
     block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
-    for line in text.lower().splitlines():  # names in any case; float() reads 1.0e-04, nan, inf
-        m = _text_norm(line) if "norm" in line else None  # each pattern needs its word: lines without
-        s = _text_step(line)  # it (a chatty log's warnings, OLMo's other metrics) run no pattern (2-3x)
+    for line in lines:
+        if "norm" not in line:  # each pattern needs its word: lines without it (a chatty log's warnings,
+            m = None  # OLMo's other metrics) run no pattern (2-3x)
+        else:
+            m = _BARE_NORM.search(line) if bare else _text_norm(line)
+        s = _text_step(line, llmc)
         if m is None:
             if s is not None:
                 block = {"step": int(s.group(1))}
             elif block is not None:
-                _text_loss_and_lr(block, line)
+                _text_loss_and_lr(block, line, llmc)
             continue
         if s is not None:  # a record on one line
             r: dict[str, Any] = {"step": int(s.group(1))}
@@ -974,10 +1005,13 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
         else:
             r, block = {}, None
         r["grad_norm"] = float(m.group(m.re.groups).replace(",", ""))  # the value is the last group
-        _text_loss_and_lr(r, line.replace(m.group(0), ""))
+        _text_loss_and_lr(r, line.replace(m.group(0), ""), llmc)
         records.append(r)
-    if not records:
-        raise InputError(f"{path}: no 'grad norm: X' values found in this text log")
+    return records
+
+
+def _text_history(records: list[dict[str, Any]], path: str) -> NormHistory:
+    """The history of a text log's ``records``: by their steps, or by their order when most have none."""
     n, with_step = len(records), sum("step" in r for r in records)
     if with_step * 2 >= n:  # most give their step: the others (a warning naming the norm) are left out
         hist = from_records([r for r in records if "step" in r], path, "text", "grad_norm")
@@ -994,11 +1028,13 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
     return hist
 
 
-def _text_step(line: str) -> re.Match[str] | None:
+def _text_step(line: str, llmc: bool = False) -> re.Match[str] | None:
     """The step number of ``line`` (lowercased), if it has one: ``iteration 100/ 1000``, ``step: 10``,
-    ``[step=100/3000]``, ``num_updates 100`` or Composer's ``[batch=100/3000]:``."""
-    if ("iteration" in line or "step" in line or "num_updates" in line) and (s := _TEXT_STEP.search(line)):
+    ``[step=100/3000]``, ``num_updates 100``, Composer's ``[batch=100/3000]:`` or llm.c's ``s:100``."""
+    if ("iter" in line or "step" in line or "num_updates" in line) and (s := _TEXT_STEP.search(line)):
         return s
+    if llmc and line.startswith("s:"):
+        return _LLMC_STEP.match(line)
     return _BATCH_HEADER.search(line) if "[batch=" in line else None
 
 
@@ -1017,10 +1053,11 @@ def _text_norm(line: str) -> re.Match[str] | None:
             or next((m for m, c in found if c != "after"), None))
 
 
-def _text_loss_and_lr(record: dict[str, Any], line: str) -> None:
+def _text_loss_and_lr(record: dict[str, Any], line: str, llmc: bool = False) -> None:
     """The loss and learning rate on ``line`` (lowercased) into ``record``, unless it has them (the first
     one counts: OLMo prints its cross-entropy loss before its Z loss)."""
-    if "loss" not in record and "loss" in line and (lo := _TEXT_LOSS.search(line)):
+    if "loss" not in record and (lo := _TEXT_LOSS.search(line) if "loss" in line else
+                                 _LLMC_LOSS.search(line) if llmc and line.startswith("s:") else None):
         record["loss"] = float(lo.group(1).replace(",", ""))
     if "learning_rate" not in record and ("learning rate" in line or "lr" in line) and (
             lr := _TEXT_LR.search(line)):

@@ -883,6 +883,55 @@ def test_text_log_values_printed_as_pytorch_tensors(tmp_path):
     assert h.loss[0] == 2.3456 and h.loss[2] == math.inf and h.loss[3] == -0.5
 
 
+def test_nanogpt_and_llm_c_logs_name_the_norm_norm(tmp_path):
+    # build-nanogpt's train_gpt2.py (and the loops derived from it) print "| norm: {norm:.4f} |", llm.c
+    # its console "| norm %6.4f (%+.2fz)|" and its main.log "s:%d trl:%.4f lr:%.6f norm:%.2f": they were
+    # "no 'grad norm: X' values found". Lines as those format strings print them
+    nanogpt = ["using device: cuda", "=> calculated gradient accumulation steps: 32"] + [
+        f"step {s:5d} | loss: {10.9 - s / 10:.6f} | lr {6e-4 * (s + 1) / 3:.4e} | norm: {1.5 + s:.4f} | "
+        f"dt: {400.1:.2f}ms | tok/sec: {1234567.8:.2f}" for s in range(3)] + ["validation loss: 4.5000"]
+    llmc = [f"step {s + 1:4d}/{74} | loss {7.5 - s:7.6f} ({0.1:+.2f}z)| norm {0.5 + s:6.4f} ({-0.2:+.2f}z)| "
+            f"lr {1e-4 * (s + 1):.2e} | {300.5:.2f} ms | {1500:.0f} tok/s" for s in range(3)]
+    main_log = [line for s in range(3) for line in (
+        f"s:{s} trl:{7.5 - s:.4f} lr:{6e-4:.6f} norm:{0.5 + s:.2f}", f"s:{s} tel:{7.9:.4f}")]
+    for name, lines, steps, norms, loss, lr in [
+            ("nanogpt.log", nanogpt, [0, 1, 2], [1.5, 2.5, 3.5], [10.9, 10.8, 10.7], [2e-4, 4e-4, 6e-4]),
+            ("llmc.log", llmc, [1, 2, 3], [0.5, 1.5, 2.5], [7.5, 6.5, 5.5], [1e-4, 2e-4, 3e-4]),
+            ("main.log", main_log, [0, 1, 2], [0.5, 1.5, 2.5], [7.5, 6.5, 5.5], [6e-4] * 3)]:
+        p = tmp_path / name
+        p.write_text("\n".join(lines) + "\n")
+        h = read_norm_log(str(p))
+        assert (h.steps, h.norms, h.key) == (steps, norms, "norm")
+        assert h.loss == pytest.approx(loss) and h.lr == pytest.approx(lr)
+        assert any("read from 'norm'" in n for n in h.notes) and not h.line_order
+
+
+def test_nanogpt_iter_lines_give_their_step(tmp_path):
+    # nanoGPT's train.py prints "iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu ..."; with a
+    # norm added to it, "iter" was no step word and the steps were the lines' order
+    p = tmp_path / "train.log"
+    p.write_text("".join(f"iter {i}: loss {4.2 - i / 100:.4f}, time {95.5:.2f}ms, mfu {31.2:.2f}%, "
+                         f"grad_norm {0.5 + i / 100:.4f}\n" for i in range(0, 50, 10)))
+    h = read_norm_log(str(p))
+    assert h.steps == [0, 10, 20, 30, 40] and h.norms == [0.5, 0.6, 0.7, 0.8, 0.9] and not h.line_order
+    assert h.loss == pytest.approx([4.2, 4.1, 4.0, 3.9, 3.8])
+
+
+@pytest.mark.parametrize("text, norms", [
+    ("step 1 | param norm: 5.0 | norm: 2.0 | grad norm: 1.0\n", [1.0]),  # a gradient norm's name wins
+    ("step 1 | param norm: 5.0 | layer_norm: 3.0 | max norm 1.0 | norm_ratio: 0.5\n", None),  # no norm
+])
+def test_a_norm_named_norm_is_read_only_without_a_gradient_norm(tmp_path, text, norms):
+    p = tmp_path / "train.log"
+    p.write_text(text)
+    if norms is None:
+        with pytest.raises(InputError, match="no 'grad norm: X' values"):
+            read_norm_log(str(p))
+    else:
+        h = read_norm_log(str(p))
+        assert h.norms == norms and h.key == "grad_norm" and not h.notes
+
+
 _finite = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False)
 
 
@@ -913,19 +962,20 @@ def test_text_log_reads_back_what_was_printed(records, blocks, noise):
     assert h.loss == [r[2] for r in want] and h.lr == [r[3] for r in want] and not h.line_order
 
 
-_TEXT_NAMES = ["step", "iteration", "global_step", "num_updates", "[step=", " [batch=", "[batch=",
-               "grad norm", "grad_norm", "gradnorm", "gnorm", "total_norm", "l2_norm/grad/global",
+_TEXT_NAMES = ["step", "iteration", "iter", "s", "global_step", "num_updates", "[step=", " [batch=",
+               "[batch=", "grad norm", "grad_norm", "gradnorm", "gnorm", "total_norm", "l2_norm/grad/global",
                "max_grad_norm", "max grad_norm", "clipped grad_norm", "raw grad norm", "norm before clip",
-               "lm loss", "loss", "loss/train/total", "lr", "lr-adamw/group0", "learning rate",
-               "learning rate (1e-4)"]
-_TEXT_FIELD = st.tuples(st.sampled_from(_TEXT_NAMES), st.sampled_from(["", " ", ": ", "=", '": ']),
+               "norm", "| norm", "lm loss", "loss", "trl", "loss/train/total", "lr", "lr-adamw/group0",
+               "learning rate", "learning rate (1e-4)"]
+_TEXT_FIELD = st.tuples(st.sampled_from(_TEXT_NAMES), st.sampled_from(["", " ", ":", ": ", "=", '": ']),
                         st.sampled_from(["12", "3.5e-04", "nan", "inf", "1,234", "7/99]", "7/99]:", "x"]))
 _TEXT_PIECES = st.one_of(_TEXT_FIELD.map("".join), st.sampled_from([" ", " | ", "\t", "x", "ab", "]:"]))
 
 
 @settings(max_examples=500, deadline=None)
 @given(lines=st.lists(st.lists(_TEXT_PIECES, max_size=8).map("".join), max_size=6))
-@example(lines=["x [batch=7/99]:", "x total_norm: 3", "x global_step 5", "num_updates12step12"])
+@example(lines=["x [batch=7/99]:", "x total_norm: 3", "x global_step 5", "num_updates12step12",
+                "s:3 trl:2.5"])
 def test_text_log_word_checks_skip_only_lines_the_patterns_cannot_match(lines):
     # the text reader runs a pattern on a line only if the line holds one of the pattern's words: 2-3x
     # faster on logs full of other lines; the matches are those of every pattern on every line
@@ -935,12 +985,15 @@ def test_text_log_word_checks_skip_only_lines_the_patterns_cannot_match(lines):
         return (a and (a.re, a.span())) == (b and (b.re, b.span()))
 
     for line in lines:
-        assert same(logs._text_step(line), logs._TEXT_STEP.search(line) or logs._BATCH_HEADER.search(line))
+        assert same(logs._text_step(line, True), logs._TEXT_STEP.search(line) or logs._LLMC_STEP.match(line)
+                    or logs._BATCH_HEADER.search(line))
         if "norm" not in line:  # the reader's check before _text_norm
             assert logs._TEXT_NORM.search(line) is None and logs._TEXT_NORM_NAMED.search(line) is None
+            assert logs._BARE_NORM.search(line) is None
         record: dict = {}
-        logs._text_loss_and_lr(record, line)
-        lo, lr = logs._TEXT_LOSS.search(line), logs._TEXT_LR.search(line)
+        logs._text_loss_and_lr(record, line, True)
+        lo = logs._TEXT_LOSS.search(line) or (logs._LLMC_LOSS.search(line) if line.startswith("s:") else None)
+        lr = logs._TEXT_LR.search(line)
         assert repr(record.get("loss")) == repr(lo and float(lo.group(1).replace(",", "")))  # nan == nan
         assert repr(record.get("learning_rate")) == repr(lr and float(lr.group(1).replace(",", "")))
 
