@@ -134,7 +134,13 @@ def check_dtype(dtype: np.dtype, name: str, path: str) -> np.dtype:
     from ..backend import is_floating_dtype
 
     if dtype.kind not in "biufc" and not is_floating_dtype(dtype):
-        raise InputError(f"{path}: tensor {name!r} has unsupported dtype {dtype.str!r} (not a numeric tensor)")
+        why = "not a numeric tensor"
+        if dtype.kind == "V" and dtype.names is None and dtype.itemsize in (1, 2):  # np.save of ml_dtypes
+            kind, size = ("bfloat16" if dtype.itemsize == 2 else "float8"), dtype.itemsize
+            why = (f"raw {size}-byte values, as NumPy saves a {kind} array (JAX's, ml_dtypes'): the file "
+                   "does not keep the type; save it as float32 (np.asarray(g, np.float32)) or with "
+                   "safetensors.numpy.save_file, which keeps it")
+        raise InputError(f"{path}: tensor {name!r} has unsupported dtype {dtype.str!r} ({why})")
     return dtype
 
 

@@ -122,6 +122,20 @@ def test_an_empty_npz_and_foreign_members_beside_tensors_are_still_dumps(tmp_pat
         assert r.names == ["w"] and r.read("w").tolist() == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("size, kind", [(2, "bfloat16"), (1, "float8")])
+def test_bfloat16_saved_by_numpy_says_how_to_save_it(run, tmp_path, size, kind):
+    # np.savez of a JAX (ml_dtypes) bfloat16 array writes '<V2': raw bytes, the type lost. It was
+    # "unsupported dtype '|V2' (not a numeric tensor)", which told a JAX user nothing
+    p = str(tmp_path / "grads.npz")
+    np.savez(p, w=np.zeros(3, f"V{size}"))
+    r = run("stats", p)
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1
+    assert f"unsupported dtype '|V{size}' (raw {size}-byte values, as NumPy saves a {kind} array" in r.stderr
+    assert "np.asarray(g, np.float32)" in r.stderr and "safetensors.numpy.save_file" in r.stderr
+    np.savez(p, w=np.zeros(3, "V4"))  # no such array type: the plain message
+    assert "unsupported dtype '|V4' (not a numeric tensor)" in run("stats", p).stderr
+
+
 COMPRESSORS = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress}
 
 
