@@ -932,6 +932,9 @@ _TEXT_NORM_NAMED = re.compile(  # the same with up to two words before and after
     rf"((?:[a-z]+[ _-]){{0,2}}){_NORM_NAME}((?:[ _-][a-z]+){{0,2}})"
     rf"{_IS}({_NUMBER}|nan|inf(?:inity)?)")
 _TEXT_STEP = re.compile(rf"(?:iteration|iter|step|global_step|num_updates){_IS}(\d+)")
+# MMEngine's (OpenMMLab's): Epoch(train)  [2][ 50/270] (the 50th of epoch 2), Iter(train) [ 50/1000]
+_MMENGINE_STEP = re.compile(
+    r"epoch\(train\)\s*\[(\d+)\]\[\s*(\d+)/(\d+)\]|iter\(train\)\s*\[\s*(\d+)/\d+\]")
 _LLMC_STEP = re.compile(r"s:(\d+)")  # llm.c's main.log: "s:100 trl:3.2 lr:0.0006 norm:0.45" (train loss)
 _LLMC_LOSS = re.compile(rf"\strl:({_NUMBER}|nan|inf)")  # apart: a "trl" among _TEXT_LOSS's names cost 2x
 # "norm" alone, after a separator or a value: nanoGPT-derived loops' "| norm: 1.23 |", llm.c's "| norm 1.2
@@ -993,12 +996,12 @@ def _text_records(lines: list[str], bare: bool, llmc: bool) -> list[dict[str, An
         s = _text_step(line, llmc)
         if m is None:
             if s is not None:
-                block = {"step": int(s.group(1))}
+                block = {"step": s}
             elif block is not None:
                 _text_loss_and_lr(block, line, llmc)
             continue
         if s is not None:  # a record on one line
-            r: dict[str, Any] = {"step": int(s.group(1))}
+            r: dict[str, Any] = {"step": s}
             block = None
         elif block is not None and "grad_norm" not in block:
             r = block
@@ -1028,14 +1031,19 @@ def _text_history(records: list[dict[str, Any]], path: str) -> NormHistory:
     return hist
 
 
-def _text_step(line: str, llmc: bool = False) -> re.Match[str] | None:
+def _text_step(line: str, llmc: bool = False) -> int | None:
     """The step number of ``line`` (lowercased), if it has one: ``iteration 100/ 1000``, ``step: 10``,
-    ``[step=100/3000]``, ``num_updates 100``, Composer's ``[batch=100/3000]:`` or llm.c's ``s:100``."""
+    ``[step=100/3000]``, ``num_updates 100``, MMEngine's ``Iter(train) [100/1000]`` and ``Epoch(train)
+    [2][100/270]`` (step 370: its epochs are counted from 1), Composer's ``[batch=100/3000]:`` or llm.c's
+    ``s:100``."""
     if ("iter" in line or "step" in line or "num_updates" in line) and (s := _TEXT_STEP.search(line)):
-        return s
-    if llmc and line.startswith("s:"):
-        return _LLMC_STEP.match(line)
-    return _BATCH_HEADER.search(line) if "[batch=" in line else None
+        return int(s.group(1))
+    if "(train)" in line and (s := _MMENGINE_STEP.search(line)):
+        epoch, i, per_epoch, it = s.groups()
+        return int(it) if it is not None else (int(epoch) - 1) * int(per_epoch) + int(i)
+    if llmc and line.startswith("s:") and (s := _LLMC_STEP.match(line)):
+        return int(s.group(1))
+    return int(s.group(1)) if "[batch=" in line and (s := _BATCH_HEADER.search(line)) else None
 
 
 def _text_norm(line: str) -> re.Match[str] | None:

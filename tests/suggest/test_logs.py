@@ -906,6 +906,28 @@ def test_nanogpt_and_llm_c_logs_name_the_norm_norm(tmp_path):
         assert any("read from 'norm'" in n for n in h.notes) and not h.line_order
 
 
+def test_mmengine_logs_by_epoch_and_by_iteration(tmp_path):
+    # OpenMMLab's MMEngine (mmdet, mmseg, ...) logs "Epoch(train)  [2][ 50/270]  lr: ...  grad_norm: ..."
+    # (the iteration within the epoch) or "Iter(train) [ 50/1000]  ..." when it trains by iterations: no
+    # step word, so the steps were the lines' order. Lines as its LogProcessor writes them
+    head = "2024/05/01 10:00:00 - mmengine - INFO - "
+    by_epoch = [f"{head}Epoch(train)  [{e}][{i:3d}/270]  base_lr: 1.0000e-04 lr: 1.0000e-04  eta: 1:02:03  "
+                f"time: 0.3012  data_time: 0.0101  memory: 5210  grad_norm: {g:.4f}  loss: {lo:.4f}  "
+                f"loss_cls: 0.5000"
+                for e, i, g, lo in [(1, 50, 3.5, 2.1), (1, 100, 2.5, 1.9), (2, 50, 1.5, 1.7)]]
+    by_epoch.insert(2, f"{head}Epoch(val)  [1][ 50/500]    eta: 0:01:00  time: 0.1000  data_time: 0.0100")
+    by_iter = [f"{head}Iter(train) [{i:4d}/1000]  lr: 2.0000e-02  eta: 0:10:00  time: 0.5000  "
+               f"data_time: 0.0100  memory: 3000  grad_norm: {g}  loss: 1.0000"
+               for i, g in [(50, 0.5), (100, 0.7)]]
+    for lines, steps, norms in [(by_epoch, [50, 100, 320], [3.5, 2.5, 1.5]),
+                                (by_iter, [50, 100], [0.5, 0.7])]:
+        p = tmp_path / "20240501_100000.log"
+        p.write_text("\n".join(lines) + "\n")
+        h = read_norm_log(str(p))
+        assert (h.steps, h.norms, h.line_order) == (steps, norms, False)
+    assert h.loss == [1.0, 1.0] and h.lr == [0.02, 0.02]
+
+
 def test_nanogpt_iter_lines_give_their_step(tmp_path):
     # nanoGPT's train.py prints "iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu ..."; with a
     # norm added to it, "iter" was no step word and the steps were the lines' order
@@ -963,10 +985,10 @@ def test_text_log_reads_back_what_was_printed(records, blocks, noise):
 
 
 _TEXT_NAMES = ["step", "iteration", "iter", "s", "global_step", "num_updates", "[step=", " [batch=",
-               "[batch=", "grad norm", "grad_norm", "gradnorm", "gnorm", "total_norm", "l2_norm/grad/global",
-               "max_grad_norm", "max grad_norm", "clipped grad_norm", "raw grad norm", "norm before clip",
-               "norm", "| norm", "lm loss", "loss", "trl", "loss/train/total", "lr", "lr-adamw/group0",
-               "learning rate", "learning rate (1e-4)"]
+               "[batch=", "epoch(train)  [2][", "iter(train) [", "grad norm", "grad_norm", "gradnorm",
+               "gnorm", "total_norm", "l2_norm/grad/global", "max_grad_norm", "max grad_norm",
+               "clipped grad_norm", "raw grad norm", "norm before clip", "norm", "| norm", "lm loss", "loss",
+               "trl", "loss/train/total", "lr", "lr-adamw/group0", "learning rate", "learning rate (1e-4)"]
 _TEXT_FIELD = st.tuples(st.sampled_from(_TEXT_NAMES), st.sampled_from(["", " ", ":", ": ", "=", '": ']),
                         st.sampled_from(["12", "3.5e-04", "nan", "inf", "1,234", "7/99]", "7/99]:", "x"]))
 _TEXT_PIECES = st.one_of(_TEXT_FIELD.map("".join), st.sampled_from([" ", " | ", "\t", "x", "ab", "]:"]))
@@ -975,7 +997,7 @@ _TEXT_PIECES = st.one_of(_TEXT_FIELD.map("".join), st.sampled_from([" ", " | ", 
 @settings(max_examples=500, deadline=None)
 @given(lines=st.lists(st.lists(_TEXT_PIECES, max_size=8).map("".join), max_size=6))
 @example(lines=["x [batch=7/99]:", "x total_norm: 3", "x global_step 5", "num_updates12step12",
-                "s:3 trl:2.5"])
+                "s:3 trl:2.5", "epoch(train)  [2][ 50/270]", "iter(train) [ 50/1000]"])
 def test_text_log_word_checks_skip_only_lines_the_patterns_cannot_match(lines):
     # the text reader runs a pattern on a line only if the line holds one of the pattern's words: 2-3x
     # faster on logs full of other lines; the matches are those of every pattern on every line
@@ -985,8 +1007,14 @@ def test_text_log_word_checks_skip_only_lines_the_patterns_cannot_match(lines):
         return (a and (a.re, a.span())) == (b and (b.re, b.span()))
 
     for line in lines:
-        assert same(logs._text_step(line, True), logs._TEXT_STEP.search(line) or logs._LLMC_STEP.match(line)
-                    or logs._BATCH_HEADER.search(line))
+        step = (logs._TEXT_STEP.search(line) or logs._MMENGINE_STEP.search(line)
+                or logs._LLMC_STEP.match(line) or logs._BATCH_HEADER.search(line))
+        if step is not None and step.re is logs._MMENGINE_STEP:
+            epoch, i, per_epoch, it = step.groups()
+            want = int(it) if it else (int(epoch) - 1) * int(per_epoch) + int(i)
+            assert logs._text_step(line, True) == want
+        else:
+            assert logs._text_step(line, True) == (step and int(step.group(1)))
         if "norm" not in line:  # the reader's check before _text_norm
             assert logs._TEXT_NORM.search(line) is None and logs._TEXT_NORM_NAMED.search(line) is None
             assert logs._BARE_NORM.search(line) is None
