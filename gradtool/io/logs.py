@@ -1126,8 +1126,11 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
         return None  # no number where the norm should be: not this kind of log
     if _find_key(keys, STEP_KEYS) is None:
         hist.line_order = True
+        # the Trainer's console (transformers' ProgressCallback prints floats as f"{v:.4g}" strings)
+        better = ("; the Trainer's trainer_state.json (in each checkpoint-*/ of its output directory) has "
+                  "the steps, and every digit" if "epoch" in keys else "")
         hist.notes.append(f"{path}: the log gives no step numbers: steps are the order of its lines "
-                          "(0, 1, 2, ...), not training steps")
+                          f"(0, 1, 2, ...), not training steps{better}")
     return hist
 
 

@@ -601,7 +601,8 @@ def test_hugging_face_trainer_console_output(tmp_path):
     assert h.norms[:9] == norms[:9] and math.isnan(h.norms[9]) and h.norms[10:] == norms[10:]
     assert h.loss[:3] == [2.5, 2.49, 2.48] and h.lr[0] == 5e-05
     assert h.notes == [f"{p}: the log gives no step numbers: steps are the order of its lines "
-                       "(0, 1, 2, ...), not training steps"]
+                       "(0, 1, 2, ...), not training steps; the Trainer's trainer_state.json (in each "
+                       "checkpoint-*/ of its output directory) has the steps, and every digit"]
     bare = tmp_path / "dicts.log"  # only the dicts (grep grad_norm train.log): it opens with {
     bare.write_text("".join(f"{{'loss': 2.0, 'grad_norm': {1 + i / 10}, 'epoch': {i}}}\n" for i in range(30)))
     h = read_norm_log(str(bare))
