@@ -101,10 +101,8 @@ def with_fallback_steps(refs: Sequence[DumpRef], summaries: list[DumpSummary]) -
     """``summaries`` (of ``refs``, in order), each without a step (none given, none in its metadata)
     given its file name's or its position's (:func:`~gradtool.io.history.fallback_steps`): refs from
     ``expand_inputs(resolve_steps=False)`` get the steps ``expand_inputs`` would have given them."""
-    if any(summary.step is None for summary in summaries):
-        for summary, step in zip(summaries, fallback_steps(refs)):
-            if summary.step is None:
-                summary.step = step
+    for summary, step in zip(summaries, fallback_steps(refs, [summary.step for summary in summaries])):
+        summary.step = step
     return summaries
 
 

@@ -270,23 +270,25 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
         for ref in refs:
             if ref.step is None:
                 ref.step = _metadata_step(ref)
-        if any(ref.step is None for ref in refs):
-            for ref, step in zip(refs, fallback_steps(refs)):
-                if ref.step is None:
-                    ref.step = step
+        for ref, step in zip(refs, fallback_steps(refs, [ref.step for ref in refs])):
+            ref.step = step
     return refs
 
 
-def fallback_steps(refs: Sequence[DumpRef]) -> list[int | None]:
-    """The step of each dump of ``refs`` (a history, in order) for when its metadata has none: the one its
-    file name gives (:func:`steps_from_filenames`, over the named dumps of the history), else its
+def fallback_steps(refs: Sequence[DumpRef], known: Sequence[int | None]) -> list[int | None]:
+    """The step of each dump of ``refs`` (a history, in order): ``known[i]`` (its metadata's), else the one
+    its file name gives (:func:`steps_from_filenames`, over the named dumps of the history), else its
     position in the history (None for standard input)."""
+    if None not in known:
+        return list(known)
     named = [i for i, ref in enumerate(refs) if ref.path != "-" and not _FD_PATH.fullmatch(ref.path)]
     by_name = dict(zip(named, steps_from_filenames([refs[i].path for i in named])))
     steps: list[int | None] = []
-    for order, ref in enumerate(refs):
-        step = by_name.get(order)
-        steps.append(None if ref.path == "-" else order if step is None else step)
+    for order, (ref, step) in enumerate(zip(refs, known)):
+        if step is None:
+            step = by_name.get(order)
+            step = None if ref.path == "-" else order if step is None else step
+        steps.append(step)
     return steps
 
 
