@@ -126,7 +126,7 @@ def _refs_for_file(path: str) -> list[DumpRef]:
         from .hdf5 import open_h5, step_groups
 
         with open_h5(real, display) as f:
-            groups = step_groups(f)
+            groups = step_groups(f, display)
         if groups:
             return [DumpRef(path, "hdf5", g, s) for g, s in groups]
     return [DumpRef(path, fmt)]

@@ -173,11 +173,15 @@ def build_corpus(d: str, marker: str) -> list[Bad]:
     with h5py.File(hp, "w") as f:
         f["data"] = np.arange(4.0)
         f["soft"] = h5py.SoftLink("/nowhere")
-        f["ext"] = h5py.ExternalLink("/etc/passwd", "/x")
         g = f.create_group("loop")
         g["back"] = f["loop"]  # a hard-link cycle
         g["up"] = h5py.SoftLink("/loop")
-    out.append(Bad(hp, "HDF5 with soft/external links and a group cycle", "dump", (0,)))
+    out.append(Bad(hp, "HDF5 with soft links and a group cycle", "dump", (0,)))
+    hx = os.path.join(d, "external_link.h5")
+    with h5py.File(hx, "w") as f:
+        f["data"] = np.arange(4.0)
+        f["model/ext"] = h5py.ExternalLink("/etc/passwd", "/x")
+    out.append(Bad(hx, "HDF5 external link (a tensor in another file)", "dump"))
     secret = _write(os.path.join(d, "private.bin"), b"PRIVATE KEY " * 100)
     he = os.path.join(d, "external_storage.h5")
     with h5py.File(he, "w") as f:  # raw external storage: its bytes would be read as the tensor

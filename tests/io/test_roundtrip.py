@@ -9,6 +9,7 @@ import pytest
 from gradtool import open_dump, save_dump
 from gradtool.errors import InputError
 from gradtool.io.detect import detect_format
+from gradtool.io.history import expand_inputs
 
 FORMATS = ["npz", "h5", "safetensors"]
 
@@ -146,18 +147,46 @@ def test_hdf5_tree_attributes_and_compression_kept(tmp_path):
         assert r.group_attrs["model/dense"]["layer"] == "dense"
 
 
-def test_hdf5_soft_and_external_links_are_not_followed(tmp_path):
-    other = str(tmp_path / "other.h5")
-    with h5py.File(other, "w") as f:
-        f["secret"] = np.ones(3)
+def test_hdf5_soft_links_are_not_followed(tmp_path):
     p = str(tmp_path / "links.h5")
     with h5py.File(p, "w") as f:
         f["real"] = np.arange(3.0)
         f["soft"] = h5py.SoftLink("/real")
-        f["ext"] = h5py.ExternalLink(other, "/secret")
+        f["dangling"] = h5py.SoftLink("/nowhere")
         f["hard"] = f["real"]  # a second hard link to the same object: visited once
     with open_dump(p) as r:
         assert r.names == ["real"] or r.names == ["hard"]
+
+
+def test_hdf5_external_links_are_refused_not_skipped(tmp_path, run):
+    """An external link was skipped without a word: its tensor was missing from the global norm (a
+    smaller norm, a wrong threshold). Now the dump is refused, naming the link and its target, wherever
+    the link is: in a group of a dump, or at the top of a history file (where it could be a step)."""
+    other = str(tmp_path / "other.h5")
+    with h5py.File(other, "w") as f:
+        f["w"] = np.full(3, 100.0)
+        f.create_group("step_2").attrs["step"] = 2
+        f["step_2/w"] = np.ones(3)
+    dump = str(tmp_path / "dump.h5")
+    with h5py.File(dump, "w") as f:
+        f["model/a"] = np.arange(3.0)
+        f["model/b"] = h5py.ExternalLink(other, "/w")
+    history = str(tmp_path / "history.h5")
+    with h5py.File(history, "w") as f:
+        f.create_group("step_1").attrs["step"] = 1
+        f["step_1/w"] = np.ones(3)
+        f["step_2"] = h5py.ExternalLink(other, "/step_2")
+    with pytest.raises(InputError, match=r"dump\.h5: 'model/b' is an external link to '.*other\.h5':/w: not read"):
+        open_dump(dump)
+    with pytest.raises(InputError, match=r"history\.h5: 'step_2' is an external link to '.*other\.h5':/step_2"):
+        expand_inputs([history])
+    for path in (dump, history):
+        r = run("stats", path)
+        assert r.exit_code == 1 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "is an external link" in r.stderr and "Traceback" not in r.stderr
+    out = str(tmp_path / "out.h5")
+    r = run("clip", dump, "-o", out, "--mode", "global-norm", "--max", "1")
+    assert r.exit_code == 1 and not os.path.exists(out)
 
 
 def test_hdf5_data_outside_the_dump_is_refused_not_read(tmp_path, run):
@@ -327,7 +356,7 @@ def test_hdf5_history_file_is_refused_as_one_dump_and_read_as_history(tmp_path):
         open_dump(p)
     f = open_h5(p, p)
     try:
-        assert step_groups(f) == [("step_10", 10), ("step_20", 20)]
+        assert step_groups(f, p) == [("step_10", 10), ("step_20", 20)]
     finally:
         f.close()
     with open_dump(p, group="step_20") as r:
@@ -353,6 +382,23 @@ def _reference_walk(group, prefix="", seen=None):
         else:
             out.append((name, "group"))
             out.extend(_reference_walk(group[key.decode()], name + "/", seen))
+    return out
+
+
+def _reference_external_links(group, prefix="", seen=None):
+    """Independent reference for the links the index refuses: the external links below a group, by
+    h5py's own iteration (name order, HDF5's H5Lvisit order), through hard links to groups each once."""
+    seen = {h5py.h5o.get_info(group.id).addr} if seen is None else seen
+    out = []
+    for key in sorted(group.id):
+        kind = group.id.links.get_info(key).type
+        if kind == h5py.h5l.TYPE_EXTERNAL:
+            out.append(prefix + key.decode())
+        elif kind == h5py.h5l.TYPE_HARD and h5py.h5o.get_info(group.id, key).type == h5py.h5o.TYPE_GROUP:
+            addr = h5py.h5o.get_info(group.id, key).addr
+            if addr not in seen:
+                seen.add(addr)
+                out.extend(_reference_external_links(group[key.decode()], prefix + key.decode() + "/", seen))
     return out
 
 
@@ -404,6 +450,11 @@ def test_hdf5_index_walk_equals_h5pys_own_iteration(tmp_path_factory, tree):
         build(f, tree, "")
     with h5py.File(path, "r") as f:
         want = _reference_walk(f)
+        external = _reference_external_links(f)
+    if external:
+        with pytest.raises(InputError, match=re.escape(f"{external[0]!r} is an external link")):
+            open_dump(path)
+        return
     with open_dump(path) as r:
         assert r.names == [n for n, kind in want if kind == "dataset"]
         assert list(r.group_attrs) == [n for n, kind in want if kind == "group"]
