@@ -102,6 +102,18 @@ def _data_outside(h5py: Any, dsid: Any) -> str | None:
     return None
 
 
+def _variable_length_kind(h5py: Any, dtype: np.dtype) -> str:
+    """What a dataset of one of h5py's object dtypes holds, said for a message."""
+    if h5py.check_string_dtype(dtype) is not None:
+        return ("a string dataset, not a numeric tensor (keep text as an attribute, f.attrs[...]: gradtool "
+                "reads those as metadata)")
+    if h5py.check_ref_dtype(dtype) is not None:
+        return "a dataset of HDF5 references, not a numeric tensor"
+    if h5py.check_vlen_dtype(dtype) is not None:
+        return "a dataset of variable-length sequences, not a numeric tensor"
+    return "a dataset of compound values with variable-length fields, not a numeric tensor"
+
+
 def _decode(name: bytes, display: str) -> str:
     try:
         return name.decode("utf-8")
@@ -258,7 +270,10 @@ class Hdf5Reader(DumpReader):
         space = dsid.get_space()
         if space.get_simple_extent_type() == h5py.h5s.NULL:
             raise InputError(f"{p}: dataset {name!r} has no data (null dataspace)")
-        dtype = check_dtype(_dtype_of(h5py, dsid), name, p)
+        dtype = _dtype_of(h5py, dsid)
+        if dtype.hasobject or dtype.kind == "S":  # h5py's object dtypes: HDF5's variable-length types
+            raise InputError(f"{p}: tensor {name!r} is {_variable_length_kind(h5py, dtype)}")
+        dtype = check_dtype(dtype, name, p)
         shape = check_shape(tuple(int(d) for d in space.shape), name, p)
         offset = dsid.get_offset()  # defined only for contiguous, allocated, non-external data (never filtered)
         ds = None

@@ -158,6 +158,30 @@ def test_hdf5_soft_links_are_not_followed(tmp_path):
         assert r.names == ["real"] or r.names == ["hard"]
 
 
+def test_hdf5_non_numeric_datasets_are_named_as_what_they_are(tmp_path, run):
+    """h5py gives HDF5's variable-length types (strings, sequences, references) an object dtype, and the
+    refusal said "holds Python objects (pickle)": there is no pickle in HDF5. Now it says what the
+    dataset holds, and where text belongs (attributes, read as metadata)."""
+    cases = {"text": ("hello", "a string dataset, not a numeric tensor (keep text as an attribute"),
+             "fixed": (np.bytes_("abc"), "a string dataset"),
+             "seq": (None, "a dataset of variable-length sequences, not a numeric tensor"),
+             "ref": (None, "a dataset of HDF5 references, not a numeric tensor")}
+    for name, (value, said) in cases.items():
+        p = str(tmp_path / f"{name}.h5")
+        with h5py.File(p, "w") as f:
+            f["w"] = np.ones(3, np.float32)
+            if name == "seq":
+                f.create_dataset(name, (2,), dtype=h5py.vlen_dtype(np.float32))
+            elif name == "ref":
+                f.create_dataset(name, (1,), dtype=h5py.ref_dtype)
+            else:
+                f[name] = value
+        with pytest.raises(InputError, match=re.escape(f"{name}.h5: tensor {name!r} is {said}")):
+            open_dump(p)
+        r = run("stats", p)
+        assert r.exit_code == 1 and "pickle" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_hdf5_external_links_are_refused_not_skipped(tmp_path, run):
     """An external link was skipped without a word: its tensor was missing from the global norm (a
     smaller norm, a wrong threshold). Now the dump is refused, naming the link and its target, wherever
