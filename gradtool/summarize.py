@@ -337,7 +337,11 @@ class DumpHistory:
     repeated_steps: list[int] = field(default_factory=list)  # in several dumps: the one given last is used
 
 
-def _meta_number(meta: dict[str, Any], keys: Sequence[str]) -> float | None:
+LOSS_KEYS, LR_KEYS = ("loss", "train_loss"), ("lr", "learning_rate")  # in a dump's metadata
+
+
+def metadata_number(meta: dict[str, Any], keys: Sequence[str]) -> float | None:
+    """The first of ``keys`` that a dump's metadata gives as a number (not a bool), or None."""
     for k in keys:
         v = meta.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -378,7 +382,7 @@ def dump_history(refs: Sequence[Any], *, select: Sequence[str] = (), exclude: Se
     return DumpHistory(
         steps=[s.step if s.step is not None else i for i, s in enumerate(rows)],
         global_norms=[s.global_norm for s in rows],
-        loss=[_meta_number(s.metadata, ("loss", "train_loss")) for s in rows],
-        lr=[_meta_number(s.metadata, ("lr", "learning_rate")) for s in rows],
+        loss=[metadata_number(s.metadata, LOSS_KEYS) for s in rows],
+        lr=[metadata_number(s.metadata, LR_KEYS) for s in rows],
         tensor_norms=norms, tensor_max_abs=maxabs, tensor_sizes=names, repeated_steps=repeated,
     )

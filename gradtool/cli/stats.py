@@ -139,6 +139,19 @@ def _step_rows(records: list[dict[str, Any]], sort: str | None, top: int | None)
     return rows[:top] if top is not None else rows
 
 
+def _title(record: dict[str, Any]) -> str:
+    """A dump's table title: its path (and group), step, format, and the loss and learning rate its
+    metadata gives (the Recorder's ``loss=``, ``lr=``; ``np.savez(..., loss=loss)``'s scalars)."""
+    from ..summarize import LOSS_KEYS, LR_KEYS, metadata_number
+    from .render import human
+
+    scalars = [(name, metadata_number(record["metadata"], keys)) for name, keys in (("loss", LOSS_KEYS),
+                                                                                    ("lr", LR_KEYS))]
+    where = record["path"] + (f"::{record['group']}" if record["group"] else "")
+    return f"{where}  (step {record['step']}, {record['format']}" + "".join(
+        f", {name} {human(v)}" for name, v in scalars if v is not None) + ")"
+
+
 def _counted(record: dict[str, Any]) -> str:
     """"N tensors, E elements" of a dump's record, those the global norm counts: the integer, bool and
     complex tensors it leaves out are named after them."""
@@ -165,7 +178,7 @@ def _render(records: list[dict[str, Any]], summaries: list, fmt: str, per_tensor
     history = len(records) > 1
     if per_tensor or (per_tensor is None and not history):
         for r in records:
-            title = f"{r['path']}" + (f"::{r['group']}" if r["group"] else "") + f"  (step {r['step']}, {r['format']})"
+            title = _title(r)
             render.print_table(title, ["tensor", "shape", "dtype", "norm", "avg norm", "max |g|", "mean", "std",
                                        "NaN", "Inf", "zeros"],
                                ([t["name"], t["shape"], t["dtype"], t["norm"], t["avg_norm"], t["max_abs"], t["mean"],

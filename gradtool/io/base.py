@@ -184,6 +184,12 @@ def metadata_step(metadata: dict[str, Any]) -> int | None:
     return s if isinstance(s, int) and not isinstance(s, bool) else None
 
 
+# Names of top-level scalars read as a dump's metadata (step, loss, learning rate), not as tensors: the keys
+# gradtool reads (summarize.dump_history) and their usual spellings
+METADATA_SCALARS = frozenset({"step", "global_step", "epoch", "loss", "train_loss", "lr", "learning_rate",
+                              "grad_norm"})
+
+
 class DumpReader:
     """A lazily read dump. Subclasses fill ``tensors`` and ``metadata`` on open and implement ``_read``."""
 
@@ -395,15 +401,32 @@ class DumpReader:
         self.close()
 
     def _validate_index(self) -> None:
-        """Refuse path-like, control-character and duplicate tensor names; a refused file is closed first,
-        so a reader that refuses a file leaves no descriptor open."""
+        """Refuse path-like, control-character and duplicate tensor names, then take the metadata scalars
+        out of the tensors (:meth:`_scalars_as_metadata`); a refused file is closed first, so a reader that
+        refuses a file leaves no descriptor open."""
         try:
             for t in self.tensors:
                 check_tensor_name(t.name, self.display_path)
             check_unique(self.names, self.display_path)
+            self._scalars_as_metadata()
         except BaseException:
             self.close()
             raise
+
+    def _scalars_as_metadata(self) -> None:
+        """Top-level scalars (0-d, integer or floating) named as training metadata (:data:`METADATA_SCALARS`)
+        are the dump's metadata, not tensors: ``np.savez(path, **grads, step=step, loss=loss, lr=lr)``. As
+        tensors the loss entered the global norm as if it were a gradient, and ``clip`` scaled it. A name
+        the dump's metadata holds already stays a tensor."""
+        from ..backend import is_floating_dtype
+
+        found = [t for t in self.tensors if t.name in METADATA_SCALARS and t.shape == () and t.name not in
+                 self.metadata and (t.dtype.kind in "iu" or is_floating_dtype(t.dtype))]
+        for t in found:
+            value = self._read(t).reshape(())[()]
+            self.metadata[t.name] = int(value) if t.dtype.kind in "iu" else float(value)
+        if found:
+            self.tensors = [t for t in self.tensors if t not in found]
 
 
 READ_AHEAD = 3  # chunks a read-ahead thread may hold (each the size of the first chunk)

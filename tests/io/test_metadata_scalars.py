@@ -1,0 +1,94 @@
+"""Scalars saved beside the gradients (``np.savez(path, **grads, step=step, loss=loss, lr=lr)``) are the dump's
+metadata: as tensors the loss entered the global norm as a gradient would, and ``clip`` scaled it."""
+
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from gradtool import open_dump
+from gradtool.io.base import METADATA_SCALARS
+
+GRADS = {"w": np.array([[3.0, -4.0], [1.0, 2.0]], np.float32), "b": np.array([0.5, -1.5], np.float32)}
+SCALARS = {"step": np.int64(100), "loss": np.float64(7.5), "lr": np.float32(1e-3)}
+
+
+def _grads_norm() -> float:
+    """float64 reference: the global norm of the gradients alone."""
+    return math.sqrt(sum(float(x) ** 2 for g in GRADS.values() for x in g.astype(np.float64).ravel()))
+
+
+def _write(fmt: str, path: str, members: dict) -> str:
+    if fmt == "npz":
+        np.savez(path, **members)
+    elif fmt == "safetensors":
+        save_file({k: np.asarray(v) for k, v in members.items()}, path)
+    else:
+        with h5py.File(path, "w") as f:
+            for k, v in members.items():
+                f[k] = v
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors", "h5"])
+def test_scalars_named_as_metadata_are_metadata_not_tensors(tmp_path, run, fmt):
+    p = _write(fmt, str(tmp_path / f"dump.{fmt}"), {**GRADS, **SCALARS})
+    with open_dump(p) as r:
+        assert sorted(r.names) == ["b", "w"]
+        assert r.step == 100 and type(r.metadata["step"]) is int
+        assert r.metadata["loss"] == 7.5 and r.metadata["lr"] == pytest.approx(1e-3, rel=1e-7)
+    out = run("stats", p, "--format", "json")
+    assert out.exit_code == 0, out.stderr
+    record = json.loads(out.stdout)["dumps"][0]
+    assert record["global_norm"] == pytest.approx(_grads_norm(), rel=1e-12)  # was sqrt(norm^2 + 7.5^2 + ...)
+    assert record["num_tensors"] == 2 and record["step"] == 100
+    table = run("stats", p)
+    assert f"(step 100, {'hdf5' if fmt == 'h5' else fmt}, loss 7.5, lr 0.001)" in table.stdout
+
+
+def test_clip_leaves_the_loss_alone_and_keeps_it_as_metadata(tmp_path, run):
+    p = _write("npz", str(tmp_path / "dump.npz"), {**GRADS, **SCALARS})
+    out = str(tmp_path / "clipped.npz")
+    r = run("clip", p, "-o", out, "--mode", "global-norm", "--max", "1", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert {t["name"] for t in json.loads(r.stdout)["dumps"][0]["tensors"]} == {"w", "b"}
+    with open_dump(out) as c:
+        assert sorted(c.names) == ["b", "w"] and c.metadata["loss"] == 7.5 and c.step == 100
+        scale = 1 / _grads_norm()
+        np.testing.assert_allclose(c.read("w"), GRADS["w"].astype(np.float64) * scale, rtol=1e-6)
+
+
+def test_what_stays_a_tensor(tmp_path):
+    """Only top-level 0-d numbers under the metadata names move: a one-element array, a nested name, a
+    bool, a name the metadata gives already, and other scalars (a learnable temperature's gradient)
+    stay tensors."""
+    p = str(tmp_path / "dump.h5")
+    with h5py.File(p, "w") as f:
+        f["loss"] = np.array([7.5])  # shape (1,)
+        f["layer/lr"] = 0.1  # not top-level
+        f["step"] = True  # a bool
+        f["logit_scale"] = 2.0  # a scalar parameter's gradient
+        f["lr"] = 0.5
+        f.attrs["lr"] = 0.25  # the metadata names the lr already
+    with open_dump(p) as r:
+        assert r.names == ["layer/lr", "logit_scale", "loss", "lr", "step"]
+        assert r.metadata == {"lr": 0.25}
+
+
+def test_every_metadata_name_moves(tmp_path):
+    members = {**GRADS, **{name: np.float32(i + 0.5) for i, name in enumerate(sorted(METADATA_SCALARS))}}
+    p = _write("npz", str(tmp_path / "dump.npz"), members)
+    with open_dump(p) as r:
+        assert sorted(r.names) == ["b", "w"]
+        assert r.metadata == {name: i + 0.5 for i, name in enumerate(sorted(METADATA_SCALARS))}
+
+
+def test_a_nan_loss_is_metadata_too(tmp_path, run):
+    p = _write("npz", str(tmp_path / "dump.npz"), {**GRADS, "loss": np.float32("nan")})
+    with open_dump(p) as r:
+        assert math.isnan(r.metadata["loss"]) and sorted(r.names) == ["b", "w"]
+    out = run("stats", p, "--fail-on-nonfinite")
+    assert out.exit_code == 0, out.stderr  # the gradients are finite: a NaN loss is not a NaN gradient
