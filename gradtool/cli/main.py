@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         _error("interrupted")
         code = ExitCode.INTERRUPTED
-    except BrokenPipeError:
-        code = 0
+    except BrokenPipeError:  # the reader left (`| head`): the output is cut, so not a success; no message.
+        code = ExitCode.INPUT  # (click itself exits 1 when a command's write meets EPIPE, as Python's docs do)
     except MemoryError:
         _error("out of memory")
         code = ExitCode.INPUT

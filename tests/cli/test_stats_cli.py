@@ -146,10 +146,13 @@ def test_errors_bad_input_and_usage(run, tmp_path):
 def test_head_closes_pipe_quietly(tmp_path):
     p = str(tmp_path / "many.npz")
     save_dump(p, {f"t{i}": np.ones(3) for i in range(3000)})
-    proc = subprocess.run(f"{sys.executable} -m gradtool stats {p} --format csv | head -1", shell=True,
-                          capture_output=True, text=True)
-    assert proc.stdout.startswith("path,")
-    assert proc.stderr == ""
+    for fmt in ("csv", "table"):
+        proc = subprocess.run(["bash", "-c", f"{sys.executable} -m gradtool stats {p} --format {fmt} | head -1; "
+                               "echo \"exit ${PIPESTATUS[0]}\""], capture_output=True, text=True)
+        first, status = proc.stdout.splitlines()
+        assert first.startswith("path," if fmt == "csv" else p)
+        assert proc.stderr == ""
+        assert status == "exit 1"  # the output was cut: not a success (README: exit codes)
 
 
 def test_stdin(run, dump):
