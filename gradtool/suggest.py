@@ -206,6 +206,31 @@ def _loss_diverged(loss: np.ndarray, given: np.ndarray, j: int, w: int) -> tuple
     return bool(jump), {"loss_before": p, "loss_after": q, "loss_at_end": t}
 
 
+CAP_TOLERANCE = 1e-3  # relative: a norm recomputed after clipping, in float32 or float16, or PyTorch's
+# max_norm * total / (total + 1e-6)
+
+
+def capped_at(norms: np.ndarray) -> tuple[float, int, int] | None:
+    """(cap, observations at it, finite non-zero observations) when the norms sit at their largest value c,
+    ``x >= c * (1 - CAP_TOLERANCE)``, in at least max(5, 10 %) of the finite non-zero observations and at
+    least 3 times as often as at any one value below it: a series taken after clipping at c (every
+    training stack logs the norm before clipping; a hand-written loop or a recorder placed after
+    ``clip_grad_norm_`` may not). The largest value of a series that was not clipped is its rarest tail,
+    and a series printed with few digits repeats every value, its largest no more than the others; None
+    for both."""
+    v = norms[np.isfinite(norms) & (norms > 0)]
+    if v.size < MIN_POINTS:
+        return None
+    top = float(v.max())
+    at_top = v >= top * (1 - CAP_TOLERANCE)
+    at = int(np.count_nonzero(at_top))
+    if at < max(5, 0.1 * v.size):
+        return None
+    below = v[~at_top]
+    most = int(np.unique(below, return_counts=True)[1].max()) if below.size else 0
+    return (top, at, int(v.size)) if at >= 3 * most else None
+
+
 def analyze_history(steps: Sequence[int], norms: Sequence[float], loss: Sequence[float | None] | None = None,
                     lr: Sequence[float | None] | None = None, *, burn_in: int | None = None,
                     window: int | None = None) -> HistoryFacts:
@@ -248,6 +273,11 @@ def analyze_history(steps: Sequence[int], norms: Sequence[float], loss: Sequence
     if divergence:
         warnings.append(f"training diverged at step {divergence['step']}: the {n - healthy_end} observations from "
                         "there on are a broken regime and were left out")
+    if capped := capped_at(x):
+        top, at, of = capped
+        warnings.append(f"the norm is at its largest value, {top:.6g}, in {at} of {of} observations: norms taken "
+                        f"after clipping at {top:.6g}? Clipping hides the spikes a threshold is chosen from; record "
+                        "or log the norm before clipping (torch.nn.utils.clip_grad_norm_ returns it)")
     return HistoryFacts(st, n, interval, nonfinite, nonfinite_loss, zeros, divergence, healthy_end, b,
                         reason, wstart, warnings)
 

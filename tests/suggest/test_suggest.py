@@ -249,3 +249,54 @@ def test_array_columns_give_the_list_columns_results(data, n, method):
     s2 = suggest_threshold(*as_arrays, config=cfg, facts=f2)
     assert (repr(s1.threshold), s1.reason, repr(s1.evidence)) == (repr(s2.threshold), s2.reason,
                                                                    repr(s2.evidence))
+
+
+def _torch_style_clipped_norms(seed, n, max_norm, dtype=np.float32):
+    """The global norms a loop sees when it takes them after PyTorch's clip_grad_norm_: each step's
+    gradients (three tensors) scaled by max_norm / (total + 1e-6) when that is below 1, then measured
+    again in ``dtype`` (an independent float64 reference for the pre-clip total)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        grads = [rng.normal(0, s, size).astype(dtype) for s, size in ((0.02, 300), (0.05, 100), (0.3, 10))]
+        grads = [g * dtype(np.exp(rng.normal(0, 0.6))) for g in grads]
+        total = math.sqrt(sum(math.fsum(float(v) ** 2 for v in g) for g in grads))
+        coef = max_norm / (total + 1e-6)
+        if coef < 1:
+            grads = [g * dtype(coef) for g in grads]
+        out.append(float(np.sqrt(sum(np.sum(g * g, dtype=dtype) for g in grads), dtype=dtype)))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_norms_taken_after_clipping_are_named(dtype):
+    """A loop that logs (or a Recorder placed after) clip_grad_norm_ gives norms capped at max_norm: the
+    threshold derived from them rests on a series whose spikes were cut off. The history says so."""
+    x = _torch_style_clipped_norms(0, 400, 0.5, dtype)
+    reference_at_cap = int(np.sum(x >= 0.5 * (1 - 1e-3)))
+    assert reference_at_cap >= 40  # the premise: the cap is hit often
+    facts = analyze_history(range(400), x)
+    said = [w for w in facts.warnings if "after clipping" in w]
+    assert len(said) == 1 and f"in {reference_at_cap} of 400 observations" in said[0]
+    assert said[0].startswith(f"the norm is at its largest value, {float(x.max()):.6g},")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_norms_not_clipped_are_not_called_clipped(seed):
+    """The same gradients measured before clipping, a synthetic history with spikes, and series printed
+    with few digits (each value repeated, the largest no more than the others) say nothing of clipping."""
+    before = _torch_style_clipped_norms(seed, 400, math.inf)
+    _, x, *_ = synthetic(seed)
+    rounded = np.round(np.exp(np.random.default_rng(seed).normal(0, 0.2, 500)), 1)
+    cyclic = np.array([1.0 + s % 3 for s in range(60)])
+    for series in (before, x, rounded, cyclic):
+        facts = analyze_history(range(len(series)), series)
+        assert not [w for w in facts.warnings if "after clipping" in w]
+
+
+@pytest.mark.skipif(not os.path.isdir(REAL), reason="../shared/real-logs not present")
+def test_real_logs_are_not_called_clipped():
+    """Every stack logs the norm before clipping: no real log may be taken for one logged after it."""
+    for name in sorted(f for f in os.listdir(REAL) if f.endswith(".json")):
+        h = read_norm_log(os.path.join(REAL, name))
+        assert not [w for w in analyze_history(h.steps, h.norms).warnings if "after clipping" in w], name
