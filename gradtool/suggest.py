@@ -275,9 +275,10 @@ def analyze_history(steps: Sequence[int], norms: Sequence[float], loss: Sequence
                         "there on are a broken regime and were left out")
     if capped := capped_at(x):
         top, at, of = capped
-        warnings.append(f"the norm is at its largest value, {top:.6g}, in {at} of {of} observations: norms taken "
-                        f"after clipping at {top:.6g}? Clipping hides the spikes a threshold is chosen from; record "
-                        "or log the norm before clipping (torch.nn.utils.clip_grad_norm_ returns it)")
+        warnings.append(f"the norm is at its largest value, {top:.6g}, in {at} of {of} observations: norms "
+                        f"taken after clipping at {top:.6g}? Clipping hides the spikes a threshold is chosen "
+                        "from; record or log the norm before clipping (torch.nn.utils.clip_grad_norm_ "
+                        "returns it)")
     return HistoryFacts(st, n, interval, nonfinite, nonfinite_loss, zeros, divergence, healthy_end, b,
                         reason, wstart, warnings)
 
