@@ -828,10 +828,11 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
         raise InputError(f"{path}: malformed CSV header ({exc})") from None
     if not header:
         raise InputError(f"{path}: empty CSV (no header)")
+    text, cut = _without_cut_last_row(text, len(header), delim)
     fast = _csv_fast(text, header, delim, key)
     if fast is not None:
         hist = _noted(NormHistory(*fast[0][:4], source=path, key=fast[1], kind="csv", _arrays=fast[0][4]),
-                      fast[0][5])
+                      fast[0][5] + cut)
         return _note_bucketed(_with_others(hist, header, key), header, text, delim)
     try:
         table = list(csv.reader(io.StringIO(text), delimiter=delim))
@@ -842,7 +843,29 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
     for r, raw in zip(rows, body):
         if len(raw) > len(header):
             r[None] = raw[len(header):]  # type: ignore[index]  # as csv.DictReader does
-    return _note_bucketed(from_records(rows, path, "csv", key), header, text, delim)
+    return _note_bucketed(_noted(from_records(rows, path, "csv", key), cut), header, text, delim)
+
+
+def _without_cut_last_row(text: str, ncols: int, delim: str) -> tuple[str, list[str]]:
+    """A CSV's text without its last row when that row was cut short (a run killed while writing it, a
+    file still being written): no line end after it and fewer cells than the header. Its last cell may
+    be a number cut mid-digits (``12`` of ``1234.5``), read as a far smaller norm. A last row with all
+    its cells is kept: it cannot be told from a whole one. Also what to say of the log."""
+    if text.endswith("\n") or (cut := text.rfind("\n")) < 0:
+        return text, []
+    last = text[cut + 1:].rstrip("\r")
+    if not last.strip():
+        return text[:cut + 1], []
+    try:
+        cells = next(csv.reader([last], delimiter=delim), [])
+    except csv.Error:  # a quote left open: cut inside it
+        cells = []
+    if len(cells) >= ncols:
+        return text, []
+    shown = last if len(last) <= 40 else last[:40] + "..."
+    said = (f"its last row ({shown!r}) has {len(cells)} of {ncols} cells and no line end: cut short (a run "
+            "killed while writing it, or a file still being written?), left out")
+    return text[:cut + 1], [said]
 
 
 def _differ(a: float | None, b: float | None) -> bool:

@@ -107,6 +107,38 @@ def test_lightning_csv_with_sparse_rows(tmp_path):
     assert h.key == "grad_2.0_norm_total" and h.steps == [0, 1, 2] and math.isnan(h.norms[1]) and h.loss[2] == 2.3
 
 
+def test_a_csv_row_cut_short_at_the_end_is_left_out(tmp_path, run):
+    """A run killed while writing its CSV log leaves a last row without a line end; its last cell was read
+    as it stood: "60,12" of "60,1234.5,2.4" gave a norm of 12 at the step that exploded. A last row with
+    fewer cells than the header is left out, with a note; one with all its cells cannot be told from a
+    whole row (a Google Sheets export ends without a line end) and is read."""
+    p = tmp_path / "metrics.csv"
+    for general in (False, True):  # the fast paths, and the csv module's (a column of words)
+        lead = "train," if general else ""
+        ncols = 4 if general else 3
+        body = f"{'phase,' if general else ''}step,grad_norm,loss\n" + "".join(
+            f"{lead}{i},{1 + i % 5 / 10},{3 - i / 100}\n" for i in range(1, 60))
+        cases = ((f"{lead}60,12", ncols - 1), (f'{lead}60,"1', ncols - 1),  # a quote left open, cut inside
+                 (f"{lead}60,1234.5,2.4", None), ("\r", None))
+        for last, cells in cases:
+            p.write_text(body + last)
+            h = read_norm_log(str(p))
+            whole = last.endswith("2.4")
+            assert len(h) == (60 if whole else 59) and h.steps[-1] == (60 if whole else 59), (last, general)
+            assert h.norms[-1] == (1234.5 if whole else 1 + 59 % 5 / 10)
+            said = [w for w in h.notes if "cut short" in w]
+            if cells is None:
+                assert said == [], (last, general)
+            else:
+                assert len(said) == 1
+                assert f"has {cells} of {ncols} cells and no line end: cut short" in said[0]
+    rows = "".join(f"{i},{1 + i % 5 / 10},2\n" for i in range(1, 60))
+    p.write_text("step,grad_norm,loss\n" + rows + "60,12")
+    r = run("suggest-threshold", str(p), "--format", "json")
+    assert r.exit_code == 0 and r.json()["history"]["n"] == 59
+    assert any("cut short" in w for w in r.json()["history"]["warnings"])
+
+
 def test_tsv_and_explicit_key(tmp_path):
     p = tmp_path / "wandb.tsv"
     p.write_text("_step\tmy_norm\ttrain/loss\n1\t0.5\t3\n2\t0.7\t2\n")
