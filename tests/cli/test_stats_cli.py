@@ -147,8 +147,9 @@ def test_head_closes_pipe_quietly(tmp_path):
     p = str(tmp_path / "many.npz")
     save_dump(p, {f"t{i}": np.ones(3) for i in range(3000)})
     for fmt in ("csv", "table"):
-        proc = subprocess.run(["bash", "-c", f"{sys.executable} -m gradtool stats {p} --format {fmt} | head -1; "
-                               "echo \"exit ${PIPESTATUS[0]}\""], capture_output=True, text=True)
+        gradtool = f"{sys.executable} -m gradtool stats {p} --format {fmt}"
+        script = f'{gradtool} | head -1; echo "exit ${{PIPESTATUS[0]}}"'
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
         first, status = proc.stdout.splitlines()
         assert first.startswith("path," if fmt == "csv" else p)
         assert proc.stderr == ""
