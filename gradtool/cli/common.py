@@ -109,9 +109,13 @@ def check_selection(refs: Sequence[Any], select: Sequence[str], exclude: Sequenc
         _warn_unmatched_excludes(exclude, [n for n in sample if name_selected(n, select)], ref.label,
                                  len(refs) > 1)
         return
+    from ..io.base import METADATA_SCALARS
+
     flags = " ".join([f"--select '{g}'" for g in select] + [f"--exclude '{g}'" for g in exclude])
     hint = (f"; tensor names there look like: {listed(sample, 4)}" if sample
             else f"; {'it holds' if len(refs) == 1 else 'they hold'} no tensors at all")
+    if meta := [g for g in select if g in METADATA_SCALARS]:  # --select loss
+        hint += f" (a scalar named {' or '.join(map(repr, meta))} is the dump's metadata, not a tensor)"
     raise UsageError(f"{flags} leaves no tensor in {dumps_phrase(refs)}{hint}")
 
 

@@ -92,3 +92,13 @@ def test_a_nan_loss_is_metadata_too(tmp_path, run):
         assert math.isnan(r.metadata["loss"]) and sorted(r.names) == ["b", "w"]
     out = run("stats", p, "--fail-on-nonfinite")
     assert out.exit_code == 0, out.stderr  # the gradients are finite: a NaN loss is not a NaN gradient
+
+
+def test_selecting_a_metadata_scalar_says_where_it_went(tmp_path, run):
+    """``--select loss`` on such a dump selected the loss as a tensor before; now it is metadata, and the
+    usage error says so instead of only listing the tensor names."""
+    p = _write("npz", str(tmp_path / "dump.npz"), {**GRADS, **SCALARS})
+    r = run("stats", p, "--select", "loss")
+    assert r.exit_code == 2
+    assert "(a scalar named 'loss' is the dump's metadata, not a tensor)" in r.stderr
+    assert "is the dump's metadata" not in run("stats", p, "--select", "zz").stderr
