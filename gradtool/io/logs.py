@@ -1026,12 +1026,13 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
         text = _ANSI.sub("", text)
     lines = text.lower().splitlines()  # names in any case; float() reads 1.0e-04, nan, inf
     llmc = text.startswith("s:") or "\ns:" in text  # llm.c's main.log (s:100 trl:3.2 ...): checked once
-    records, bare = _text_records(lines, False, llmc), False
+    fairseq = is_fairseq(text)
+    records, bare = _text_records(lines, False, llmc, fairseq), False
     if not records:  # nanoGPT-derived loops and llm.c name the gradient norm "norm"
-        records, bare = _text_records(lines, True, llmc), True
+        records, bare = _text_records(lines, True, llmc, fairseq), True
     if not records:
         raise InputError(f"{path}: no 'grad norm: X' values found in this text log")
-    hist = _text_history(records, path)
+    hist = _noted(_text_history(records, path), _fairseq_notes(text, lines))
     if bare:
         hist.key = "norm"
         hist.notes.append(f"{path}: no 'grad norm' in this log: the norm is read from 'norm' (the gradient "
@@ -1039,16 +1040,48 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
     return hist
 
 
-def _text_records(lines: list[str], bare: bool, llmc: bool) -> list[dict[str, Any]]:
+# fairseq's logger "train": an epoch's summary (its interval lines' is "train_inner"); as text
+# "... | train | epoch 001 | loss 9.1 | ... | gnorm 2.9 | ...", as JSON "... | train | {...}"
+_FAIRSEQ_EPOCH_END = "| train | "
+
+
+def is_fairseq(text: str) -> bool:
+    """True for fairseq's console (``fairseq-train``'s log, simple or JSON format): its interval lines
+    come from its logger "train_inner"."""
+    return "| train_inner | " in text
+
+
+def _fairseq_notes(text: str, lines: list[str] | None = None) -> list[str]:
+    """What to say of a fairseq log (``fairseq-train``'s console, simple or JSON format): its ``gnorm``
+    is a mean over each ``--log-interval`` (fairseq averages the norm it logs in "train_inner"), and its
+    end-of-epoch "train" lines, the mean over a whole epoch, are left out (``lines``: the text's
+    lowercased lines, to count them)."""
+    if not is_fairseq(text):
+        return []
+    notes = ["fairseq's gnorm is the mean over each logging interval (--log-interval; its TensorBoard and "
+             "W&B logs too): a spike inside one is averaged into it, so clip rates are understated; "
+             "--log-interval 1 logs every update's norm"]
+    ends = sum(1 for line in (lines if lines is not None else text.splitlines()) if _FAIRSEQ_EPOCH_END in line
+               and "norm" in line)
+    if ends:
+        notes.append(f"{ends} end-of-epoch 'train' line(s) left out: each gives the epoch's mean norm, not a "
+                     "step's")
+    return notes
+
+
+def _text_records(lines: list[str], bare: bool, llmc: bool, fairseq: bool = False) -> list[dict[str, Any]]:
     """The records (step, grad_norm, loss, learning_rate) of a text log's lowercased ``lines``: see
     :func:`read_text_log`; ``bare``: the norm named just "norm" (:data:`_BARE_NORM`); ``llmc``: lines
-    may be llm.c's ``s:100 trl:3.2 ...``."""
+    may be llm.c's ``s:100 trl:3.2 ...``; ``fairseq``: a fairseq log, whose end-of-epoch lines are left
+    out (:func:`is_fairseq`)."""
     records: list[dict[str, Any]] = []
     block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
     for line in lines:
         # each pattern needs its word: a line without it (a chatty log's warnings, OLMo's other
         # metrics) runs no pattern (2-3x faster)
         m = None if "norm" not in line else _BARE_NORM.search(line) if bare else _text_norm(line)
+        if fairseq and m is not None and _FAIRSEQ_EPOCH_END in line:
+            continue  # the epoch's mean, at the step of the epoch's last interval: not a step's norm
         s = _text_step(line, llmc)
         if m is None:
             if s is not None:
@@ -1160,9 +1193,10 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
     and the history says so."""
     text = _read_text(path) if text is None else text
     records: list[dict[str, Any]] = []
+    fairseq = is_fairseq(text)
     for line in text.splitlines():
         m = _DICT_TAIL.search(line)
-        if m is None:
+        if m is None or fairseq and _FAIRSEQ_EPOCH_END in line:  # fairseq's end-of-epoch means
             continue
         pairs = _DICT_PAIR.findall(m.group())  # a bare tensor(1.2, device='cuda:0'): transformers 4.38's norm
         records.append({k: quoted if q else bare.strip().removeprefix("tensor(")
@@ -1177,7 +1211,7 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
         if with_norm and None not in epochs:
             cut, notes = _last_training(epochs, "epoch")  # the epoch starting over: another training
             records = with_norm[cut:]
-    hist = _noted(from_records(records, path, "console", key), notes)
+    hist = _noted(from_records(records, path, "console", key), notes + _fairseq_notes(text))
     if not hist.steps:
         return None  # no number where the norm should be: not this kind of log
     if _find_key(keys, STEP_KEYS) is None:

@@ -708,7 +708,70 @@ def test_fairseq_json_log_lines(tmp_path):
     p.write_text("fairseq-train data-bin --log-format json\n" + "\n".join(rows) + "\n")
     h = read_norm_log(str(p))
     assert h.kind == "console" and h.key == "gnorm" and h.steps == [i * 100 for i in range(1, 101)]
-    assert h.norms == [float(1 + i % 5) for i in range(1, 101)] and h.loss[0] == 11.99 and not h.notes
+    assert h.norms == [float(1 + i % 5) for i in range(1, 101)] and h.loss[0] == 11.99
+    assert len(h.notes) == 1 and "fairseq's gnorm is the mean over each logging interval" in h.notes[0]
+
+
+def _fairseq_log(fmt: str, epochs: int = 3, per_epoch: int = 1050, interval: int = 100) -> tuple[str, dict]:
+    """fairseq-train's console as fairseq_cli/train.py writes it: a train_inner line every ``interval``
+    updates (the interval's mean gnorm), and at each epoch's end a "train" line of the epoch's means at
+    the epoch's last update (not a multiple of the interval here: 1050, 2100, ...), then a "valid" line;
+    ``fmt`` "simple" (its default off a terminal) or "json". Also the interval lines' {step: gnorm}."""
+    lines, want = [], {}
+    for epoch in range(1, epochs + 1):
+        for u in range(1, per_epoch + 1):
+            step = (epoch - 1) * per_epoch + u
+            if step % interval:
+                continue
+            want[step] = g = round(1 + (step // interval) % 7 / 10, 3)
+            if fmt == "json":
+                lines.append(f'2024-05-01 10:00:00 | INFO | train_inner | {{"epoch": {epoch}, "update": '
+                             f'{epoch - 1 + u / per_epoch:.3f}, "loss": "9.5", "num_updates": "{step}", '
+                             f'"lr": "1e-05", "gnorm": "{g}", "loss_scale": "128"}}')
+            else:
+                lines.append(f"2024-05-01 10:00:00 | INFO | train_inner | epoch {epoch:03d}:    {u} / "
+                             f"{per_epoch} loss=9.5, nll_loss=9.2, ppl=590, wps=1000, ups=1, "
+                             f"num_updates={step}, lr=1e-05, gnorm={g}, loss_scale=128, wall=60")
+        last = epoch * per_epoch
+        lines.append(f"2024-05-01 10:10:00 | INFO | fairseq_cli.train | end of epoch {epoch} (average epoch "
+                     "stats below)")
+        if fmt == "json":
+            lines.append(f'2024-05-01 10:10:00 | INFO | train | {{"epoch": {epoch}, "train_loss": "9.1", '
+                         f'"train_gnorm": "9.999", "train_num_updates": "{last}"}}')
+            lines.append(f'2024-05-01 10:10:00 | INFO | valid | {{"epoch": {epoch}, "valid_loss": "8.5", '
+                         f'"valid_num_updates": "{last}"}}')
+        else:
+            lines.append(f"2024-05-01 10:10:00 | INFO | train | epoch {epoch:03d} | loss 9.1 | nll_loss "
+                         f"8.9 | num_updates {last} | lr 1e-05 | gnorm 9.999 | loss_scale 128 | wall 600")
+            lines.append(f"2024-05-01 10:10:00 | INFO | valid | epoch {epoch:03d} | valid on 'valid' "
+                         f"subset | loss 8.5 | nll_loss 8.2 | num_updates {last} | best_loss 8.5")
+    return "\n".join(lines) + "\n", want
+
+
+@pytest.mark.parametrize("fmt", ["simple", "json"])
+def test_fairseq_end_of_epoch_means_are_not_steps(tmp_path, fmt):
+    """fairseq prints each epoch's mean gnorm at the epoch's last update; it was read as that step's norm
+    (the simple format: an observation of 9.999 at 1050, 2100, 3150, "spikes" above the threshold; the JSON
+    format: a warning that 'train_gnorm' was another run's norm). Those lines are left out, and the
+    history says that fairseq's interval norms are means."""
+    text, want = _fairseq_log(fmt)
+    p = tmp_path / "train.log"
+    p.write_text(text)
+    h = read_norm_log(str(p))
+    assert h.steps == sorted(want) and h.norms == [want[s] for s in sorted(want)]
+    assert not any("another run" in n for n in h.notes)
+    assert any("3 end-of-epoch 'train' line(s) left out" in n for n in h.notes)
+    assert any("fairseq's gnorm is the mean over each logging interval" in n for n in h.notes)
+
+
+def test_a_train_tag_outside_fairseq_is_read(tmp_path):
+    """Only fairseq's logs (its "train_inner" lines) lose their "| train |" lines: another log that tags
+    its lines so keeps them."""
+    p = tmp_path / "train.log"
+    p.write_text("".join(f"2024-05-01 | INFO | train | step {s} | loss 2.0 | grad norm {1 + s % 3}\n"
+                         for s in range(1, 40)))
+    h = read_norm_log(str(p))
+    assert h.steps == list(range(1, 40)) and not any("fairseq" in n for n in h.notes)
 
 
 def test_console_dicts_are_read_by_pattern_never_evaluated(tmp_path):
