@@ -1058,9 +1058,9 @@ def _fairseq_notes(text: str, lines: list[str] | None = None) -> list[str]:
     lowercased lines, to count them)."""
     if not is_fairseq(text):
         return []
-    notes = ["fairseq's gnorm is the mean over each logging interval (--log-interval; its TensorBoard and "
-             "W&B logs too): a spike inside one is averaged into it, so clip rates are understated; "
-             "--log-interval 1 logs every update's norm"]
+    notes = [("fairseq's gnorm is the mean over each logging interval (--log-interval; its TensorBoard and "
+              "W&B logs too): a spike inside one is averaged into it, so clip rates are understated; "
+              "--log-interval 1 logs every update's norm")]
     ends = sum(1 for line in (lines if lines is not None else text.splitlines()) if _FAIRSEQ_EPOCH_END in line
                and "norm" in line)
     if ends:
