@@ -59,11 +59,6 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _is_hard_link(h5py: Any, gid: Any, key: bytes) -> bool:
-    """True for a hard link (the only kind followed), asked of the group's low-level id."""
-    return gid.links.get_info(key).type == h5py.h5l.TYPE_HARD
-
-
 _READ_INSIDE = ("not read (gradtool reads only data inside the dump it is given; copy the data into the file "
                 "to read it)")
 
@@ -175,10 +170,12 @@ def step_groups(f: Any, display: str) -> list[tuple[str, int]]:
     h5py = _h5py()
     out = []
     for key in f.id:
-        if outside := _link_outside(h5py, f.id, key):
-            raise InputError(f"{display}: {_decode(key, display)!r} {outside}: {_READ_INSIDE}")
-        if not _is_hard_link(h5py, f.id, key) or h5py.h5o.get_info(f.id, key).type != h5py.h5o.TYPE_GROUP:
-            continue
+        kind = f.id.links.get_info(key).type
+        if kind not in (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT):
+            raise InputError(f"{display}: {_decode(key, display)!r} {_link_outside(h5py, f.id, key)}: "
+                             f"{_READ_INSIDE}")
+        if kind != h5py.h5l.TYPE_HARD or h5py.h5o.get_info(f.id, key).type != h5py.h5o.TYPE_GROUP:
+            continue  # only hard links are followed
         s = _step_of(h5py, h5py.h5g.open(f.id, key))
         if s is not None:
             out.append((_decode(key, f.filename), s))
