@@ -17,7 +17,7 @@ from .core import kernels
 from .core.norms import ROW, combine_norms, parse_norm_type
 from .core.stats import STREAM_CHUNK, StatsAccumulator, TensorStats, tensor_stats
 from .errors import InputError
-from .io.base import DumpReader, PhasedBuffer, TensorInfo
+from .io.base import LOSS_KEYS, LR_KEYS, DumpReader, PhasedBuffer, TensorInfo
 
 
 def name_selected(name: str, select: Sequence[str] = (), exclude: Sequence[str] = ()) -> bool:
@@ -335,9 +335,6 @@ class DumpHistory:
     tensor_max_abs: dict[str, list[float]]
     tensor_sizes: dict[str, int]
     repeated_steps: list[int] = field(default_factory=list)  # in several dumps: the one given last is used
-
-
-LOSS_KEYS, LR_KEYS = ("loss", "train_loss"), ("lr", "learning_rate")  # in a dump's metadata
 
 
 def metadata_number(meta: dict[str, Any], keys: Sequence[str]) -> float | None:

@@ -142,7 +142,8 @@ def _step_rows(records: list[dict[str, Any]], sort: str | None, top: int | None)
 def _title(record: dict[str, Any]) -> str:
     """A dump's table title: its path (and group), step, format, and the loss and learning rate its
     metadata gives (the Recorder's ``loss=``, ``lr=``; ``np.savez(..., loss=loss)``'s scalars)."""
-    from ..summarize import LOSS_KEYS, LR_KEYS, metadata_number
+    from ..io.base import LOSS_KEYS, LR_KEYS
+    from ..summarize import metadata_number
     from .render import human
 
     scalars = [(name, metadata_number(record["metadata"], keys)) for name, keys in (("loss", LOSS_KEYS),

@@ -184,10 +184,10 @@ def metadata_step(metadata: dict[str, Any]) -> int | None:
     return s if isinstance(s, int) and not isinstance(s, bool) else None
 
 
-# Names of top-level scalars read as a dump's metadata (step, loss, learning rate), not as tensors: the keys
-# gradtool reads (summarize.dump_history) and their usual spellings
-METADATA_SCALARS = frozenset({"step", "global_step", "epoch", "loss", "train_loss", "lr", "learning_rate",
-                              "grad_norm"})
+LOSS_KEYS, LR_KEYS = ("loss", "train_loss"), ("lr", "learning_rate")  # a dump's loss and lr in its metadata
+# Names of top-level scalars read as a dump's metadata, not as tensors: its step, loss and learning rate
+# (the keys gradtool reads) and the other usual scalars of a training step
+METADATA_SCALARS = frozenset({"step", "global_step", "epoch", "grad_norm", *LOSS_KEYS, *LR_KEYS})
 
 
 class DumpReader:
