@@ -1026,13 +1026,16 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
         text = _ANSI.sub("", text)
     lines = text.lower().splitlines()  # names in any case; float() reads 1.0e-04, nan, inf
     llmc = text.startswith("s:") or "\ns:" in text  # llm.c's main.log (s:100 trl:3.2 ...): checked once
-    fairseq = is_fairseq(text)
-    records, bare = _text_records(lines, False, llmc, fairseq), False
+    notes: list[str] = []
+    if is_fairseq(text):  # its end-of-epoch means are no step's values
+        kept = [line for line in lines if _FAIRSEQ_EPOCH_END not in line]
+        notes, lines = _fairseq_notes(len(lines) - len(kept)), kept
+    records, bare = _text_records(lines, False, llmc), False
     if not records:  # nanoGPT-derived loops and llm.c name the gradient norm "norm"
-        records, bare = _text_records(lines, True, llmc, fairseq), True
+        records, bare = _text_records(lines, True, llmc), True
     if not records:
         raise InputError(f"{path}: no 'grad norm: X' values found in this text log")
-    hist = _noted(_text_history(records, path), _fairseq_notes(text, lines))
+    hist = _noted(_text_history(records, path), notes)
     if bare:
         hist.key = "norm"
         hist.notes.append(f"{path}: no 'grad norm' in this log: the norm is read from 'norm' (the gradient "
@@ -1051,37 +1054,29 @@ def is_fairseq(text: str) -> bool:
     return "| train_inner | " in text
 
 
-def _fairseq_notes(text: str, lines: list[str] | None = None) -> list[str]:
+def _fairseq_notes(epoch_ends: int) -> list[str]:
     """What to say of a fairseq log (``fairseq-train``'s console, simple or JSON format): its ``gnorm``
     is a mean over each ``--log-interval`` (fairseq averages the norm it logs in "train_inner"), and its
-    end-of-epoch "train" lines, the mean over a whole epoch, are left out (``lines``: the text's
-    lowercased lines, to count them)."""
-    if not is_fairseq(text):
-        return []
+    ``epoch_ends`` end-of-epoch "train" lines, the means over whole epochs, were left out."""
     notes = [("fairseq's gnorm is the mean over each logging interval (--log-interval; its TensorBoard and "
               "W&B logs too): a spike inside one is averaged into it, so clip rates are understated; "
               "--log-interval 1 logs every update's norm")]
-    ends = sum(1 for line in (lines if lines is not None else text.splitlines()) if _FAIRSEQ_EPOCH_END in line
-               and "norm" in line)
-    if ends:
-        notes.append(f"{ends} end-of-epoch 'train' line(s) left out: each gives the epoch's mean norm, not a "
-                     "step's")
+    if epoch_ends:
+        notes.append(f"{epoch_ends} end-of-epoch 'train' line(s) left out: each gives the epoch's mean norm, "
+                     "not a step's")
     return notes
 
 
-def _text_records(lines: list[str], bare: bool, llmc: bool, fairseq: bool = False) -> list[dict[str, Any]]:
+def _text_records(lines: list[str], bare: bool, llmc: bool) -> list[dict[str, Any]]:
     """The records (step, grad_norm, loss, learning_rate) of a text log's lowercased ``lines``: see
     :func:`read_text_log`; ``bare``: the norm named just "norm" (:data:`_BARE_NORM`); ``llmc``: lines
-    may be llm.c's ``s:100 trl:3.2 ...``; ``fairseq``: a fairseq log, whose end-of-epoch lines are left
-    out (:func:`is_fairseq`)."""
+    may be llm.c's ``s:100 trl:3.2 ...``."""
     records: list[dict[str, Any]] = []
     block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
     for line in lines:
         # each pattern needs its word: a line without it (a chatty log's warnings, OLMo's other
         # metrics) runs no pattern (2-3x faster)
         m = None if "norm" not in line else _BARE_NORM.search(line) if bare else _text_norm(line)
-        if fairseq and m is not None and _FAIRSEQ_EPOCH_END in line:
-            continue  # the epoch's mean, at the step of the epoch's last interval: not a step's norm
         s = _text_step(line, llmc)
         if m is None:
             if s is not None:
@@ -1193,10 +1188,13 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
     and the history says so."""
     text = _read_text(path) if text is None else text
     records: list[dict[str, Any]] = []
-    fairseq = is_fairseq(text)
+    fairseq, epoch_ends = is_fairseq(text), 0
     for line in text.splitlines():
         m = _DICT_TAIL.search(line)
-        if m is None or fairseq and _FAIRSEQ_EPOCH_END in line:  # fairseq's end-of-epoch means
+        if m is None:
+            continue
+        if fairseq and _FAIRSEQ_EPOCH_END in line:  # fairseq's end-of-epoch means: no step's values
+            epoch_ends += 1
             continue
         pairs = _DICT_PAIR.findall(m.group())  # a bare tensor(1.2, device='cuda:0'): transformers 4.38's norm
         records.append({k: quoted if q else bare.strip().removeprefix("tensor(")
@@ -1211,7 +1209,9 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
         if with_norm and None not in epochs:
             cut, notes = _last_training(epochs, "epoch")  # the epoch starting over: another training
             records = with_norm[cut:]
-    hist = _noted(from_records(records, path, "console", key), notes + _fairseq_notes(text))
+    if fairseq:
+        notes = notes + _fairseq_notes(epoch_ends)
+    hist = _noted(from_records(records, path, "console", key), notes)
     if not hist.steps:
         return None  # no number where the norm should be: not this kind of log
     if _find_key(keys, STEP_KEYS) is None:
