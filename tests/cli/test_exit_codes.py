@@ -107,10 +107,14 @@ def test_ctrl_c_while_standard_input_is_spooled_leaves_no_copy(dump, tmp_path):
                             env={**os.environ, "TMPDIR": str(spool_dir)}, preexec_fn=_ctrl_c_as_in_a_terminal)
     proc.stdin.write(open(dump, "rb").read()[:100])  # the producer has more to come: stdin stays open
     proc.stdin.flush()
+
+    def spooled():  # the copy; not tempfile's own probe file, which gettempdir() makes and removes first
+        return [f for f in os.listdir(spool_dir) if f.startswith("gradtool-stdin-")]
+
     deadline = time.monotonic() + 60
-    while not os.listdir(spool_dir) and proc.poll() is None and time.monotonic() < deadline:
+    while not spooled() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
-    if not os.listdir(spool_dir):  # say why (seen once in CI on 3.13, not reproduced in 33 runs since)
+    if not spooled():  # say why
         ended = proc.poll()
         proc.kill()
         why = (f"gradtool exited {ended} first: {proc.stderr.read().decode()!r}" if ended is not None
