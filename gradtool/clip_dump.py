@@ -241,7 +241,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         norms_before = _norms_in_parallel(reader, streamed, 2.0, spec.nonfinite, None, None)
 
     if writer is not None:
-        writer.plan(list(reader.tensors), data_phase=_data_phase(reader))
+        writer.plan(list(reader.tensors) + reader.metadata_members, data_phase=_data_phase(reader))
     norms_after: dict[str, float] = {}
     out_buffer = PhasedBuffer()  # the streamed tensors' output buffer, reused
     for info in reader.tensors:
@@ -273,6 +273,9 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         if on_tensor:
             on_tensor(1)
     if writer is not None:
+        for info in reader.metadata_members:  # step, loss, lr saved beside the gradients: kept as they were
+            if not _copied(reader, writer, info):
+                writer.add(info, reader._read(info))
         for group, attrs in reader.group_attrs.items():
             writer.set_group_attrs(group, attrs)
     if spec.mode != "global-norm":

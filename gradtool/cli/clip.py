@@ -214,11 +214,12 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
                     first_meta = {} if history else None
                     with make_writer(tmp, out_fmt, first_meta, compress=compress) as writer:
                         for ref, reader in open_each(src_refs):
+                            meta = reader.metadata_outside_members()
                             if history:
-                                writer.begin_step(ref.group, reader.metadata)
+                                writer.begin_step(ref.group, meta)
                             else:
-                                writer.metadata.update(reader.metadata)
-                                _set_root_meta(writer, reader.metadata)
+                                writer.metadata.update(meta)
+                                _set_root_meta(writer, meta)
                             reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp,
                                                              on_tensor=per_tensor_advance), final))
                             advance(1)
@@ -370,7 +371,7 @@ def _clip_sharded(refs: list[Any], output: str | None, spec: Any, force: bool, d
                     res = clip_dump(reader, None, spec, step=ref.step, shared=shared)
                 else:
                     with atomic_output(target, force=force, inputs=all_inputs, durable=durable) as tmp:
-                        with make_writer(tmp, output_format(target, reader.format), reader.metadata,
+                        with make_writer(tmp, output_format(target, reader.format), reader.metadata_outside_members(),
                                          compress=bool(getattr(reader, "compressed", False))) as writer:
                             res = clip_dump(reader, writer, spec, step=ref.step, shared=shared)
             reports.append(_record(res, target))

@@ -201,6 +201,7 @@ class DumpReader:
         self.group: str | None = None
         self.tensors: list[TensorInfo] = []
         self.metadata: dict[str, Any] = {}
+        self.metadata_members: list[TensorInfo] = []  # the scalars read as metadata (_scalars_as_metadata)
         self.group_attrs: dict[str, dict[str, Any]] = {}  # HDF5: group path (relative) -> attributes
 
     # -- index
@@ -217,6 +218,13 @@ class DumpReader:
     @property
     def step(self) -> int | None:
         return metadata_step(self.metadata)
+
+    def metadata_outside_members(self) -> dict[str, Any]:
+        """The metadata a copy of this dump stores as its format's metadata (``__metadata__.json``, HDF5
+        attributes, safetensors ``__metadata__``): all of it but the scalars it holds as members
+        (:attr:`metadata_members`), which a copy writes back as members, so that it reads as the input."""
+        members = {t.name for t in self.metadata_members}
+        return {k: v for k, v in self.metadata.items() if k not in members}
 
     # -- data
     def read(self, name: str) -> np.ndarray:
@@ -427,6 +435,7 @@ class DumpReader:
             self.metadata[t.name] = int(value) if t.dtype.kind in "iu" else float(value)
         if found:
             self.tensors = [t for t in self.tensors if t not in found]
+            self.metadata_members = found
 
 
 READ_AHEAD = 3  # chunks a read-ahead thread may hold (each the size of the first chunk)

@@ -61,6 +61,62 @@ def test_clip_leaves_the_loss_alone_and_keeps_it_as_metadata(tmp_path, run):
         np.testing.assert_allclose(c.read("w"), GRADS["w"].astype(np.float64) * scale, rtol=1e-6)
 
 
+def _members(path: str) -> dict:
+    """The top-level members of a file as {name: array}, read with the format's own library."""
+    if path.endswith(".npz"):
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    if path.endswith(".safetensors"):
+        from safetensors.numpy import load_file
+
+        return load_file(path)
+    with h5py.File(path, "r") as f:
+        return {k: f[k][()] for k in f if isinstance(f[k], h5py.Dataset)}
+
+
+@pytest.mark.parametrize("fmt_in", ["npz", "safetensors", "h5"])
+@pytest.mark.parametrize("fmt_out", ["npz", "safetensors", "h5"])
+def test_clip_writes_the_scalars_back_as_they_were(tmp_path, run, fmt_in, fmt_out):
+    """The clipped copy holds step, loss and lr as members of their dtype and value, as the input did (the
+    training loop that reads ``z["loss"]`` back finds it), and not a second time as gradtool's metadata
+    (which would make them tensors when read: a name the metadata gives stays a tensor)."""
+    p = _write(fmt_in, str(tmp_path / f"dump.{fmt_in}"), {**GRADS, **SCALARS})
+    out = str(tmp_path / f"clipped.{fmt_out}")
+    r = run("clip", p, "-o", out, "--mode", "global-norm", "--max", "1")
+    assert r.exit_code == 0, r.stderr
+    members = _members(out)
+    assert sorted(members) == sorted([*GRADS, *SCALARS])
+    for name, value in SCALARS.items():
+        assert members[name].shape == () and members[name].dtype == np.asarray(value).dtype
+        assert members[name] == value
+    with open_dump(out) as c:  # and it reads as the input did
+        assert sorted(c.names) == ["b", "w"]
+        assert (c.step, c.metadata["loss"]) == (100, 7.5)
+        assert c.metadata["lr"] == pytest.approx(1e-3, rel=1e-7)
+    again = run("stats", out, "--format", "json")
+    assert json.loads(again.stdout)["dumps"][0]["global_norm"] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_clip_of_an_hdf5_history_keeps_each_steps_scalars(tmp_path, run):
+    p = str(tmp_path / "history.h5")
+    with h5py.File(p, "w") as f:
+        for step in (1, 2):
+            g = f.create_group(f"step_{step}")
+            g.attrs["step"] = step
+            for k, v in GRADS.items():
+                g[k] = v * step
+            g["loss"] = np.float64(step / 4)
+    out = str(tmp_path / "clipped.h5")
+    r = run("clip", p, "-o", out, "--mode", "global-norm", "--max", "1")
+    assert r.exit_code == 0, r.stderr
+    with h5py.File(out, "r") as f:
+        assert [float(f[f"step_{s}/loss"][()]) for s in (1, 2)] == [0.25, 0.5]
+        assert "loss" not in f["step_1"].attrs
+    records = json.loads(run("stats", out, "--format", "json").stdout)["dumps"]
+    assert [d["metadata"]["loss"] for d in records] == [0.25, 0.5]
+    assert [d["num_tensors"] for d in records] == [2, 2]
+
+
 def test_what_stays_a_tensor(tmp_path):
     """Only top-level 0-d numbers under the metadata names move: a one-element array, a nested name, a
     bool, a name the metadata gives already, and other scalars (a learnable temperature's gradient)
