@@ -49,6 +49,16 @@ def _not_npz(members: list[str]) -> str:
             "not an .npz dump")
 
 
+def _starts_as_zip(path: str) -> bool:
+    """Whether the file begins with a zip entry (``PK\\3\\4``): a zip that the zipfile module cannot open
+    although it starts as one lacks its end, the directory a writer appends last."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
 class NpzReader(DumpReader):
     format = "npz"
 
@@ -57,6 +67,9 @@ class NpzReader(DumpReader):
         try:
             self._zip = zipfile.ZipFile(path, "r")
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+            if isinstance(exc, zipfile.BadZipFile) and _starts_as_zip(path):
+                raise InputError(f"{self.display_path}: truncated .npz archive: the zip directory that ends it "
+                                 "is missing (cut short, or still being written)") from None
             raise InputError(f"{self.display_path}: not a readable .npz archive ({exc})") from None
         try:  # a refused file closes what opening it opened (the archive and the raw descriptor)
             self._index()

@@ -70,6 +70,26 @@ def test_truncated_files_at_many_offsets(tmp_path, ext):
         assert os.path.basename(bad) in str(e.value)
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_cut_short_says_truncated(tmp_path, compressed):
+    """An np.savez file cut short (a crash, or a dump still being written) lacks the zip directory written
+    last: the message says so, not only zipfile's 'File is not a zip file'; a zip-like file that does not
+    begin as a zip keeps the general message."""
+    p = str(tmp_path / "good.npz")
+    (np.savez_compressed if compressed else np.savez)(p, w=np.arange(5000, dtype=np.float32))
+    data = open(p, "rb").read()
+    for cut in (100, len(data) // 2, len(data) - 1):
+        bad = tmp_path / f"cut{cut}.npz"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(InputError, match=rf"cut{cut}.npz: truncated .npz archive: the zip directory .* "
+                                             r"missing \(cut short, or still being written\)"):
+            open_dump(str(bad))
+    other = tmp_path / "other.npz"
+    other.write_bytes(b"PK\x05\x06" + b"\0" * 10)
+    with pytest.raises(InputError, match="other.npz: not a readable .npz archive"):
+        open_dump(str(other))
+
+
 def test_text_file_named_h5(tmp_path):
     p = tmp_path / "notes.h5"
     p.write_text("hello, I am not HDF5\n")
