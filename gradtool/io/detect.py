@@ -112,6 +112,8 @@ def _compressed_dump(path: str, kind: str) -> bool:
 def not_a_dump(head: bytes, name: str) -> str:
     """Why the file ``name`` that starts with ``head`` is no gradient dump, for a one-line error: what it
     is when it is something recognisable (a pickle, a compressed file) and what to do about it."""
+    if not head:
+        return "is empty (0 bytes: a dump still being written, or a save that failed)"
     if head.startswith(_TORCH_LEGACY):
         return f"is a PyTorch torch.save file (a pickle); {NEVER_PICKLES}"
     if is_pickle(head):
