@@ -18,9 +18,9 @@ from typing import Any
 
 from .backend import dtype_name, is_floating_dtype
 from .core.norms import parse_norm_type
-from .errors import UsageError
+from .errors import InputError, UsageError
 from .io.base import metadata_step
-from .io.history import DumpRef, fallback_steps, open_each
+from .io.history import DumpRef, OnUnreadable, fallback_steps, open_each
 from .summarize import DumpSummary, name_selected, summarize_dump
 
 ENGINES = ("local", "dask")
@@ -56,8 +56,6 @@ def merge_partials(ref: DumpRef, parts: list[tuple[dict[str, Any], list, str]], 
             if name in merged:
                 entry = merged[name]
                 if entry[2] != dtype:
-                    from .errors import InputError
-
                     raise InputError(f"{ref.path}: tensor {name!r} has pieces of different dtypes")
                 entry[3].merge(acc)
                 entry[1] = (entry[3].n,)  # several pieces: a flat logical tensor
@@ -75,13 +73,22 @@ def merge_partials(ref: DumpRef, parts: list[tuple[dict[str, Any], list, str]], 
 
 def summarize_refs(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclude: Sequence[str] = (),
                    norm_type: float | int | str = 2, xp: Any = None, engine: str = "local",
-                   scheduler: str | None = None, on_dump: Callable[[int], None] | None = None) -> list[DumpSummary]:
-    """Summaries of every dump of a history, with the local engine or Dask."""
+                   scheduler: str | None = None, on_dump: Callable[[int], None] | None = None,
+                   on_unreadable: OnUnreadable | None = None) -> list[DumpSummary]:
+    """Summaries of every dump of a history, with the local engine or Dask. With ``on_unreadable``, a
+    dump that cannot be opened or read is reported to it (its label, the InputError) and left out."""
     p = parse_norm_type(norm_type)
     if engine == "local":
-        out = []
-        for ref, reader in open_each(refs):
-            out.append(summarize_dump(reader, step=ref.step, select=select, exclude=exclude, norm_type=p, xp=xp))
+        out: list[DumpSummary | None] = [None] * len(refs)
+        position = {id(ref): i for i, ref in enumerate(refs)}
+        for ref, reader in open_each(refs, on_unreadable):
+            try:
+                out[position[id(ref)]] = summarize_dump(reader, step=ref.step, select=select, exclude=exclude,
+                                                        norm_type=p, xp=xp)
+            except InputError as exc:
+                if on_unreadable is None:
+                    raise
+                on_unreadable(ref.label, exc)
             if on_dump:
                 on_dump(1)
         return with_fallback_steps(refs, out)
@@ -94,16 +101,21 @@ def summarize_refs(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclu
     if any(r.path == "-" or spooled_copy(r.path) for r in refs):
         raise UsageError("--engine dask workers cannot read standard input or a pipe; "
                          "save the dump to a file first")
-    return with_fallback_steps(refs, _summarize_dask(refs, select, exclude, p, scheduler, on_dump))
+    summaries = _summarize_dask(refs, select, exclude, p, scheduler, on_dump, on_unreadable)
+    return with_fallback_steps(refs, summaries)
 
 
-def with_fallback_steps(refs: Sequence[DumpRef], summaries: list[DumpSummary]) -> list[DumpSummary]:
-    """``summaries`` (of ``refs``, in order), each without a step (none given, none in its metadata)
-    given its file name's or its position's (:func:`~gradtool.io.history.fallback_steps`): refs from
-    ``expand_inputs(resolve_steps=False)`` get the steps ``expand_inputs`` would have given them."""
-    for summary, step in zip(summaries, fallback_steps(refs, [summary.step for summary in summaries])):
-        summary.step = step
-    return summaries
+def with_fallback_steps(refs: Sequence[DumpRef],
+                        summaries: Sequence[DumpSummary | None]) -> list[DumpSummary]:
+    """``summaries`` (of ``refs``, in order; None for a dump left out as unreadable), each without a step
+    (none given, none in its metadata) given its file name's or its position's
+    (:func:`~gradtool.io.history.fallback_steps`): refs from ``expand_inputs(resolve_steps=False)`` get the
+    steps ``expand_inputs`` would have given them. The summaries, without the Nones."""
+    known = [None if summary is None else summary.step for summary in summaries]
+    for summary, step in zip(summaries, fallback_steps(refs, known)):
+        if summary is not None:
+            summary.step = step
+    return [summary for summary in summaries if summary is not None]
 
 
 def dask_client(scheduler: str | None) -> Any:
@@ -133,7 +145,9 @@ def close_client(client: Any) -> None:
 
 
 def _summarize_dask(refs: Sequence[DumpRef], select: Sequence[str], exclude: Sequence[str], p: float,
-                    scheduler: str | None, on_dump: Callable[[int], None] | None, client: Any = None) -> list[DumpSummary]:
+                    scheduler: str | None, on_dump: Callable[[int], None] | None,
+                    on_unreadable: OnUnreadable | None = None,
+                    client: Any = None) -> list[DumpSummary | None]:
     from dask.distributed import as_completed
 
     own = client is None
@@ -149,12 +163,23 @@ def _summarize_dask(refs: Sequence[DumpRef], select: Sequence[str], exclude: Seq
         left = {i: sum(1 for j, _ in jobs if j == i) for i in range(len(refs))}
         step_of = {f.key: i for i, f in jobs}
         results: dict[str, Any] = {}
+        unreadable: set[int] = set()
         for fut in as_completed([f for _, f in jobs]):
-            results[fut.key] = fut.result()  # a GradtoolError raised on a worker arrives as itself
-            left[step_of[fut.key]] -= 1
-            if left[step_of[fut.key]] == 0 and on_dump:
+            i = step_of[fut.key]
+            try:
+                results[fut.key] = fut.result()  # a GradtoolError raised on a worker arrives as itself
+            except InputError as exc:
+                if on_unreadable is None:
+                    raise
+                if i not in unreadable:  # a sharded step: its first unreadable shard speaks for it
+                    on_unreadable(refs[i].label, exc)
+                unreadable.add(i)
+            left[i] -= 1
+            if left[i] == 0 and on_dump:
                 on_dump(1)
-        return [merge_partials(ref, [results[f.key] for j, f in jobs if j == i], p) for i, ref in enumerate(refs)]
+        return [None if i in unreadable
+                else merge_partials(ref, [results[f.key] for j, f in jobs if j == i], p)
+                for i, ref in enumerate(refs)]
     finally:
         if own:
             close_client(client)

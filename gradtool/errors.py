@@ -31,7 +31,7 @@ class ExitCode(IntEnum):
 
 EXIT_CODE_TABLE: tuple[tuple[int, str], ...] = (
     (ExitCode.OK, "success"),
-    (ExitCode.INPUT, "bad input: unreadable, truncated, malformed or hostile file; NaN/Inf under --nonfinite error; write failure (stdout closed early too)"),
+    (ExitCode.INPUT, "bad input: unreadable, truncated, malformed or hostile file (--skip-unreadable: none readable); NaN/Inf under --nonfinite error; write failure (stdout closed early too)"),
     (ExitCode.USAGE, "usage error: unknown option, missing argument, nonsense threshold, output exists without --force"),
     (ExitCode.NONFINITE, "stats --fail-on-nonfinite found NaN/Inf values"),
     (ExitCode.NO_THRESHOLD, "suggest-threshold could not recommend a threshold (too little data, or explosions at ordinary norms)"),

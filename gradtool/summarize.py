@@ -348,16 +348,18 @@ def metadata_number(meta: dict[str, Any], keys: Sequence[str]) -> float | None:
 
 def dump_history(refs: Sequence[Any], *, select: Sequence[str] = (), exclude: Sequence[str] = (),
                  xp: ModuleType | None = None, on_dump: Callable[[int], None] | None = None,
-                 engine: str = "local", scheduler: str | None = None) -> DumpHistory:
+                 engine: str = "local", scheduler: str | None = None,
+                 on_unreadable: Callable[[str, Any], None] | None = None) -> DumpHistory:
     """Read every dump once (one tensor at a time) and collect the series suggest-threshold needs.
 
     A tensor missing from some steps gets NaN there (it is then left out of those steps' statistics).
-    ``engine="dask"`` reads the files on a Dask cluster (see :mod:`gradtool.engine`).
+    ``engine="dask"`` reads the files on a Dask cluster (see :mod:`gradtool.engine`). ``on_unreadable``: as
+    in :func:`~gradtool.engine.summarize_refs` (an unreadable dump is reported to it and left out).
     """
     from .engine import summarize_refs
 
     rows = summarize_refs(refs, select=select, exclude=exclude, norm_type=2, xp=xp, engine=engine,
-                          scheduler=scheduler, on_dump=on_dump)
+                          scheduler=scheduler, on_dump=on_dump, on_unreadable=on_unreadable)
     rows.sort(key=lambda s: s.step if s.step is not None else 0)
     last = {s.step: i for i, s in enumerate(rows) if s.step is not None}  # a step given twice: the later
     repeated = sorted({s.step for i, s in enumerate(rows) if s.step is not None and last[s.step] != i})

@@ -13,7 +13,14 @@ from typing import Any
 
 import click
 
-from .common import backend_option, format_option, progress, select_options, sharded_option
+from .common import (
+    backend_option,
+    format_option,
+    progress,
+    select_options,
+    sharded_option,
+    skip_unreadable_option,
+)
 
 REPORT_TENSOR_FIELDS = ["name", "norm_before", "norm_after", "clipped", "clipped_elements", "threshold", "skipped"]
 
@@ -27,6 +34,7 @@ Examples:
   gradtool clip run.h5 -o run_clipped.h5 --mode global-norm \\
       --max "$(gradtool suggest-threshold run.h5 --mode global-norm --format value)"
   gradtool clip g.npz --dry-run --mode average-norm --max 1e-4 --format json
+  gradtool clip dumps/ -o clipped/ --mode global-norm --max 5 --skip-unreadable
 
 \b
 Modes (TensorFlow semantics): value = clip_by_value to [--min, --max] (default min = -max);
@@ -143,11 +151,13 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
               help="Tables: every dump's tensor table even for a history (default: only for one dump).")
 @format_option()
 @sharded_option
+@skip_unreadable_option
 @backend_option
 def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: float | None, min_: float | None,
                  axes: str | None, use_norm: float | None, norm_type: str, thresholds_file: str | None,
                  select: tuple[str, ...], exclude: tuple[str, ...], nonfinite: str, force: bool, dry_run: bool,
-                 per_tensor: bool | None, fmt: str, sharded: bool, backend: str | None, no_fsync: bool = False) -> None:
+                 per_tensor: bool | None, fmt: str, sharded: bool, backend: str | None,
+                 no_fsync: bool = False, skip_unreadable: bool = False) -> None:
     """Clip the gradients of DUMP with --mode and --max, write the clipped dump to -o, and report, per
     tensor, the norm before and after and whether it was clipped. Inputs are never modified."""
     from ..clip_dump import ClipSpec, clip_dump
@@ -156,7 +166,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     from ..io.detect import output_format
     from ..io.dump import make_writer
     from ..io.history import expand_inputs, open_each
-    from .common import check_selection, spooled_inputs, warn_unmatched_selects, warning, xp_for
+    from .common import SkippedDumps, check_selection, spooled_inputs, warn_unmatched_selects, warning, xp_for
 
     spec = ClipSpec(mode=mode, max=max_, min=min_, axes=_parse_axes(axes), use_norm=use_norm,
                     norm_type=float(norm_type), nonfinite=nonfinite, select=select, exclude=exclude,
@@ -164,7 +174,9 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     # a failed run takes back the directories it made; - and pipes are read once (global-norm reads twice)
     with output_directories() as makedirs, spooled_inputs(dumps):
         xp = xp_for(backend)
-        refs = expand_inputs(list(dumps), sharded=sharded, on_warning=warning)
+        skipped = SkippedDumps()  # with --skip-unreadable: dumps that do not open get no output
+        refs = expand_inputs(list(dumps), sharded=sharded, on_warning=warning,
+                             on_unreadable=skipped if skip_unreadable else None)
         check_selection(refs, select, exclude)
         if spec.thresholds and spec.max is None:
             _check_thresholds_apply(refs, dict(spec.thresholds), str(thresholds_file))
@@ -173,7 +185,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
                 raise UsageError("sharded steps are clipped on the NumPy backend")
             reports = _clip_sharded(refs, output, spec, force, dry_run, makedirs, durable=not no_fsync)
             warn_unmatched_selects(select, _selected_names(reports), "floating-point tensor")
-            _render(reports, fmt, sys.stdout, per_tensor)
+            _render(reports, fmt, sys.stdout, per_tensor, skipped)
             return
         sources = list(dict.fromkeys(r.path for r in refs))
         many = len(sources) > 1 or any(os.path.isdir(d) for d in dumps)
@@ -224,7 +236,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
                                                              on_tensor=per_tensor_advance), final))
                             advance(1)
         warn_unmatched_selects(select, _selected_names(reports), "floating-point tensor")
-        _render(reports, fmt, report_stream, per_tensor)
+        _render(reports, fmt, report_stream, per_tensor, skipped)
 
 
 def _selected_names(reports: list[dict[str, Any]]) -> set[str]:
@@ -289,11 +301,12 @@ def _record(res: Any, output: str | None) -> dict[str, Any]:
     }
 
 
-def _render(reports: list[dict[str, Any]], fmt: str, stream: Any, per_tensor: bool | None = None) -> None:
+def _render(reports: list[dict[str, Any]], fmt: str, stream: Any, per_tensor: bool | None = None,
+            skipped: list | None = None) -> None:
     from . import render
 
     if fmt == "json":
-        render.write_json({"dumps": reports}, stream)
+        render.write_json({"dumps": reports, "skipped": list(skipped or [])}, stream)
         return
     if fmt in ("jsonl", "csv", "tsv"):
         rows = ({"input": r["input"], "group": r["group"], "step": r["step"], "output": r["output"], **t}

@@ -46,6 +46,27 @@ def warning(text: str) -> None:
     message(f"gradtool: warning: {text}")
 
 
+def skip_unreadable_option(f: Callable) -> Callable:
+    return click.option("--skip-unreadable", is_flag=True,
+                        help="Leave out dumps that cannot be read (cut short, still being written by a "
+                             "running job, malformed), with a warning naming each, instead of stopping at "
+                             "the first; an error only when none can be read.")(f)
+
+
+class SkippedDumps(list):
+    """The dumps left out under ``--skip-unreadable``, as ``{"dump": label, "error": why}``; called as the
+    ``on_unreadable`` of the readers (:func:`~gradtool.io.history.expand_inputs`), it warns on stderr."""
+
+    def __call__(self, label: str, exc: Any) -> None:
+        why = exc.message
+        for prefix in (label, label.split("::")[0]):  # the message names the file already
+            if why.startswith(prefix + ": "):
+                why = why[len(prefix) + 2:]
+                break
+        self.append({"dump": label, "error": why})
+        warning(f"skipped {label}: {why}")
+
+
 @contextmanager
 def progress(total: int, description: str) -> Iterator[Callable[[int], None]]:
     """A rich progress bar on stderr, shown only when stderr is a terminal; yields ``advance(n)``."""

@@ -9,7 +9,7 @@ import click
 
 from ..errors import listed
 from .common import (backend_option, engine_options, format_option, norm_type_option, progress, select_options,
-                     sharded_option)
+                     sharded_option, skip_unreadable_option)
 
 TENSOR_FIELDS = ["name", "shape", "dtype", "size", "norm", "avg_norm", "max_abs", "mean", "std",
                  "nan_count", "inf_count", "zero_count", "l2_norm", "min", "max", "is_float"]
@@ -22,6 +22,7 @@ Examples:
   gradtool stats dumps/ --format json | jq '.dumps[].global_norm'
   gradtool stats dumps/ --format csv > norms.csv
   gradtool stats --fail-on-nonfinite dumps/ && echo "all finite"
+  gradtool stats dumps/ --skip-unreadable       # while training still writes its last dump
 
 \b
 A history is several files, a directory of dumps, or an HDF5 file whose top-level groups carry an
@@ -85,26 +86,31 @@ def dump_record(summary: Any, sort: str | None, top: int | None) -> dict[str, An
 @format_option()
 @click.option("--fail-on-nonfinite", is_flag=True, help="Exit 3 (naming tensors and steps) if any NaN/Inf is found.")
 @sharded_option
+@skip_unreadable_option
 @engine_options
 @backend_option
 def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tuple[str, ...], norm_type: str,
                   sort: str | None, top: int | None, per_tensor: bool | None, fmt: str, fail_on_nonfinite: bool,
-                  sharded: bool, engine: str, scheduler: str | None, backend: str | None) -> None:
+                  sharded: bool, skip_unreadable: bool, engine: str, scheduler: str | None,
+                  backend: str | None) -> None:
     """Per-tensor and global gradient norms, max |g|, NaN/Inf counts of DUMP (files, directories, or a
     multi-step HDF5 file). Several dumps form a history: a per-step table and a sparkline follow."""
-    from ..errors import ExitCode, GradtoolError
+    from ..errors import ExitCode, GradtoolError, InputError
     from ..io.history import expand_inputs
     from ..summarize import summarize_dump
-    from .common import check_selection, spooled_inputs, warn_unmatched_selects, warning, xp_for
+    from .common import SkippedDumps, check_selection, spooled_inputs, warn_unmatched_selects, warning, xp_for
 
     xp = xp_for(backend)
     from ..engine import with_fallback_steps
 
+    skipped = SkippedDumps()
+    on_unreadable = skipped if skip_unreadable else None
     with spooled_inputs(dumps):  # - and pipes are read once: a multi-step HDF5 file is opened per step
         # steps from metadata when each dump is opened, below (not in an extra pass)
-        refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False, on_warning=warning)
+        refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False, on_warning=warning,
+                             on_unreadable=on_unreadable)
         check_selection(refs, select, exclude)
-        if engine == "local" and len(refs) == 1:  # one dump: the progress bar counts its tensors
+        if engine == "local" and len(refs) == 1 and not skipped:  # one dump: the bar counts its tensors
             with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
                 summary = summarize_dump(reader, step=refs[0].step, select=select, exclude=exclude,
                                          norm_type=norm_type, xp=xp, on_tensor=advance)
@@ -114,12 +120,15 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
 
             with progress(len(refs), "stats") as advance:
                 summaries = summarize_refs(refs, select=select, exclude=exclude, norm_type=norm_type, xp=xp,
-                                           engine=engine, scheduler=scheduler, on_dump=advance)
+                                           engine=engine, scheduler=scheduler, on_dump=advance,
+                                           on_unreadable=on_unreadable)
+            if not summaries:
+                raise InputError(f"{', '.join(dumps)}: no readable dump (all {len(skipped)} skipped)")
     warn_unmatched_selects(select, (n for s in summaries for n, _ in s.tensors))
     if all(s.step is not None for s in summaries):  # a history in step order, whatever the argument order
         summaries.sort(key=lambda s: s.step)  # (stable: a step given twice keeps its dumps' order)
     records = [dump_record(s, sort, top) for s in summaries]
-    _render(records, summaries, fmt, per_tensor, sort, top)
+    _render(records, summaries, fmt, per_tensor, sort, top, skipped)
     if fail_on_nonfinite:
         bad = [(r["step"], r["path"], r["group"], r["nonfinite_tensors"]) for r in records if r["nonfinite_tensors"]]
         if bad:
@@ -165,11 +174,11 @@ def _counted(record: dict[str, Any]) -> str:
 
 
 def _render(records: list[dict[str, Any]], summaries: list, fmt: str, per_tensor: bool | None,
-            sort: str | None = None, top: int | None = None) -> None:
+            sort: str | None = None, top: int | None = None, skipped: list | None = None) -> None:
     from . import render
 
     if fmt == "json":
-        render.write_json({"dumps": records})
+        render.write_json({"dumps": records, "skipped": list(skipped or [])})
         return
     if fmt in ("jsonl", "csv", "tsv"):
         rows = ({"path": r["path"], "group": r["group"], "step": r["step"], **t} for r in records for t in r["tensors"])

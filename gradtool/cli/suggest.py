@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from .common import (backend_option, engine_options, message, progress, select_options, sharded_option,
-                     spooled_inputs)
+from .common import (SkippedDumps, backend_option, engine_options, message, progress, select_options,
+                     sharded_option, skip_unreadable_option, spooled_inputs)
 
 MODES = ("global-norm", "norm", "average-norm", "value")
 
@@ -128,14 +128,15 @@ def _merge_logs(paths: list[str], key: str | None, run: str | None = None) -> tu
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Save a chart (needs gradtool[plot]).")
 @click.option("--force", is_flag=True, help="Replace an existing -o / --plot file.")
 @sharded_option
+@skip_unreadable_option
 @engine_options
 @backend_option
 def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str, percentile: float, k: float,
                     z: float, factor: float, burn_in: int | None, window: int | None, current: float | None,
                     key: str | None, run: str | None, select: tuple[str, ...], exclude: tuple[str, ...],
                     fmt: str, per_tensor: bool,
-                    output: str | None, plot_path: str | None, force: bool, sharded: bool, engine: str,
-                    scheduler: str | None, backend: str | None) -> None:
+                    output: str | None, plot_path: str | None, force: bool, sharded: bool,
+                    skip_unreadable: bool, engine: str, scheduler: str | None, backend: str | None) -> None:
     """Recommend a clipping threshold per mode from a gradient-norm HISTORY, and show why: clip rates,
     percentile, z-score, ratio to the mean, spikes, non-finite steps, warm-up and divergence."""
     from ..errors import ExitCode, GradtoolError, UsageError
@@ -154,7 +155,7 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
         if run is not None and not log_inputs:
             raise _run_unused(run)
         doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded, engine,
-                       scheduler, run)
+                       scheduler, run, skip_unreadable)
     if explicit_modes:
         missing = [m for m in wanted if m in doc["cannot_derive"]]
         if missing and not any(m["mode"] in wanted for m in doc["modes"]):
@@ -178,7 +179,7 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
 def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], cfg: Any, key: str | None,
              select: tuple[str, ...], exclude: tuple[str, ...], backend: str | None,
              sharded: bool = False, engine: str = "local", scheduler: str | None = None,
-             run: str | None = None) -> dict[str, Any]:
+             run: str | None = None, skip_unreadable: bool = False) -> dict[str, Any]:
     import numpy as np
 
     from ..suggest import analyze_history, suggest_per_tensor, suggest_threshold
@@ -187,16 +188,18 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
     per_tensor_tables: dict[str, dict[str, float | None]] = {}
     results: list[dict[str, Any]] = []
     logs_read: list[Any] = []
+    skipped = SkippedDumps()
     if dump_inputs:
         from ..io.history import expand_inputs
         from ..summarize import dump_history
         from .common import check_selection, warn_unmatched_selects, warning, xp_for
 
-        refs = expand_inputs(dump_inputs, sharded=sharded, on_warning=warning)
+        on_unreadable = skipped if skip_unreadable else None
+        refs = expand_inputs(dump_inputs, sharded=sharded, on_warning=warning, on_unreadable=on_unreadable)
         check_selection(refs, select, exclude)
         with progress(len(refs), "reading dumps") as advance:
             h = dump_history(refs, select=select, exclude=exclude, xp=xp_for(backend), on_dump=advance,
-                             engine=engine, scheduler=scheduler)
+                             engine=engine, scheduler=scheduler, on_unreadable=on_unreadable)
         steps, norms, loss, lr = h.steps, h.global_norms, h.loss, h.lr
         warn_unmatched_selects(select, h.tensor_sizes, "floating-point tensor")
         if log_inputs:  # a log given with dumps adds its loss and learning rate, matched by step
@@ -266,8 +269,12 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
     series = {"steps": steps, "global_norm": norms, "loss": loss if has_loss else None,  # read only
               "line_order": history is not None and any(log.line_order for log in logs_read)}
     hist.update({"first_step": int(steps[0]), "last_step": int(steps[-1]), "has_loss": has_loss, "has_lr": has_lr})
+    if skipped:
+        hist["warnings"].insert(0, f"{len(skipped)} unreadable dump(s) left out (--skip-unreadable): "
+                                   f"{listed([d['dump'] for d in skipped], 3)}")
     return {"source": source, "method": cfg.method, "history": hist, "modes": results,
-            "cannot_derive": {m: r for m, r in cannot.items() if m in wanted}, "series": series}
+            "cannot_derive": {m: r for m, r in cannot.items() if m in wanted}, "series": series,
+            "skipped": list(skipped)}
 
 
 def _mode_record(mode: str, s: Any) -> dict[str, Any]:

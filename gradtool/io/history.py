@@ -230,8 +230,12 @@ def _sharded_ref(directory: str) -> DumpRef:
     return DumpRef(os.path.normpath(directory), "sharded", shards=files)
 
 
+OnUnreadable = Callable[[str, InputError], None]  # (the dump's label, why it cannot be read)
+
+
 def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded: bool = False,
-                  on_warning: Callable[[str], None] | None = None) -> list[DumpRef]:
+                  on_warning: Callable[[str], None] | None = None,
+                  on_unreadable: OnUnreadable | None = None) -> list[DumpRef]:
     """Expand files/directories/multi-step HDF5 files into dump references with step numbers.
 
     ``resolve_steps=False`` leaves the steps of one-dump files unknown (None) instead of opening every
@@ -241,8 +245,21 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
     A directory of dump files is a history of one-file steps; a directory of directories is a history
     of sharded steps (each subdirectory's files are one step's shards); with ``sharded`` every directory
     argument is itself one sharded step. A directory with dump files of its own is a history of those
-    files; its subdirectories of dumps are then not read, and ``on_warning`` is told so."""
+    files; its subdirectories of dumps are then not read, and ``on_warning`` is told so.
+
+    With ``on_unreadable``, a dump that does not open (cut short, still being written, malformed) is
+    reported to it and left out (:func:`drop_unreadable`), rather than failing the whole history; an
+    InputError still ends it when no dump is left."""
     refs: list[DumpRef] = []
+
+    def add_file(path: str) -> None:
+        try:
+            refs.extend(_refs_for_file(path))
+        except InputError as exc:
+            if on_unreadable is None or is_stream(path):
+                raise
+            on_unreadable(path, exc)
+
     for item in inputs:
         if item != "-" and os.path.isdir(item):
             if sharded:
@@ -261,11 +278,17 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
             for doubt in _directory_doubts(item, files, steps) if on_warning is not None else ():
                 on_warning(doubt)
             for p in files:
-                refs.extend(_refs_for_file(p))
+                add_file(p)
         elif item != "-" and not os.path.exists(item):
             raise InputError(f"{item}: no such file or directory")
         else:
-            refs.extend(_refs_for_file(item))
+            add_file(item)
+    if on_unreadable is not None:
+        given = len(refs)
+        refs = drop_unreadable(refs, on_unreadable)
+        if not refs:
+            raise InputError(f"{', '.join(inputs)}: no readable dump"
+                             + (f" (all {given} skipped)" if given > 1 else ""))
     if resolve_steps:
         for ref in refs:
             if ref.step is None:
@@ -302,32 +325,49 @@ def _metadata_step(ref: DumpRef) -> int | None:
         return r.step
 
 
-def open_each(refs: Sequence[DumpRef]) -> Iterator[tuple[DumpRef, DumpReader]]:
+def open_each(refs: Sequence[DumpRef], on_unreadable: OnUnreadable | None = None,
+              ) -> Iterator[tuple[DumpRef, DumpReader]]:
     """``(ref, reader)`` for each ref in order, one open reader at a time (each closed before the next is
     opened). Consecutive step groups of one HDF5 file share one open file: h5py's open and close of
-    ``sample_data/run.h5`` were 17 % of its ``stats`` (400 steps of 5 small tensors)."""
+    ``sample_data/run.h5`` were 17 % of its ``stats`` (400 steps of 5 small tensors). With
+    ``on_unreadable``, a dump that fails to open is reported to it and passed over."""
     shared: Any = None
     shared_path: str | None = None
     try:
         for ref in refs:
-            if ref.format == "hdf5" and ref.group is not None and ref.shards is None:
-                from .hdf5 import Hdf5Reader, open_h5
+            try:
+                if ref.format == "hdf5" and ref.group is not None and ref.shards is None:
+                    from .hdf5 import Hdf5Reader, open_h5
 
-                real, display = _readable(ref.path)
-                if ref.path != shared_path:
-                    if shared is not None:
-                        shared.close()
-                        shared = None
-                    shared = open_h5(real, display)
-                    shared_path = ref.path
-                reader: DumpReader = Hdf5Reader(real, group=ref.group, display_path=display, _file=shared)
-            else:
-                reader = ref.open()
+                    real, display = _readable(ref.path)
+                    if ref.path != shared_path:
+                        if shared is not None:
+                            shared.close()
+                            shared = None
+                        shared = open_h5(real, display)
+                        shared_path = ref.path
+                    reader: DumpReader = Hdf5Reader(real, group=ref.group, display_path=display, _file=shared)
+                else:
+                    reader = ref.open()
+            except InputError as exc:
+                if on_unreadable is None:
+                    raise
+                on_unreadable(ref.label, exc)
+                continue
             with reader:
                 yield ref, reader
     finally:
         if shared is not None:
             shared.close()
+
+
+def drop_unreadable(refs: Sequence[DumpRef], on_unreadable: OnUnreadable) -> list[DumpRef]:
+    """The refs whose dumps open, in order; each other one is reported to ``on_unreadable`` (its label,
+    the InputError) and left out. Opening reads a dump's index, which is where a file cut short or still
+    being written fails in every format (an .npz has no zip directory yet, a safetensors header or .npy
+    header claims more bytes than the file holds, an HDF5 file's end is short of what its superblock
+    says), so a dump that opens is whole; one extra open per dump (HDF5 step groups share theirs)."""
+    return [ref for ref, _ in open_each(refs, on_unreadable)]
 
 
 def iter_dumps(inputs: Sequence[str]) -> Iterator[tuple[DumpRef, DumpReader]]:
