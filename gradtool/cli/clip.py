@@ -338,8 +338,11 @@ def _render_history(reports: list[dict[str, Any]], out: Any) -> None:
 
     changed = [r for r in reports if r["clipped_tensors"]]
     r0 = reports[0]
+    outputs = list(dict.fromkeys(r["output"] for r in reports))
+    # one history file, else the directory the outputs went to (not the first step's file)
+    dest = outputs[0] if len(outputs) == 1 else os.path.commonpath(outputs) + os.sep
     render.print_table(f"{len(changed)} of {len(reports)} steps clipped ({r0['mode']}, max {render.human(r0['max'])})"
-                       + (f" -> {r0['output']}" if r0["output"] else " (dry run, nothing written)"),
+                       + (f" -> {dest}" if r0["output"] else " (dry run, nothing written)"),
                        ["step", "global norm before", "after", "scale", "tensors clipped", "elements changed"],
                        ([r["step"], r["global_norm_before"], r["global_norm_after"], r["scale"], r["clipped_tensors"],
                          r["clipped_elements"]] for r in changed),

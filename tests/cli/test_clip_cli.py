@@ -219,6 +219,9 @@ def test_several_inputs_into_a_directory(run, history, tmp_path):
     for d in r.json()["dumps"]:
         assert d["global_norm_after"] <= 5 * (1 + 1e-6)
         assert os.path.dirname(d["output"]) == outdir
+    table = run("clip", history, "-o", str(tmp_path / "again"), "--mode", "global-norm", "--max", "5")
+    title = table.stdout.splitlines()[0]  # the directory the steps went to, not the first step's file
+    assert title.endswith(f"-> {tmp_path / 'again'}{os.sep}"), title
 
 
 def test_multistep_h5_roundtrip(run, tmp_path):
