@@ -26,7 +26,8 @@ Examples:
 
 \b
 A history is several files, a directory of dumps, or an HDF5 file whose top-level groups carry an
-integer `step` attribute. JSON writes NaN/inf as the strings "NaN", "Infinity", "-Infinity".
+integer `step` attribute (or are all named as steps: step_100/, step_200/). JSON writes NaN/inf as
+the strings "NaN", "Infinity", "-Infinity".
 """
 
 

@@ -184,6 +184,21 @@ def metadata_step(metadata: dict[str, Any]) -> int | None:
     return s if isinstance(s, int) and not isinstance(s, bool) else None
 
 
+STEP_IN_NAME = re.compile(  # step_100, iter-100, it100; not in "split1" or "bf16"
+    r"(?<![a-z])(?:global_?step|steps?|iter(?:ation)?s?|it|updates?|batch)[-_.=]?(\d+)", re.IGNORECASE)
+
+
+def steps_of_names(names: Sequence[str]) -> list[int] | None:
+    """The steps that ``names`` (an HDF5 file's top-level groups) are, when each is a step word and a
+    number (``step_100``, ``iter-5``, ``global_step200``) and no step repeats; else None. Bare numbers
+    are not steps here: ``0``, ``1``, ... are also the layers of an ``nn.Sequential``."""
+    found = [STEP_IN_NAME.fullmatch(n) for n in names]
+    if not names or not all(found):
+        return None
+    steps = [int(m.group(1)) for m in found if m]
+    return steps if len(set(steps)) == len(steps) else None
+
+
 LOSS_KEYS, LR_KEYS = ("loss", "train_loss"), ("lr", "learning_rate")  # a dump's loss and lr in its metadata
 # Names of top-level scalars read as a dump's metadata, not as tensors: its step, loss and learning rate
 # (the keys gradtool reads) and the other usual scalars of a training step

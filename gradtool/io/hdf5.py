@@ -2,8 +2,10 @@
 
 * A tensor's name is its dataset path relative to the dump's root group, without the leading ``/``.
 * A *history file* holds several steps as top-level groups that carry an integer ``step`` attribute;
-  each such group is one dump (its attributes are that step's metadata). Otherwise the file is one dump
-  and the root group's attributes are its metadata.
+  each such group is one dump (its attributes are that step's metadata). A file whose top level is only
+  groups named as steps (``step_100``, ``iter-5``: :func:`~gradtool.io.base.steps_of_names`) is one too,
+  with the steps their names give. Otherwise the file is one dump and the root group's attributes are its
+  metadata.
 * Only hard links are followed, and each object is visited once, so link cycles cannot loop. A soft link
   names an object of the same file (read once, under its hard link's name) or nothing. Data in other
   files is refused, not skipped (a tensor left out would make a smaller global norm without a word):
@@ -26,7 +28,7 @@ from ..errors import InputError, listed
 from . import h5header, h5inflate
 from .atomic import settle_truncation
 from .base import (DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape, copy_range,
-                   pwrite_all)
+                   pwrite_all, steps_of_names)
 
 MAGIC = b"\x89HDF\r\n\x1a\n"
 
@@ -165,20 +167,30 @@ def _step_of(h5py: Any, gid: Any) -> int | None:
 
 
 def step_groups(f: Any, display: str) -> list[tuple[str, int]]:
-    """Top-level groups with an integer ``step`` attribute, as (group name, step), in file order. A
-    top-level external or user-defined link is refused (it could be a step)."""
+    """Top-level groups with an integer ``step`` attribute, as (group name, step), in file order; when
+    none has one, the top-level groups as the steps their names give, if every top-level object is such
+    a group (``f"step_{step}"``, written without the attribute: read as one dump, its global norm and
+    global-norm clipping ran over every step at once). A top-level external or user-defined link is
+    refused (it could be a step)."""
     h5py = _h5py()
     out = []
+    groups, others = [], 0  # the top-level hard-linked groups' names; the count of other objects
     for key in f.id:
         kind = f.id.links.get_info(key).type
         if kind not in (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT):
             raise InputError(f"{display}: {_decode(key, display)!r} {_link_outside(h5py, f.id, key)}: "
                              f"{_READ_INSIDE}")
-        if kind != h5py.h5l.TYPE_HARD or h5py.h5o.get_info(f.id, key).type != h5py.h5o.TYPE_GROUP:
+        if kind != h5py.h5l.TYPE_HARD:
             continue  # only hard links are followed
+        if h5py.h5o.get_info(f.id, key).type != h5py.h5o.TYPE_GROUP:
+            others += 1
+            continue
+        groups.append(_decode(key, display))
         s = _step_of(h5py, h5py.h5g.open(f.id, key))
         if s is not None:
-            out.append((_decode(key, f.filename), s))
+            out.append((groups[-1], s))
+    if not out and not others and (steps := steps_of_names(groups)) is not None:
+        return list(zip(groups, steps))
     return out
 
 
@@ -242,6 +254,8 @@ class Hdf5Reader(DumpReader):
                     self._add_contiguous(name, *found)
             elif info.type == h5o.TYPE_GROUP:
                 top = self.group is None and b"/" not in key
+                if top:
+                    top_groups.append(name)
                 if top or info.num_attrs:
                     sub = h5g.open(rid, key)
                     if top and _step_of(h5py, sub) is not None:
@@ -250,7 +264,12 @@ class Hdf5Reader(DumpReader):
                 else:
                     self.group_attrs[name] = {}
 
+        top_groups: list[str] = []
         h5o.visit(rid, visit, info=True, idx_type=h5py.h5.INDEX_CRT_ORDER)  # name order where not tracked
+        if (top_groups and all("/" in t.name for t in self.tensors)
+                and steps_of_names(top_groups) is not None):  # step_100/, step_200/, ...: as step_groups
+            raise InputError(f"{p}: holds {len(top_groups)} step(s) as groups named by step; open one of "
+                             "its step groups")
         if (key := _first_link_outside(h5py, rid)) is not None:
             raise InputError(f"{p}: {_decode(key, p)!r} {_link_outside(h5py, rid, key)}: {_READ_INSIDE}")
 

@@ -2,7 +2,7 @@
 
 Inputs are files, directories (their dump files in name order with numbers by value, step_2 before
 step_10; not recursive; other files are ignored) and multi-step HDF5 files (one dump per top-level group
-with an integer ``step`` attribute).
+with an integer ``step`` attribute, or per top-level group named as a step: ``step_100``).
 A dump's step number comes from, in order: its metadata (``step`` in the npz ``__metadata__.json``, the
 safetensors ``__metadata__``, or the HDF5 group/root attribute); else its file name (see
 :func:`steps_from_filenames`: ``step_00100.npz`` -> 100, ``gpt2_step_100.npz`` -> 100); else its position
@@ -18,15 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError, listed
-from .base import DumpReader
+from .base import STEP_IN_NAME, DumpReader
 from .detect import detect_format
 from .dump import is_stream, open_dump, spooled_copy, stream_name
 
 _INT = re.compile(r"\d+")
 _INT_PARTS = re.compile(r"(\d+)")  # split() gives text at even, digits at odd positions
 _FD_PATH = re.compile(r"/(?:dev|proc/(?:self|\d+))/fd/\d+")  # a shell's <(cmd): its number is no step
-_STEP_IN_NAME = re.compile(  # step_100, iter-100, it100; not in "split1" or "bf16"
-    r"(?<![a-z])(?:global_?step|steps?|iter(?:ation)?s?|it|updates?|batch)[-_.=]?(\d+)", re.IGNORECASE)
 
 
 @dataclass
@@ -67,7 +65,7 @@ def step_from_filename(path: str) -> int | None:
     else the last number (``llama3_000100.npz`` -> 100; a model name's digits come first), else None
     (``grads.h5``)."""
     stem = _name_stem(path)
-    m = _STEP_IN_NAME.search(stem)
+    m = STEP_IN_NAME.search(stem)
     if m:
         return int(m.group(1))
     numbers = _INT.findall(stem)
