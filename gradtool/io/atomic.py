@@ -31,8 +31,10 @@ def same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def check_output_path(target: str, *, force: bool, inputs: Sequence[str] = ()) -> None:
-    """Refuse an output that is one of the inputs (always) or that exists (unless ``force``)."""
+def check_output_path(target: str, *, force: bool, inputs: Sequence[str] = (),
+                      force_hint: str = "--force") -> None:
+    """Refuse an output that is one of the inputs (always) or that exists (unless ``force``); ``force_hint``
+    is how the caller's user asks to replace it (the commands' ``--force``, the library's ``force=True``)."""
     from .dump import read_in_place
 
     for src in inputs:
@@ -43,7 +45,7 @@ def check_output_path(target: str, *, force: bool, inputs: Sequence[str] = ()) -
     if os.path.isdir(target):
         raise OutputError(f"{target}: is a directory; give a file name", exit_code=ExitCode.USAGE)
     if os.path.lexists(target) and not force:
-        raise OutputError(f"{target}: already exists; pass --force to replace it", exit_code=ExitCode.USAGE)
+        raise OutputError(f"{target}: already exists; pass {force_hint} to replace it", exit_code=ExitCode.USAGE)
     parent = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(parent):
         raise OutputError(f"{target}: directory {parent} does not exist", exit_code=ExitCode.USAGE)
@@ -92,10 +94,10 @@ def _fsync_dir(path: str) -> None:
 
 @contextmanager
 def atomic_output(target: str, *, force: bool = False, inputs: Sequence[str] = (),
-                  durable: bool = True) -> Iterator[str]:
+                  durable: bool = True, force_hint: str = "--force") -> Iterator[str]:
     """Yield a temporary path in the target's directory; on success move it to ``target`` atomically
-    (flushed to disk first unless ``durable`` is False)."""
-    check_output_path(target, force=force, inputs=inputs)
+    (flushed to disk first unless ``durable`` is False). ``force_hint``: as in :func:`check_output_path`."""
+    check_output_path(target, force=force, inputs=inputs, force_hint=force_hint)
     directory = os.path.dirname(os.path.abspath(target))
     # The name is chosen before the file exists (64 random bits; O_EXCL refuses a name in use), so that
     # Ctrl-C at any moment after the file is created finds its name here to remove: tempfile.mkstemp
@@ -119,13 +121,13 @@ def atomic_output(target: str, *, force: bool = False, inputs: Sequence[str] = (
             try:
                 os.link(tmp, target)
             except FileExistsError:
-                raise OutputError(f"{target}: appeared while writing; pass --force to replace it",
+                raise OutputError(f"{target}: appeared while writing; pass {force_hint} to replace it",
                                   exit_code=ExitCode.USAGE) from None
             except OSError as exc:
                 if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
                     raise
                 if os.path.lexists(target):
-                    raise OutputError(f"{target}: appeared while writing; pass --force to replace it",
+                    raise OutputError(f"{target}: appeared while writing; pass {force_hint} to replace it",
                                       exit_code=ExitCode.USAGE) from None
                 os.replace(tmp, target)
             else:

@@ -271,7 +271,7 @@ def save_dump(path: str, tensors: Mapping[str, Any] | Iterable[tuple[str, Any]],
             converted[n] = to_numpy(x, n)
             known = (tuple(converted[n].shape), converted[n].dtype)
         infos.append(TensorInfo(n, *known))
-    with atomic_output(path, force=force, durable=fsync) as tmp:
+    with atomic_output(path, force=force, durable=fsync, force_hint="force=True") as tmp:
         with make_writer(tmp, fmt, metadata, compress=compress) as w:
             w.plan(infos)
             for info, (n, x) in zip(infos, items):

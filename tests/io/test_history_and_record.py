@@ -172,6 +172,25 @@ def test_the_recorder_waits_out_a_brief_lock_and_says_what_holds_a_long_one(tmp_
     rec.write(3, {"w": np.ones(3)})  # once it is closed
 
 
+def test_the_library_says_force_true_where_the_commands_say_force(tmp_path, run):
+    """A file that exists: save_dump and the Recorder are Python calls, their refusal names their keyword
+    (the commands' message names --force)."""
+    from gradtool.errors import OutputError
+
+    p = str(tmp_path / "g.npz")
+    save_dump(p, {"w": np.ones(2)})
+    with pytest.raises(OutputError, match=r"g.npz: already exists; pass force=True to replace it"):
+        save_dump(p, {"w": np.ones(2)})
+    rec = Recorder(str(tmp_path / "rec"))
+    rec.write(1, {"w": np.ones(2)})
+    with pytest.raises(OutputError, match=r"step_00000001.npz: already exists; pass force=True"):
+        Recorder(str(tmp_path / "rec")).write(1, {"w": np.ones(2)})
+    r = run("clip", p, "-o", p.replace("g.npz", "g2.npz"), "--mode", "value", "--max", "1")
+    assert r.exit_code == 0
+    again = run("clip", p, "-o", p.replace("g.npz", "g2.npz"), "--mode", "value", "--max", "1")
+    assert again.exit_code == 2 and "already exists; pass --force to replace it" in again.stderr
+
+
 def test_recorder_directory_formats(tmp_path):
     for fmt in ("npz", "safetensors", "hdf5"):
         rec = Recorder(str(tmp_path / fmt), format=fmt)
