@@ -165,6 +165,29 @@ def _directory_doubts(directory: str, files: Sequence[str], steps: Sequence[str]
     return doubts
 
 
+def _steps_in_several_files(refs: Sequence[DumpRef]) -> str | None:
+    """A doubt about a history of files whose names give each step the same number of times, two or more
+    (``step_100_rank0.npz``, ``step_100_rank1.npz``, ...): one file per rank, each read as a step of its
+    own, the same step once per rank. Shards of a step (FSDP, ZeRO) make a step's norm only together, and
+    copies of the same gradients (DDP) count a step several times. None when the names do not say so."""
+    files = [r.path for r in refs if r.group is None and r.shards is None and r.path != "-"
+             and not _FD_PATH.fullmatch(r.path)]
+    if len(files) < 4 or len(files) != len(refs):
+        return None
+    steps = steps_from_filenames(files)
+    counts: dict[int | None, int] = {}
+    for s in steps:
+        counts[s] = counts.get(s, 0) + 1
+    per_step = set(counts.values())
+    if None in counts or len(counts) < 2 or len(per_step) != 1 or (k := per_step.pop()) < 2:
+        return None
+    example = [os.path.basename(f) for f, s in zip(files, steps) if s == steps[0]]
+    return (f"each of the {len(counts)} steps that the file names give is in {k} files ({listed(example, 3)}), "
+            f"read as {k} dumps of that step: one file per rank? Shards of each step (FSDP, ZeRO, tensor "
+            "parallel) are read as one step from a directory per step (step_100/rank0.npz, ...: what "
+            "Recorder(..., shard=...) writes); copies of the same gradients (DDP): give one rank's files")
+
+
 def _npy_shapes(files: Sequence[str]) -> list[tuple[str, tuple[int, ...]]] | None:
     """(tensor name, shape) of each of ``files`` when every one is a .npy file (one tensor each, as
     ``np.save(f"{name}.npy", g)`` writes them), from their headers; None otherwise."""
@@ -243,12 +266,14 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
     A directory of dump files is a history of one-file steps; a directory of directories is a history
     of sharded steps (each subdirectory's files are one step's shards); with ``sharded`` every directory
     argument is itself one sharded step. A directory with dump files of its own is a history of those
-    files; its subdirectories of dumps are then not read, and ``on_warning`` is told so.
+    files; its subdirectories of dumps are then not read, and ``on_warning`` is told so; it is told too
+    when the files' names give every step several times (a file per rank: :func:`_steps_in_several_files`).
 
     With ``on_unreadable``, a dump that does not open (cut short, still being written, malformed) is
     reported to it and left out (:func:`drop_unreadable`), rather than failing the whole history; an
     InputError still ends it when no dump is left."""
     refs: list[DumpRef] = []
+    doubted = False  # a directory's doubt was told: no second one about the same files
 
     def add_file(path: str) -> None:
         try:
@@ -275,12 +300,15 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
                                  f"{_logs_hint(item) or no_dumps_hint(item)}")
             for doubt in _directory_doubts(item, files, steps) if on_warning is not None else ():
                 on_warning(doubt)
+                doubted = True
             for p in files:
                 add_file(p)
         elif item != "-" and not os.path.exists(item):
             raise InputError(f"{item}: no such file or directory")
         else:
             add_file(item)
+    if on_warning is not None and not doubted and (doubt := _steps_in_several_files(refs)):
+        on_warning(doubt)
     if on_unreadable is not None:
         given = len(refs)
         refs = drop_unreadable(refs, on_unreadable)

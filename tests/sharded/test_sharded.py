@@ -234,3 +234,25 @@ def test_a_directory_of_one_steps_npy_tensors_gets_a_hint(run, tmp_path):
     for s in (100, 200):
         np.save(steps / f"step_{s}.npy", np.full(5, s / 100, np.float32))
     assert "warning" not in run("stats", str(steps)).stderr
+
+
+def test_one_file_per_rank_and_step_in_one_directory_gets_a_hint(run, tmp_path):
+    """np.savez(f"grads/step_{step}_rank{rank}.npz", ...) on every rank: each file reads as a step of its own,
+    every step twice; stats listed each step twice and suggest-threshold blamed "a resumed run" without a
+    word on ranks. A warning says what reads them as sharded steps, and what to give for DDP's copies."""
+    d = tmp_path / "grads"
+    d.mkdir()
+    for step in (1, 2, 3):
+        for rank in (0, 1):
+            save_dump(str(d / f"step_{step}_rank{rank}.npz"), {f"w{rank}": np.full(3, step, np.float32)})
+    hint = ("gradtool: warning: each of the 3 steps that the file names give is in 2 files (step_1_rank0.npz, "
+            "step_1_rank1.npz), read as 2 dumps of that step: one file per rank? Shards of each step (FSDP, "
+            "ZeRO, tensor parallel) are read as one step from a directory per step (step_100/rank0.npz, ...: "
+            "what Recorder(..., shard=...) writes); copies of the same gradients (DDP): give one rank's files")
+    r = run("stats", str(d))
+    assert r.exit_code == 0 and hint in r.stderr
+    files = sorted(str(p) for p in d.iterdir())
+    assert hint in run("stats", *files).stderr  # a shell glob: the same
+    assert "warning" not in run("stats", *[f for f in files if "rank0" in f]).stderr
+    (d / "step_3_rank1.npz").unlink()  # a step missing a rank's file (or a step recorded again): no hint
+    assert "warning" not in run("stats", str(d)).stderr
