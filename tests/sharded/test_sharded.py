@@ -245,10 +245,11 @@ def test_one_file_per_rank_and_step_in_one_directory_gets_a_hint(run, tmp_path):
     for step in (1, 2, 3):
         for rank in (0, 1):
             save_dump(str(d / f"step_{step}_rank{rank}.npz"), {f"w{rank}": np.full(3, step, np.float32)})
-    hint = ("gradtool: warning: each of the 3 steps that the file names give is in 2 files (step_1_rank0.npz, "
-            "step_1_rank1.npz), read as 2 dumps of that step: one file per rank? Shards of each step (FSDP, "
-            "ZeRO, tensor parallel) are read as one step from a directory per step (step_100/rank0.npz, ...: "
-            "what Recorder(..., shard=...) writes); copies of the same gradients (DDP): give one rank's files")
+    hint = ("gradtool: warning: each of the 3 steps that the file names give is in 2 files "
+            "(step_1_rank0.npz, step_1_rank1.npz), read as 2 dumps of that step: one file per rank? Shards "
+            "of each step (FSDP, ZeRO, tensor parallel) are read as one step from a directory per step "
+            "(step_100/rank0.npz, ...: what Recorder(..., shard=...) writes); copies of the same gradients "
+            "(DDP): give one rank's files")
     r = run("stats", str(d))
     assert r.exit_code == 0 and hint in r.stderr
     files = sorted(str(p) for p in d.iterdir())
