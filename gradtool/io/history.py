@@ -184,9 +184,9 @@ def _steps_in_several_files(refs: Sequence[DumpRef]) -> str | None:
     example = [os.path.basename(f) for f, s in zip(files, steps) if s == steps[0]]
     return (f"each of the {len(counts)} steps that the file names give is in {k} files "
             f"({listed(example, 3)}), read as {k} dumps of that step: one file per rank? Shards of each step "
-            "(FSDP, ZeRO, tensor parallel) are read as one step from a directory per step (step_100/rank0.npz, "
-            "...: what Recorder(..., shard=...) writes); copies of the same gradients (DDP): give one rank's "
-            "files")
+            "(FSDP, ZeRO, tensor parallel) are read as one step from a directory per step "
+            "(step_100/rank0.npz, ...: what Recorder(..., shard=...) writes); copies of the same gradients "
+            "(DDP): give one rank's files")
 
 
 def _npy_shapes(files: Sequence[str]) -> list[tuple[str, tuple[int, ...]]] | None:
