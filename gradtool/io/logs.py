@@ -1026,10 +1026,7 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
         text = _ANSI.sub("", text)
     lines = text.lower().splitlines()  # names in any case; float() reads 1.0e-04, nan, inf
     llmc = text.startswith("s:") or "\ns:" in text  # llm.c's main.log (s:100 trl:3.2 ...): checked once
-    notes: list[str] = []
-    if is_fairseq(text):  # its end-of-epoch means are no step's values
-        kept = [line for line in lines if _FAIRSEQ_EPOCH_END not in line]
-        notes, lines = _fairseq_notes(len(lines) - len(kept)), kept
+    lines, notes = _without_fairseq_epoch_ends(text, lines)
     records, bare = _text_records(lines, False, llmc), False
     if not records:  # nanoGPT-derived loops and llm.c name the gradient norm "norm"
         records, bare = _text_records(lines, True, llmc), True
@@ -1052,6 +1049,16 @@ def is_fairseq(text: str) -> bool:
     """True for fairseq's console (``fairseq-train``'s log, simple or JSON format): its interval lines
     come from its logger "train_inner"."""
     return "| train_inner | " in text
+
+
+def _without_fairseq_epoch_ends(text: str, lines: list[str]) -> tuple[list[str], list[str]]:
+    """``lines`` of the log ``text`` without fairseq's end-of-epoch "train" lines (its epoch's means, no
+    step's values), and what to say of the log (:func:`_fairseq_notes`); for another log, both as given
+    and nothing to say."""
+    if not is_fairseq(text):
+        return lines, []
+    kept = [line for line in lines if _FAIRSEQ_EPOCH_END not in line]
+    return kept, _fairseq_notes(len(lines) - len(kept))
 
 
 def _fairseq_notes(epoch_ends: int) -> list[str]:
@@ -1188,13 +1195,10 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
     and the history says so."""
     text = _read_text(path) if text is None else text
     records: list[dict[str, Any]] = []
-    fairseq, epoch_ends = is_fairseq(text), 0
-    for line in text.splitlines():
+    lines, fairseq_notes = _without_fairseq_epoch_ends(text, text.splitlines())
+    for line in lines:
         m = _DICT_TAIL.search(line)
         if m is None:
-            continue
-        if fairseq and _FAIRSEQ_EPOCH_END in line:  # fairseq's end-of-epoch means: no step's values
-            epoch_ends += 1
             continue
         pairs = _DICT_PAIR.findall(m.group())  # a bare tensor(1.2, device='cuda:0'): transformers 4.38's norm
         records.append({k: quoted if q else bare.strip().removeprefix("tensor(")
@@ -1209,9 +1213,7 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
         if with_norm and None not in epochs:
             cut, notes = _last_training(epochs, "epoch")  # the epoch starting over: another training
             records = with_norm[cut:]
-    if fairseq:
-        notes = notes + _fairseq_notes(epoch_ends)
-    hist = _noted(from_records(records, path, "console", key), notes)
+    hist = _noted(from_records(records, path, "console", key), notes + fairseq_notes)
     if not hist.steps:
         return None  # no number where the norm should be: not this kind of log
     if _find_key(keys, STEP_KEYS) is None:
