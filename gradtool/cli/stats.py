@@ -96,8 +96,8 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
                   backend: str | None) -> None:
     """Per-tensor and global gradient norms, max |g|, NaN/Inf counts of DUMP (files, directories, or a
     multi-step HDF5 file). Several dumps form a history: a per-step table and a sparkline follow."""
-    from ..errors import ExitCode, GradtoolError, InputError
-    from ..io.history import expand_inputs
+    from ..errors import ExitCode, GradtoolError
+    from ..io.history import expand_inputs, no_readable_dump
     from ..summarize import summarize_dump
     from .common import SkippedDumps, check_selection, spooled_inputs, warn_unmatched_selects, warning, xp_for
 
@@ -124,7 +124,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
                                            engine=engine, scheduler=scheduler, on_dump=advance,
                                            on_unreadable=on_unreadable)
             if not summaries:
-                raise InputError(f"{', '.join(dumps)}: no readable dump (all {len(skipped)} skipped)")
+                raise no_readable_dump(dumps, len(skipped))
     warn_unmatched_selects(select, (n for s in summaries for n, _ in s.tensors))
     if all(s.step is not None for s in summaries):  # a history in step order, whatever the argument order
         summaries.sort(key=lambda s: s.step)  # (stable: a step given twice keeps its dumps' order)

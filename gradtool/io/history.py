@@ -312,13 +312,12 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
         on_warning(doubt)
     if on_unreadable is not None:
         given = len(refs)
-        refs = drop_unreadable(refs, on_unreadable)
+        refs = drop_unreadable(refs, on_unreadable, take_steps=resolve_steps)
         if not refs:
-            raise InputError(f"{', '.join(inputs)}: no readable dump"
-                             + (f" (all {given} skipped)" if given > 1 else ""))
+            raise no_readable_dump(inputs, given)
     if resolve_steps:
         for ref in refs:
-            if ref.step is None:
+            if ref.step is None and on_unreadable is None:  # else drop_unreadable took it when it opened
                 ref.step = _metadata_step(ref)
         for ref, step in zip(refs, fallback_steps(refs, [ref.step for ref in refs])):
             ref.step = step
@@ -388,13 +387,27 @@ def open_each(refs: Sequence[DumpRef], on_unreadable: OnUnreadable | None = None
             shared.close()
 
 
-def drop_unreadable(refs: Sequence[DumpRef], on_unreadable: OnUnreadable) -> list[DumpRef]:
+def drop_unreadable(refs: Sequence[DumpRef], on_unreadable: OnUnreadable, *,
+                    take_steps: bool = False) -> list[DumpRef]:
     """The refs whose dumps open, in order; each other one is reported to ``on_unreadable`` (its label,
     the InputError) and left out. Opening reads a dump's index, which is where a file cut short or still
     being written fails in every format (an .npz has no zip directory yet, a safetensors header or .npy
     header claims more bytes than the file holds, an HDF5 file's end is short of what its superblock
-    says), so a dump that opens is whole; one extra open per dump (HDF5 step groups share theirs)."""
-    return [ref for ref, _ in open_each(refs, on_unreadable)]
+    says), so a dump that opens is whole; one extra open per dump (HDF5 step groups share theirs).
+    ``take_steps``: a ref without a step gets its dump's metadata step from that open (None if none)."""
+    kept = []
+    for ref, reader in open_each(refs, on_unreadable):
+        if take_steps and ref.step is None:
+            ref.step = reader.step
+        kept.append(ref)
+    return kept
+
+
+def no_readable_dump(inputs: Sequence[str], skipped: int) -> InputError:
+    """The error of a history whose every dump was left out as unreadable (``skipped`` of them), each
+    named already by ``on_unreadable``."""
+    return InputError(f"{', '.join(inputs)}: no readable dump"
+                      + (f" (all {skipped} skipped)" if skipped > 1 else ""))
 
 
 def iter_dumps(inputs: Sequence[str]) -> Iterator[tuple[DumpRef, DumpReader]]:
