@@ -1,7 +1,9 @@
 """The device (CuPy) code path of the commands, run on the CPU through array-api-strict: the same
 summaries and clipped tensors as the NumPy host path. Value clipping gives the same bytes; the modes that
-scale by a norm agree to one ulp, since the two paths sum squares in different orders (a GPU's reduction
-order differs again), and a last-bit difference in the float64 norm can round the float32 scale apart."""
+scale by a norm agree to two ulps: the two paths sum squares in different orders (a GPU's reduction order
+differs again), so their float64 norms, and a float64 tensor's scale, differ in the last bits or two, and
+a last-bit difference in the norm can round a float32 scale one ulp apart, which moves a product by up to
+two of its own ulps."""
 
 import math
 
@@ -54,5 +56,5 @@ def test_clipped_bytes_match(dump, tmp_path, spec):
             if spec.mode == "value" or not np.issubdtype(ha.dtype, np.floating):
                 assert ha.tobytes() == da.tobytes(), n
             else:
-                np.testing.assert_array_max_ulp(ha, da, maxulp=1)
+                np.testing.assert_array_max_ulp(ha, da, maxulp=2)
     assert [t.clipped for t in outs["host"][1].tensors] == [t.clipped for t in outs["device"][1].tensors]

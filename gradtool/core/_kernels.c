@@ -4,9 +4,10 @@
  * (the NumPy fallback takes five: min, max, x @ ones, row-blocked vecdot, count_nonzero(x == 0)):
  *   min, max   over the non-NaN elements (NaN is skipped; +-inf shows up here),
  *   sum        Σ x, and sumsq Σ x²: float32 partial sums of at most BLOCK/32 elements per SIMD lane, then
- *              added in float64 lanes; NaN whenever the buffer holds a NaN (or both infinities) and inf
- *              when it holds an infinity (or a float32 partial sum overflows, |x| > ~1e19 for sumsq), so
- *              finite sums prove a finite buffer,
+ *              added in float64 lanes (a buffer under SMALL_CHUNK = 4096 elements: in float64 outright);
+ *              NaN whenever the buffer holds a NaN (or both infinities) and inf when it holds an infinity
+ *              (or a float32 partial sum overflows, |x| > ~1e19 for sumsq), so finite sums prove a finite
+ *              buffer,
  *   zero_count #{x == 0} (-0.0 included).
  * tests/core/test_kernels.py checks it against a float64 reference (math.fsum) and against the fallback.
  *
@@ -73,6 +74,84 @@ static int runs_here(const width_t *w) {
 
 static const width_t *chosen; /* set at import: the widest build this CPU runs */
 
+/* Chunks shorter than SMALL_CHUNK elements (ROW in gradtool/core/norms.py) are summed exactly in float64,
+ * as NumPy's passes sum them (a float32 product is exact in float64): small tensors get float64 sums, and
+ * calling here costs 1-9 us (256-4095 elements) where NumPy's five passes cost ~30 us a chunk. DL float64 lanes,
+ * element i in lane i % DL, the lanes added pairwise at the end: the same bits from any compiler's
+ * vectorisation of them. min and max skip NaN; the sums are NaN or inf for a non-finite chunk. */
+#define SMALL_CHUNK 4096
+#define DL 8
+
+static double lanes_total(const double *v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+
+static void f32_summary_small(const float *x, Py_ssize_t n, float *lo_out, float *hi_out, double *sum_out,
+                              double *sumsq_out, long long *zeros_out) {
+    double s[DL] = {0}, q[DL] = {0};
+    float lo[DL], hi[DL];
+    long long z[DL] = {0};
+    for (int k = 0; k < DL; k++) {
+        lo[k] = INFINITY;
+        hi[k] = -INFINITY;
+    }
+    Py_ssize_t i = 0, end = n - n % DL;
+    for (; i < end; i += DL)
+        for (int k = 0; k < DL; k++) {
+            float v = x[i + k];
+            double d = (double)v;
+            lo[k] = v < lo[k] ? v : lo[k]; /* NaN compares false: skipped */
+            hi[k] = v > hi[k] ? v : hi[k];
+            z[k] += (v == 0.0f);
+            s[k] += d;
+            q[k] += d * d;
+        }
+    for (int k = 0; i < n; i++, k++) { /* the tail (< DL elements), one lane each */
+        float v = x[i];
+        double d = (double)v;
+        lo[k] = v < lo[k] ? v : lo[k];
+        hi[k] = v > hi[k] ? v : hi[k];
+        z[k] += (v == 0.0f);
+        s[k] += d;
+        q[k] += d * d;
+    }
+    float slo = INFINITY, shi = -INFINITY;
+    long long zeros = 0;
+    for (int k = 0; k < DL; k++) {
+        if (lo[k] < slo) slo = lo[k];
+        if (hi[k] > shi) shi = hi[k];
+        zeros += z[k];
+    }
+    *lo_out = slo;
+    *hi_out = shi;
+    *sum_out = lanes_total(s);
+    *sumsq_out = lanes_total(q);
+    *zeros_out = zeros;
+}
+
+/* y = x * scale and, in the same pass, the changed count and Σy² with f32_summary_small's arithmetic (so
+ * f32_scale's sum of squares has the bits of f32_summary(y)'s at every length). */
+static void f32_scale_small(const float *x, float *y, Py_ssize_t n, float scale, double *sumsq_out,
+                            long long *changed_out) {
+    double q[DL] = {0};
+    long long changed = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float v = x[i], o = v * scale;
+        y[i] = o;
+        changed += (o != v) && !(o != o && v != v);
+        q[i % DL] += (double)o * (double)o;
+    }
+    *sumsq_out = lanes_total(q);
+    *changed_out = changed;
+}
+
+/* One chunk's summary: exact for a short chunk, else the SIMD loop of `width`. */
+static void summarize_chunk(const width_t *width, const float *x, Py_ssize_t n, float *lo, float *hi, double *sum,
+                            double *sumsq, long long *zeros) {
+    if (n < SMALL_CHUNK)
+        f32_summary_small(x, n, lo, hi, sum, sumsq, zeros);
+    else
+        width->summary(x, n, lo, hi, sum, sumsq, zeros);
+}
+
 /* "f", "@f", "=f", or the explicit byte order of this machine ("<f" here; NumPy's '<f4' views say so). */
 static int native_float32(const char *fmt) {
     if (fmt == NULL) return 0;
@@ -104,7 +183,7 @@ static PyObject *summary_with(PyObject *arg, const width_t *width) {
     double total = 0.0, total_sq = 0.0;
     long long zeros = 0;
     Py_BEGIN_ALLOW_THREADS
-    width->summary((const float *)view.buf, n, &lo, &hi, &total, &total_sq, &zeros);
+    summarize_chunk(width, (const float *)view.buf, n, &lo, &hi, &total, &total_sq, &zeros);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     return Py_BuildValue("(ddddL)", (double)lo, (double)hi, total, total_sq, zeros);
@@ -157,7 +236,7 @@ static PyObject *f32_summaries(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t c = 0; c < count; c++) {
         Py_ssize_t start = c * chunk, len = n - start < chunk ? n - start : chunk;
-        chosen->summary(x + start, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
+        summarize_chunk(chosen, x + start, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
@@ -225,7 +304,7 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
             got += (size_t)n;
         }
         if (!err && !eof)
-            chosen->summary(buf, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
+            summarize_chunk(chosen, buf, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
     }
     Py_END_ALLOW_THREADS
     PyMem_RawFree(block);
@@ -243,8 +322,9 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
 #endif
 
 /* f32_sumsq_each(sequence of buffers) -> list of Σx² (float64), one per C-contiguous float32 buffer, computed
- * with the GIL released after all buffers are taken (the same arithmetic as f32_summary's sumsq). For
- * many small tensors: no Python runs per tensor. */
+ * with the GIL released after all buffers are taken: the SIMD loop's float32 partial sums at every length
+ * (f32_summary's above SMALL_CHUNK elements; global_norm's documented ~1e-7 per tensor). For many small
+ * tensors: no Python runs per tensor. */
 static PyObject *f32_sumsq_each(PyObject *self, PyObject *arg) {
     PyObject *seq = PySequence_Fast(arg, "f32_sumsq_each needs a sequence of float32 buffers");
     if (seq == NULL) return NULL;
@@ -306,7 +386,10 @@ static PyObject *scale_with(PyObject *src_obj, double scale, PyObject *out_obj, 
     long long changed = 0;
     float s = (float)scale;
     Py_BEGIN_ALLOW_THREADS
-    width->scale((const float *)src.buf, (float *)out.buf, src.len / 4, s, &sumsq, &changed);
+    if (src.len / 4 < SMALL_CHUNK)
+        f32_scale_small((const float *)src.buf, (float *)out.buf, src.len / 4, s, &sumsq, &changed);
+    else
+        width->scale((const float *)src.buf, (float *)out.buf, src.len / 4, s, &sumsq, &changed);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
@@ -377,9 +460,9 @@ static PyMethodDef methods[] = {
      "f32_summaries(buffer, chunk_elements) -> [f32_summary(chunk) for each chunk of the buffer], in one call\n"
      "without the GIL."},
     {"f32_summary", f32_summary, METH_O,
-     "f32_summary(buffer) -> (min, max, sum, zero_count) of a C-contiguous float32 buffer in one pass.\n"
-     "min/max skip NaN; sum is float32 per block of 4096 elements added in float64 (NaN or inf when the\n"
-     "buffer is not finite); zero_count counts x == 0."},
+     "f32_summary(buffer) -> (min, max, sum, sumsq, zero_count) of a C-contiguous float32 buffer in one pass.\n"
+     "min/max skip NaN; sum is float32 per lane run of 32 elements added in float64, exactly in float64\n"
+     "below 4096 elements (NaN or inf when the buffer is not finite); zero_count counts x == 0."},
     {NULL, NULL, 0, NULL},
 };
 

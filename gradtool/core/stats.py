@@ -71,12 +71,13 @@ def f32_summary_numpy(c: np.ndarray) -> tuple[float, float, float, float, int] |
 
 def f32_summary(c: np.ndarray) -> tuple[float, float, float, float, int] | None:
     """(min, max, Σx, Σx², #zeros) of a contiguous float32 chunk, or None when it holds NaN or ±inf: the
-    compiled kernel's one pass (float32 partial sums of 32 elements per SIMD lane, added in float64) when
-    it was built and the chunk has at least ROW elements, else :func:`f32_summary_numpy`. Σx² is the same
-    bits as :func:`gradtool.core.norms.chunk_sum_sq` gives for the chunk, so streamed statistics and
-    ``tensor_norm`` agree exactly. Both paths are tested against a float64 reference."""
+    compiled kernel's one pass when it was built (float32 partial sums of 32 elements per SIMD lane, added
+    in float64; a chunk under ROW elements summed in float64 outright, as NumPy's passes sum it), else
+    :func:`f32_summary_numpy`. Σx² is the same bits as :func:`gradtool.core.norms.chunk_sum_sq` gives for
+    the chunk, so streamed statistics and ``tensor_norm`` agree exactly. Both paths are tested against a
+    float64 reference."""
     kernel = kernels.compiled_f32_summary
-    if kernel is None or c.shape[0] < ROW:  # small chunks: Σx exactly in float64, as before
+    if kernel is None:
         return f32_summary_numpy(c)
     lo, hi, s1, s2, zeros = kernel(c)
     if not (math.isfinite(s1) and math.isfinite(s2) and math.isfinite(lo) and math.isfinite(hi)):
@@ -210,29 +211,28 @@ class StatsAccumulator:
 
     def update_window(self, window: np.ndarray, chunk_elements: int = STREAM_CHUNK) -> None:
         """``update`` with every ``chunk_elements`` slice of a 1-D window, in order: the same result, but a
-        float32 window's whole chunks are summarised by one call of the compiled kernel (no GIL held), so
+        float32 window's chunks are summarised by one call of the compiled kernel (no GIL held), so
         two threads summarising two windows use two cores."""
         kernel = kernels.compiled_f32_summaries
         n = window.shape[0]
-        whole = (n // chunk_elements) * chunk_elements if chunk_elements >= ROW else 0
-        if (kernel is None or not whole or type(window) is not np.ndarray or window.dtype != np.float32
+        if (kernel is None or type(window) is not np.ndarray or window.dtype != np.float32
                 or not window.flags.c_contiguous):
-            whole = 0
-        else:
-            self.update_summaries(kernel(window[:whole], chunk_elements), chunk_elements, whole,
-                                  lambda i: window[i * chunk_elements:(i + 1) * chunk_elements])
-        for start in range(whole, n, chunk_elements):
-            self.update(window[start:start + chunk_elements])
+            for start in range(0, n, chunk_elements):
+                self.update(window[start:start + chunk_elements])
+            return
+        self.update_summaries(kernel(window, chunk_elements), chunk_elements, n,
+                              lambda i: window[i * chunk_elements:(i + 1) * chunk_elements])
 
     def update_summaries(self, summaries: Sequence[tuple[float, float, float, float, int]], chunk_elements: int,
                          total: int, chunk_at: Callable[[int], np.ndarray]) -> None:
         """``update`` with ``total`` float32 elements in chunks of ``chunk_elements`` whose compiled-kernel
-        summaries are given; ``chunk_at(i)`` fetches chunk i's data when it is needed after all (a chunk
-        shorter than ROW, a non-finite or extreme one, a mean that dominates). The same result as
-        ``update`` chunk by chunk."""
+        summaries are given; ``chunk_at(i)`` fetches chunk i's data when it is needed after all (a
+        non-finite or extreme chunk, a mean that dominates, every chunk for the L1 norm). The same result as
+        ``update`` chunk by chunk (the kernel sums a chunk under ROW elements in float64, as ``update``
+        does)."""
         for i, summary in enumerate(summaries):
             size = min(chunk_elements, total - i * chunk_elements)
-            if size < ROW or self.p == 1.0:  # small chunks: Σx exactly, as update does; L1 needs the data
+            if self.p == 1.0:  # L1 needs the data
                 self.update(chunk_at(i))
                 continue
             self.n += size

@@ -80,7 +80,7 @@ def test_numpy_summary_against_float64_reference(a):
 @given(chunks())
 def test_compiled_summary_against_float64_reference(a):
     _check(f32_summary(a), a, LANE_RUN)
-    # the raw kernel on every size, small ones included (stats uses NumPy below ROW elements)
+    # the raw kernel on every size, its NaN and inf sums included
     lo, hi, s1, s2, zeros = kernels.compiled_f32_summary(a)
     d = a.astype(np.float64)
     if np.isnan(d).any():
@@ -89,6 +89,30 @@ def test_compiled_summary_against_float64_reference(a):
         assert not math.isfinite(s2)
     else:
         _check((lo, hi, s1, s2, zeros), a, LANE_RUN)
+
+
+@needs_kernel
+@settings(max_examples=300, deadline=None)
+@given(chunks().filter(lambda a: a.size < ROW))
+@example(np.float32([1e-45, 3e38, -3e38, 1.0]))  # a float32 sum would overflow; float64 squares of
+@example(np.full(4095, 16777217.0, np.float32) + np.float32(1))  # float32 partials would round these
+def test_chunks_under_a_row_are_summed_in_float64(a):
+    """A chunk shorter than ROW (a bias, a norm scale: most of a small model's tensors) is summed in float64
+    by the kernel (float32 products are exact there), as NumPy's passes sum it: within n float64 roundings
+    of the exact sums, where the float32 lane sums of longer chunks are allowed ~1e-7. The same for the sum
+    of squares f32_scale returns."""
+    d = a.astype(np.float64)
+    lo, hi, s1, s2, zeros = kernels.compiled_f32_summary(a)
+    if not np.all(np.isfinite(d)):
+        assert math.isnan(s1) or math.isinf(s1)
+        return
+    bound = (a.size + 8) * 2.0**-53
+    assert (lo, hi, zeros) == (d.min(), d.max(), int(np.count_nonzero(d == 0)))
+    assert abs(s1 - math.fsum(d.tolist())) <= bound * math.fsum(np.abs(d).tolist())
+    exact_sq = math.fsum((d * d).tolist())
+    assert abs(s2 - exact_sq) <= bound * exact_sq
+    out = np.empty_like(a)
+    assert repr(kernels.compiled_f32_scale(a, 1.0, out)[0]) == repr(s2)
 
 
 @needs_kernel
