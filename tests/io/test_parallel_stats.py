@@ -94,6 +94,43 @@ def test_two_threads_equal_one(tmp_path, ext, kernel):
     assert len(calls) == len(t)  # the progress callback still fires once per tensor
 
 
+@pytest.mark.parametrize("ext", ["npz", "safetensors", "h5", "numpy.npz"])
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 1, 31, 4095, 4096, 70_000, STREAM_CHUNK, STREAM_CHUNK + 1]),
+                      min_size=1, max_size=6),
+       seed=st.integers(0, 2**32 - 1), special=st.sampled_from([None, np.nan, -np.inf, 0.0, 1e30, 1e-30]),
+       mean=st.sampled_from([0.0, 100.0]))
+def test_one_thread_reads_float32_tensors_in_the_kernel_with_the_chunk_readers_bits(
+        tmp_path_factory, ext, sizes, seed, special, mean):
+    """One thread summarises a float32 tensor of up to STREAM_CHUNK elements at a file offset with one
+    kernel call (pread and summary in C): the same statistics, bit for bit, as reading its chunks in Python
+    (``iter_chunks``) and summarising each, across chunk and row boundaries, with NaN/inf, values whose
+    float32 squares overflow or underflow (the exact path) and a mean that dominates (recentred)."""
+    if not kernels.BUILT or kernels.compiled_f32_summaries_fd is None:
+        pytest.skip("compiled kernel not built")
+    from gradtool.summarize import chunks_stats, streamed_stats
+
+    rng = np.random.default_rng(seed)
+    t = {f"t{k}": (rng.standard_normal(n) + mean).astype(np.float32) for k, n in enumerate(sizes)}
+    for a in t.values():
+        if a.size and special is not None:
+            a[rng.integers(a.size)] = special
+    path = str(tmp_path_factory.mktemp("d") / f"d.{ext}")
+    if ext == "numpy.npz":
+        np.savez(path, **t)  # unaligned members
+    else:
+        save_dump(path, t)
+    calls = []
+    real = kernels.compiled_f32_summaries_fd
+    with open_dump(path) as reader, pytest.MonkeyPatch.context() as m:
+        m.setattr(kernels, "compiled_f32_summaries_fd", lambda *a: calls.append(a[2]) or real(*a))
+        for info in reader.tensors:
+            fast = streamed_stats(reader, info)
+            simple = chunks_stats(reader.iter_chunks(info, STREAM_CHUNK), info)
+            assert repr(fast) == repr(simple), info.name
+    assert sorted(calls) == sorted(n for n in sizes if 0 < n <= STREAM_CHUNK)  # one kernel call a tensor
+
+
 def test_selection_and_the_empty_tensor_order(tmp_path):
     path = str(tmp_path / "d.safetensors")
     save_dump(path, _tensors())
