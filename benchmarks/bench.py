@@ -506,6 +506,18 @@ def main() -> None:
         t1d, _ = run_measured(gradtool_cmd() + ["stats", os.path.join(hist, "step_00000.npz"), "--format", "json"], rep)
         t32, _ = run_measured(gradtool_cmd() + ["stats", hist, "--format", "json"], rep)
         add("stats on 32 dumps vs 32 x one dump (start-up included once)", t32, 32 * t1d, "32 x one")
+        # ... and what such a history of a small model (148 tensors, 3.9 MB a dump, most under 4096
+        # elements) costs in-process against raw reads of its files: the per-tensor cost, not the bytes
+        from gradtool import engine
+        from gradtool.io import history as history_io
+
+        hist_files = [os.path.join(hist, f) for f in sorted(os.listdir(hist))]
+        hist_bytes = sum(os.path.getsize(f) for f in hist_files)
+        t_hist, t_raw_hist = alternate(
+            lambda: timeit(lambda: engine.summarize_refs(history_io.expand_inputs([hist], resolve_steps=False)), 1),
+            lambda: timeit(lambda: [raw_read(f) for f in hist_files], 1), max(rep, 5))
+        add(f"stats in-process on 32 dumps of {len(small_dump)} small tensors vs raw read", hist_bytes / t_hist / 1e9,
+            hist_bytes / t_raw_hist / 1e9, "raw read", higher_is_better=True, unit="GB/s")
         log = os.path.join(tmp, "big.jsonl")
         rng = np.random.default_rng(0)
         norms = np.exp(rng.normal(0, 0.3, 1_000_000))
