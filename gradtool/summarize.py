@@ -193,9 +193,9 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
 
 
 SMALL_PIECE_ELEMENTS = ROW  # a piece this small is summarised by the thread that merges the results (a
-# float32 one by the kernel, others from one pread). GPT-2's 98 bias and norm tensors of 768-3072 elements each cost a pool task, a kernel call and
-# a second read when the workers took them: summarising in-process 8-14 % faster on all four GPT-2 files
-# (40 alternations in one process)
+# float32 one by the kernel, others from one pread). GPT-2's 98 bias and norm tensors of 768-3072 elements
+# each cost a pool task, a kernel call and a second read when the workers took them: summarising
+# in-process 8-14 % faster on all four GPT-2 files (40 alternations in one process)
 
 
 def _read_in_kernel(p: float, info: TensorInfo) -> bool:
@@ -204,8 +204,8 @@ def _read_in_kernel(p: float, info: TensorInfo) -> bool:
     return kernels.compiled_f32_summaries_fd is not None and info.dtype == np.float32 and p != 1.0
 
 
-def _summarise_in_kernel(acc: StatsAccumulator, source: DumpReader, info: TensorInfo, location: tuple[int, int],
-                         start: int, stop: int) -> None:
+def _summarise_in_kernel(acc: StatsAccumulator, source: DumpReader, info: TensorInfo,
+                         location: tuple[int, int], start: int, stop: int) -> None:
     """Float32 elements [start, stop) of a run of a tensor's bytes into ``acc``: read and summarised chunk by
     chunk (STREAM_CHUNK elements from ``start``) in C through a cache-resident buffer, no GIL held, one
     call for the run (``f32_summaries_fd``); the same chunks, so the same bits, as ``iter_chunks``."""

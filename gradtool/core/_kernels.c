@@ -76,13 +76,15 @@ static const width_t *chosen; /* set at import: the widest build this CPU runs *
 
 /* Chunks shorter than SMALL_CHUNK elements (ROW in gradtool/core/norms.py) are summed exactly in float64,
  * as NumPy's passes sum them (a float32 product is exact in float64): small tensors get float64 sums, and
- * calling here costs 1-9 us (256-4095 elements) where NumPy's five passes cost ~30 us a chunk. DL float64 lanes,
- * element i in lane i % DL, the lanes added pairwise at the end: the same bits from any compiler's
- * vectorisation of them. min and max skip NaN; the sums are NaN or inf for a non-finite chunk. */
+ * calling here costs 1-9 us (256-4095 elements) where NumPy's five passes cost ~30 us a chunk. DL
+ * float64 lanes, element i in lane i % DL, the lanes added pairwise at the end: the same bits from any
+ * compiler's vectorisation of them. min and max skip NaN; the sums are NaN or inf for a non-finite chunk. */
 #define SMALL_CHUNK 4096
 #define DL 8
 
-static double lanes_total(const double *v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+static double lanes_total(const double *v) {
+    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
 
 static void f32_summary_small(const float *x, Py_ssize_t n, float *lo_out, float *hi_out, double *sum_out,
                               double *sumsq_out, long long *zeros_out) {
@@ -144,8 +146,8 @@ static void f32_scale_small(const float *x, float *y, Py_ssize_t n, float scale,
 }
 
 /* One chunk's summary: exact for a short chunk, else the SIMD loop of `width`. */
-static void summarize_chunk(const width_t *width, const float *x, Py_ssize_t n, float *lo, float *hi, double *sum,
-                            double *sumsq, long long *zeros) {
+static void summarize_chunk(const width_t *width, const float *x, Py_ssize_t n, float *lo, float *hi,
+                            double *sum, double *sumsq, long long *zeros) {
     if (n < SMALL_CHUNK)
         f32_summary_small(x, n, lo, hi, sum, sumsq, zeros);
     else
@@ -236,7 +238,8 @@ static PyObject *f32_summaries(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t c = 0; c < count; c++) {
         Py_ssize_t start = c * chunk, len = n - start < chunk ? n - start : chunk;
-        summarize_chunk(chosen, x + start, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
+        summary_t *o = &out[c];
+        summarize_chunk(chosen, x + start, len, &o->lo, &o->hi, &o->sum, &o->sumsq, &o->zeros);
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
@@ -304,7 +307,8 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
             got += (size_t)n;
         }
         if (!err && !eof)
-            summarize_chunk(chosen, buf, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq, &out[c].zeros);
+            summarize_chunk(chosen, buf, len, &out[c].lo, &out[c].hi, &out[c].sum, &out[c].sumsq,
+                            &out[c].zeros);
     }
     Py_END_ALLOW_THREADS
     PyMem_RawFree(block);
@@ -460,9 +464,10 @@ static PyMethodDef methods[] = {
      "f32_summaries(buffer, chunk_elements) -> [f32_summary(chunk) for each chunk of the buffer], in one call\n"
      "without the GIL."},
     {"f32_summary", f32_summary, METH_O,
-     "f32_summary(buffer) -> (min, max, sum, sumsq, zero_count) of a C-contiguous float32 buffer in one pass.\n"
-     "min/max skip NaN; sum is float32 per lane run of 32 elements added in float64, exactly in float64\n"
-     "below 4096 elements (NaN or inf when the buffer is not finite); zero_count counts x == 0."},
+     "f32_summary(buffer) -> (min, max, sum, sumsq, zero_count) of a C-contiguous float32 buffer in one\n"
+     "pass. min/max skip NaN; the sums are float32 per lane run of 32 elements added in float64, in\n"
+     "float64 outright below 4096 elements (NaN or inf when the buffer is not finite); zero_count counts\n"
+     "x == 0."},
     {NULL, NULL, 0, NULL},
 };
 

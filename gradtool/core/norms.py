@@ -80,10 +80,10 @@ def chunk_sum_sq_fast(c: np.ndarray) -> float:
 
 
 def chunk_sum_sq(c: np.ndarray) -> float:
-    """Σ c² of one contiguous float32 chunk: the compiled kernel's when it was built (float32 partial sums of
-    32 elements per SIMD lane, added in float64, ~1e-9 relative error; a chunk under ROW elements in float64
-    outright), else :func:`chunk_sum_sq_fast`. :mod:`.stats` takes Σx² from the same kernel call, so both
-    agree."""
+    """Σ c² of one contiguous float32 chunk: the compiled kernel's when it was built (float32 partial sums
+    of 32 elements per SIMD lane, added in float64, ~1e-9 relative error; a chunk under ROW elements in
+    float64 outright), else :func:`chunk_sum_sq_fast`. :mod:`.stats` takes Σx² from the same kernel call,
+    so both agree."""
     kernel = kernels.compiled_f32_summary
     if kernel is None:
         return chunk_sum_sq_fast(c)
