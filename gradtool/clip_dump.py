@@ -17,8 +17,8 @@ import numpy as np
 
 from .backend import to_device, to_host
 from .core import clipping
+from .core.norms import NormAccumulator, combine_norms, parse_norm_type, tensor_norm
 from .core.stats import STREAM_CHUNK
-from .core.norms import ROW, NormAccumulator, combine_norms, parse_norm_type, tensor_norm
 from .errors import NonFiniteError, UsageError
 from .io.base import PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, buffer_phase
 from .summarize import name_selected
@@ -398,7 +398,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
         # bits; a compressed member inflates on another thread
         for chunk in reader.iter_chunks_ahead(info, STREAM_CHUNK):
             src = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
-            if fused is not None and src is chunk and chunk.shape[0] >= ROW and chunk.dtype == np.float32 \
+            if fused is not None and src is chunk and chunk.dtype == np.float32 \
                     and chunk.flags.c_contiguous:  # scale, count changes and measure in one pass
                 out = out_buf[: chunk.shape[0]]
                 sum_sq, n_changed = fused(chunk, scale, out)
@@ -436,24 +436,15 @@ def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, 
     0.71-0.72 s against 1.09-1.35 s (medians of 8-10 runs in turns); ``clip`` of the 500 MB safetensors
     dump 307 against 331 ms (``ab.py``, 16/16 pairs). Returns the number of elements changed; the norm
     after goes to ``acc``. The same bits as the memory-map path: the same kernel on the same chunks."""
-    from .backend import host_namespace
-
-    np_xp = host_namespace()
     writes = [] if where is None else [where]
     phase = buffer_phase(reads=[location[1]], writes=writes)
     work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * 4, phase)
     changed = 0
     for chunk in reader.chunks_into(location, info, work, STREAM_CHUNK):
-        if chunk.shape[0] >= ROW:
-            sum_sq, n_changed = fused(chunk, scale, chunk)  # in place: the kernel reads each element first
-            acc.update_sum_sq(sum_sq, chunk)
-            changed += n_changed
-            yield chunk
-            continue
-        out = clipping.scale_tensor(chunk, scale, np_xp)  # a short tail, into a new array to compare with
-        changed += _changed(chunk, out, np_xp, True)
-        acc.update(out)
-        yield out
+        sum_sq, n_changed = fused(chunk, scale, chunk)  # in place: the kernel reads each element first
+        acc.update_sum_sq(sum_sq, chunk)
+        changed += n_changed
+        yield chunk
     return changed
 
 

@@ -118,8 +118,8 @@ class NormAccumulator:
         self._exact(c, xp or (_NUMPY_XP or _numpy_xp() if type(c) is np.ndarray else namespace_of(c)))
 
     def update_sum_sq(self, total: float, c: np.ndarray) -> None:
-        """Add a float32 chunk of at least ROW elements whose Σc² the caller already took from the compiled
-        kernel (the arithmetic :meth:`update` would use): the same result as ``update(c)``, one pass fewer."""
+        """Add a float32 chunk whose Σc² the caller already took from the compiled kernel (the arithmetic
+        :meth:`update` would use): the same result as ``update(c)``, one pass fewer."""
         if self.p == 2.0 and math.isfinite(total) and total > 1e-25:
             self.parts.append((1.0, total))
         else:

@@ -225,9 +225,10 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
         np.savez(src, **tensors)  # members at unaligned offsets
     else:
         save_dump(src, tensors)
-    calls, in_place = [], []
+    calls, in_place, lengths = [], [], []
     real = kernels.compiled_f32_scale
-    monkeypatch.setattr(kernels, "compiled_f32_scale", lambda *a: calls.append(a[0] is a[2]) or real(*a))
+    monkeypatch.setattr(kernels, "compiled_f32_scale",
+                        lambda *a: calls.append(a[0] is a[2]) or lengths.append(len(a[0])) or real(*a))
     chunks_into = DumpReader.chunks_into
     monkeypatch.setattr(DumpReader, "chunks_into", lambda self, location, info, *a: in_place.append(info.name)
                         or chunks_into(self, location, info, *a))
@@ -255,6 +256,9 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
         assert not in_place and not any(calls)
     else:
         assert all(calls) and bool(in_place) == bool(calls)
+        # short chunks too (the 100-element tensor, the 1000-element rest of "tail"): the kernel sums them
+        # in float64, as the NumPy steps do
+        assert not calls or sorted(n for n in lengths if n < 4096) == [100, 1000]
     if mode == "global-norm" and max_ == 1.0 and nonfinite == "zero":
         assert rep_a[0][3] and rep_a[0][4] > 200_000  # the big tensor really was scaled
 
