@@ -176,23 +176,22 @@ def _steps_in_several_files(refs: Sequence[DumpRef]) -> str | None:
              and not _FD_PATH.fullmatch(r.path)]
     if len(files) < 4 or len(files) != len(refs):
         return None
-    steps = steps_from_filenames(files)
-    counts: dict[int | None, int] = {}
-    for s in steps:
-        counts[s] = counts.get(s, 0) + 1
-    per_step = set(counts.values())
-    if None in counts or len(counts) < 2 or len(per_step) != 1 or (k := per_step.pop()) < 2:
+    by_step: dict[int | None, list[str]] = {}  # the files of each step, grouped in one pass over them
+    for f, s in zip(files, steps_from_filenames(files)):
+        by_step.setdefault(s, []).append(f)
+    per_step = {len(same) for same in by_step.values()}
+    if None in by_step or len(by_step) < 2 or len(per_step) != 1 or (k := per_step.pop()) < 2:
         return None
-    example = [os.path.basename(f) for f, s in zip(files, steps) if s == steps[0]]
-    stems = {s: {os.path.splitext(f)[0] for f, t in zip(files, steps) if t == s} for s in counts}
-    if all(len(same) == 1 for same in stems.values()):  # step_100.npz beside step_100.safetensors
+    example = [os.path.basename(f) for f in next(iter(by_step.values()))]
+    # step_100.npz beside step_100.safetensors: one name in several formats
+    if all(len({os.path.splitext(f)[0] for f in same}) == 1 for same in by_step.values()):
         ext = os.path.splitext(files[0])[1]
         where = os.path.dirname(files[0])
         one = (os.path.join(where, f"*{ext}") if all(os.path.dirname(f) == where for f in files)
                else f"only the {ext} files")
-        return (f"each of the {len(counts)} steps is in {k} files that differ only in format "
+        return (f"each of the {len(by_step)} steps is in {k} files that differ only in format "
                 f"({listed(example, 3)}), read as {k} dumps of that step: give one format's files ({one})")
-    return (f"each of the {len(counts)} steps that the file names give is in {k} files "
+    return (f"each of the {len(by_step)} steps that the file names give is in {k} files "
             f"({listed(example, 3)}), read as {k} dumps of that step: one file per rank? Shards of each step "
             "(FSDP, ZeRO, tensor parallel) are read as one step from a directory per step "
             "(step_100/rank0.npz, ...: what Recorder(..., shard=...) writes); copies of the same gradients "
