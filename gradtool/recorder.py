@@ -323,15 +323,13 @@ class Recorder:
         check_unique([n for n, _ in items], self.target)
         group = f"{self.prefix}{step:08d}"
         partial = f"{group}.partial"
-        created, left_empty = not os.path.exists(self.target), False
+        created = not os.path.exists(self.target)
         try:
             return self._append_to(h5py, step, group, partial, items, meta)
         except BaseException:
-            left_empty = created and _holds_nothing(h5py, self.target)
-            raise
-        finally:
-            if left_empty:
+            if created and _holds_nothing(h5py, self.target):
                 os.unlink(self.target)
+            raise
 
     def _append_to(self, h5py: Any, step: int, group: str, partial: str, items: list[tuple[str, Any]],
                    meta: dict[str, Any]) -> str:
