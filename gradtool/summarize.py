@@ -165,8 +165,7 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
 
     def finish(k: int) -> None:
         info = infos[k]
-        summary.tensors.append((info.name, accs[k].result(info.shape, dtype_name(info.dtype),
-                                                          is_floating_dtype(info.dtype))))
+        summary.tensors.append((info.name, accumulated_stats(accs[k], info)))
         if on_tensor:
             on_tensor(1)
 
@@ -308,6 +307,11 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
     return summary
 
 
+def accumulated_stats(acc: StatsAccumulator, info: TensorInfo) -> TensorStats:
+    """The :class:`TensorStats` of tensor ``info`` from the accumulator its elements went into."""
+    return acc.result(info.shape, dtype_name(info.dtype), is_floating_dtype(info.dtype))
+
+
 def chunks_accumulator(chunks: Any, info: TensorInfo, norm_type: float = 2.0) -> StatsAccumulator:
     """A tensor's 1-D chunks (in order; each a whole number of STREAM_CHUNKs but the last) summarised
     into one :class:`StatsAccumulator` (bools as int8, as :func:`tensor_stats` sums them)."""
@@ -320,8 +324,7 @@ def chunks_accumulator(chunks: Any, info: TensorInfo, norm_type: float = 2.0) ->
 
 def chunks_stats(chunks: Any, info: TensorInfo, norm_type: float = 2.0) -> TensorStats:
     """:func:`tensor_stats` of a tensor given as its 1-D chunks (see :func:`chunks_accumulator`)."""
-    acc = chunks_accumulator(chunks, info, norm_type)
-    return acc.result(info.shape, dtype_name(info.dtype), is_floating_dtype(info.dtype))
+    return accumulated_stats(chunks_accumulator(chunks, info, norm_type), info)
 
 
 def streamed_accumulator(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> StatsAccumulator:
@@ -343,8 +346,7 @@ def streamed_accumulator(reader: DumpReader, info: TensorInfo, norm_type: float 
 
 def streamed_stats(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0) -> TensorStats:
     """:func:`tensor_stats` of a tensor read chunk by chunk from its file (the same accumulator)."""
-    acc = streamed_accumulator(reader, info, norm_type)
-    return acc.result(info.shape, dtype_name(info.dtype), is_floating_dtype(info.dtype))
+    return accumulated_stats(streamed_accumulator(reader, info, norm_type), info)
 
 
 @dataclass
