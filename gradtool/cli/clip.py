@@ -16,6 +16,7 @@ import click
 from .common import (
     backend_option,
     format_option,
+    numbered_groups_option,
     progress,
     select_options,
     sharded_option,
@@ -151,13 +152,15 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
               help="Tables: every dump's tensor table even for a history (default: only for one dump).")
 @format_option()
 @sharded_option
+@numbered_groups_option
 @skip_unreadable_option
 @backend_option
 def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: float | None, min_: float | None,
                  axes: str | None, use_norm: float | None, norm_type: str, thresholds_file: str | None,
                  select: tuple[str, ...], exclude: tuple[str, ...], nonfinite: str, force: bool, dry_run: bool,
                  per_tensor: bool | None, fmt: str, sharded: bool, backend: str | None,
-                 no_fsync: bool = False, skip_unreadable: bool = False) -> None:
+                 no_fsync: bool = False, skip_unreadable: bool = False,
+                 numbered_groups: bool = False) -> None:
     """Clip the gradients of DUMP with --mode and --max, write the clipped dump to -o, and report, per
     tensor, the norm before and after and whether it was clipped. Inputs are never modified."""
     from ..clip_dump import ClipSpec, clip_dump
@@ -176,7 +179,8 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
         xp = xp_for(backend)
         skipped = SkippedDumps()  # with --skip-unreadable: dumps that do not open get no output
         refs = expand_inputs(list(dumps), sharded=sharded, on_warning=warning,
-                             on_unreadable=skipped if skip_unreadable else None)
+                             on_unreadable=skipped if skip_unreadable else None,
+                             numbered_groups_are_steps=numbered_groups)
         check_selection(refs, select, exclude)
         if spec.thresholds and spec.max is None:
             _check_thresholds_apply(refs, dict(spec.thresholds), str(thresholds_file))

@@ -214,6 +214,13 @@ def sharded_option(f: Callable) -> Callable:
                              "A directory of step directories is read this way without the flag.")(f)
 
 
+def numbered_groups_option(f: Callable) -> Callable:
+    return click.option("--numbered-groups-are-steps", "numbered_groups", is_flag=True,
+                        help="An HDF5 file whose top-level groups are all named by numbers (100/, 200/, "
+                             "as f.create_group(str(step)) writes them) is a history of those steps "
+                             "(default: one dump, as nn.Sequential names its layers 0/, 1/, ...).")(f)
+
+
 def engine_options(f: Callable) -> Callable:
     f = click.option("--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS", show_envvar=True, metavar="ADDR",
                      help="With --engine dask: an existing cluster's scheduler, e.g. tcp://host:8786 "

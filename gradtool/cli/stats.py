@@ -9,7 +9,7 @@ import click
 
 from ..errors import listed
 from .common import (backend_option, engine_options, format_option, norm_type_option, progress, select_options,
-                     sharded_option, skip_unreadable_option)
+                     numbered_groups_option, sharded_option, skip_unreadable_option)
 
 TENSOR_FIELDS = ["name", "shape", "dtype", "size", "norm", "avg_norm", "max_abs", "mean", "std",
                  "nan_count", "inf_count", "zero_count", "l2_norm", "min", "max", "is_float"]
@@ -26,8 +26,8 @@ Examples:
 
 \b
 A history is several files, a directory of dumps, or an HDF5 file whose top-level groups carry an
-integer `step` attribute (or are all named as steps: step_100/, step_200/). JSON writes NaN/inf as
-the strings "NaN", "Infinity", "-Infinity".
+integer `step` attribute (or are all named as steps: step_100/, step_200/; bare numbers, 100/, 200/,
+with --numbered-groups-are-steps). JSON writes NaN/inf as the strings "NaN", "Infinity", "-Infinity".
 """
 
 
@@ -87,13 +87,14 @@ def dump_record(summary: Any, sort: str | None, top: int | None) -> dict[str, An
 @format_option()
 @click.option("--fail-on-nonfinite", is_flag=True, help="Exit 3 (naming tensors and steps) if any NaN/Inf is found.")
 @sharded_option
+@numbered_groups_option
 @skip_unreadable_option
 @engine_options
 @backend_option
 def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tuple[str, ...], norm_type: str,
                   sort: str | None, top: int | None, per_tensor: bool | None, fmt: str, fail_on_nonfinite: bool,
                   sharded: bool, skip_unreadable: bool, engine: str, scheduler: str | None,
-                  backend: str | None) -> None:
+                  backend: str | None, numbered_groups: bool = False) -> None:
     """Per-tensor and global gradient norms, max |g|, NaN/Inf counts of DUMP (files, directories, or a
     multi-step HDF5 file). Several dumps form a history: a per-step table and a sparkline follow."""
     from ..errors import ExitCode, GradtoolError
@@ -109,7 +110,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     with spooled_inputs(dumps):  # - and pipes are read once: a multi-step HDF5 file is opened per step
         # steps from metadata when each dump is opened, below (not in an extra pass)
         refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False, on_warning=warning,
-                             on_unreadable=on_unreadable)
+                             on_unreadable=on_unreadable, numbered_groups_are_steps=numbered_groups)
         check_selection(refs, select, exclude)
         if engine == "local" and len(refs) == 1 and not skipped:  # one dump: the bar counts its tensors
             with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:

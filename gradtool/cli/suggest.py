@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from .common import (SkippedDumps, backend_option, engine_options, message, progress, select_options,
-                     sharded_option, skip_unreadable_option, spooled_inputs)
+                     numbered_groups_option, sharded_option, skip_unreadable_option, spooled_inputs)
 
 MODES = ("global-norm", "norm", "average-norm", "value")
 
@@ -129,6 +129,7 @@ def _merge_logs(paths: list[str], key: str | None, run: str | None = None) -> tu
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Save a chart (needs gradtool[plot]).")
 @click.option("--force", is_flag=True, help="Replace an existing -o / --plot file.")
 @sharded_option
+@numbered_groups_option
 @skip_unreadable_option
 @engine_options
 @backend_option
@@ -137,7 +138,8 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
                     key: str | None, run: str | None, select: tuple[str, ...], exclude: tuple[str, ...],
                     fmt: str, per_tensor: bool,
                     output: str | None, plot_path: str | None, force: bool, sharded: bool,
-                    skip_unreadable: bool, engine: str, scheduler: str | None, backend: str | None) -> None:
+                    skip_unreadable: bool, engine: str, scheduler: str | None, backend: str | None,
+                    numbered_groups: bool = False) -> None:
     """Recommend a clipping threshold per mode from a gradient-norm HISTORY, and show why: clip rates,
     percentile, z-score, ratio to the mean, spikes, non-finite steps, warm-up and divergence."""
     from ..errors import ExitCode, GradtoolError, UsageError
@@ -156,7 +158,7 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
         if run is not None and not log_inputs:
             raise _run_unused(run)
         doc = _analyze(dump_inputs, log_inputs, wanted, cfg, key, select, exclude, backend, sharded, engine,
-                       scheduler, run, skip_unreadable)
+                       scheduler, run, skip_unreadable, numbered_groups)
     if explicit_modes:
         missing = [m for m in wanted if m in doc["cannot_derive"]]
         if missing and not any(m["mode"] in wanted for m in doc["modes"]):
@@ -180,7 +182,8 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
 def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], cfg: Any, key: str | None,
              select: tuple[str, ...], exclude: tuple[str, ...], backend: str | None,
              sharded: bool = False, engine: str = "local", scheduler: str | None = None,
-             run: str | None = None, skip_unreadable: bool = False) -> dict[str, Any]:
+             run: str | None = None, skip_unreadable: bool = False,
+             numbered_groups: bool = False) -> dict[str, Any]:
     import numpy as np
 
     from ..suggest import analyze_history, suggest_per_tensor, suggest_threshold
@@ -197,7 +200,8 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
         from .common import check_selection, warn_unmatched_selects, warning, xp_for
 
         on_unreadable = skipped if skip_unreadable else None
-        refs = expand_inputs(dump_inputs, sharded=sharded, on_warning=warning, on_unreadable=on_unreadable)
+        refs = expand_inputs(dump_inputs, sharded=sharded, on_warning=warning, on_unreadable=on_unreadable,
+                             numbered_groups_are_steps=numbered_groups)
         check_selection(refs, select, exclude)
         with progress(len(refs), "reading dumps") as advance:
             h = dump_history(refs, select=select, exclude=exclude, xp=xp_for(backend), on_dump=advance,

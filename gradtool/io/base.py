@@ -199,6 +199,19 @@ def steps_of_names(names: Sequence[str]) -> list[int] | None:
     return steps if len(set(steps)) == len(steps) else None
 
 
+_BARE_NUMBER = re.compile("[0-9]+")
+
+
+def numbered_names(names: Sequence[str]) -> list[int] | None:
+    """The numbers that ``names`` (an HDF5 file's top-level groups) are, when each is a bare decimal number
+    (``100``, ``200``: ``f.create_group(str(step))``) and none repeats; else None. Steps only when the user
+    says so (``--numbered-groups-are-steps``), as ``0``, ``1``, ... are an ``nn.Sequential``'s layers too."""
+    if not names or not all(_BARE_NUMBER.fullmatch(n) for n in names):
+        return None
+    numbers = [int(n) for n in names]
+    return numbers if len(set(numbers)) == len(numbers) else None
+
+
 LOSS_KEYS, LR_KEYS = ("loss", "train_loss"), ("lr", "learning_rate")  # a dump's loss and lr in its metadata
 # Names of top-level scalars read as a dump's metadata, not as tensors: its step, loss and learning rate
 # (the keys gradtool reads) and the other usual scalars of a training step

@@ -36,6 +36,7 @@ from .base import (
     check_shape,
     copy_range,
     metadata_step,
+    numbered_names,
     pwrite_all,
     steps_of_names,
 )
@@ -176,12 +177,12 @@ def _step_of(h5py: Any, gid: Any) -> int | None:
     return None
 
 
-def step_groups(f: Any, display: str) -> list[tuple[str, int]]:
+def step_groups(f: Any, display: str, *, numbered: bool = False) -> list[tuple[str, int]]:
     """Top-level groups with an integer ``step`` attribute, as (group name, step), in file order; when
     none has one, the top-level groups as the steps their names give, if every top-level object is such
     a group (``f"step_{step}"``, written without the attribute: read as one dump, its global norm and
-    global-norm clipping ran over every step at once). A top-level external or user-defined link is
-    refused (it could be a step)."""
+    global-norm clipping ran over every step at once), or, with ``numbered``, is named by a bare number
+    (``f"{step}"``). A top-level external or user-defined link is refused (it could be a step)."""
     h5py = _h5py()
     out = []
     groups, others = [], 0  # the top-level hard-linked groups' names; the count of other objects
@@ -199,9 +200,60 @@ def step_groups(f: Any, display: str) -> list[tuple[str, int]]:
         s = _step_of(h5py, h5py.h5g.open(f.id, key))
         if s is not None:
             out.append((groups[-1], s))
-    if not out and not others and (steps := steps_of_names(groups)) is not None:
-        return list(zip(groups, steps))
+    if not out and not others:
+        steps = steps_of_names(groups)
+        if steps is None and numbered:
+            steps = numbered_names(groups)
+        if steps is not None:
+            return list(zip(groups, steps))
     return out
+
+
+def _tree(h5py: Any, gid: Any) -> list[tuple[bytes, Any, Any]]:
+    """The objects under a group (by its low-level id), in visiting order: (name, shape, dtype) for a
+    dataset, (name, object type, None) for the others."""
+    tree: list[tuple[bytes, Any, Any]] = []
+
+    def visit(name: bytes, info: Any) -> None:
+        if info.type == h5py.h5o.TYPE_DATASET:
+            dsid = h5py.h5d.open(gid, name)
+            tree.append((name, dsid.shape, dsid.dtype))
+        else:
+            tree.append((name, info.type, None))
+
+    h5py.h5o.visit(gid, visit, info=True)
+    return tree
+
+
+def numbered_groups_doubt(f: Any, display: str) -> str | None:
+    """What a user should hear about a file read as one dump whose top-level objects are two or more
+    groups named by bare numbers that hold the same tensors (names, shapes, dtypes): the steps of a history
+    written as ``f.create_group(str(step))``, read as one dump (one global norm over every step) unless
+    ``--numbered-groups-are-steps`` says they are steps. None otherwise: an ``nn.Sequential``'s layers
+    (``0/weight``, ``2/weight``) differ in shape, but a stack of identical blocks is told too. Compares
+    each group with the first, stopping at the first that differs."""
+    h5py = _h5py()
+    fid = f.id
+    keys = list(fid)
+    names = [_decode(k, display) for k in keys]
+    if len(keys) < 2 or numbered_names(names) is None:
+        return None
+    first = None
+    for key in keys:
+        if (fid.links.get_info(key).type != h5py.h5l.TYPE_HARD
+                or h5py.h5o.get_info(fid, key).type != h5py.h5o.TYPE_GROUP):
+            return None
+        tree = _tree(h5py, h5py.h5g.open(fid, key))
+        if first is None:
+            first = tree
+        elif tree != first:
+            return None
+    tensors = sum(dtype is not None for _, _, dtype in first or ())
+    if not tensors:
+        return None
+    return (f"{display}: its {len(keys)} top-level groups are named by numbers ({listed(names, 3)}) and "
+            f"each holds the same {tensors} tensor(s): read as one dump (an nn.Sequential's layers look so); "
+            "if they are training steps, add --numbered-groups-are-steps")
 
 
 class Hdf5Reader(DumpReader):

@@ -117,14 +117,20 @@ def _readable(path: str) -> tuple[str, str]:
     return (path, path) if copy is None else (copy, stream_name(path))
 
 
-def _refs_for_file(path: str) -> list[DumpRef]:
+def _refs_for_file(path: str, numbered: bool = False,
+                   on_warning: Callable[[str], None] | None = None) -> list[DumpRef]:
+    """The dumps of one file: its step groups (``numbered``: groups named by bare numbers are steps too;
+    ``on_warning`` hears of such groups read as one dump), else the file."""
     real, display = _readable(path)
     fmt = None if real == path and is_stream(path) else detect_format(real)  # an unspooled stream: unsniffed
     if fmt == "hdf5":
-        from .hdf5 import open_h5, step_groups
+        from .hdf5 import numbered_groups_doubt, open_h5, step_groups
 
         with open_h5(real, display) as f:
-            groups = step_groups(f, display)
+            groups = step_groups(f, display, numbered=numbered)
+            doubt = None if groups or on_warning is None else numbered_groups_doubt(f, display)
+        if doubt and on_warning is not None:
+            on_warning(doubt)
         if groups:
             return [DumpRef(path, "hdf5", g, s) for g, s in groups]
     return [DumpRef(path, fmt)]
@@ -267,7 +273,7 @@ OnUnreadable = Callable[[str, InputError], None]  # (the dump's label, why it ca
 
 
 def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded: bool = False,
-                  on_warning: Callable[[str], None] | None = None,
+                  numbered_groups_are_steps: bool = False, on_warning: Callable[[str], None] | None = None,
                   on_unreadable: OnUnreadable | None = None) -> list[DumpRef]:
     """Expand files/directories/multi-step HDF5 files into dump references with step numbers.
 
@@ -280,6 +286,8 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
     argument is itself one sharded step. A directory with dump files of its own is a history of those
     files; its subdirectories of dumps are then not read, and ``on_warning`` is told so; it is told too
     when the files' names give every step several times (a file per rank: :func:`_steps_in_several_files`).
+    An HDF5 file whose top-level groups are all named by bare numbers is one dump, and ``on_warning`` is told
+    when they look like steps; with ``numbered_groups_are_steps`` each of them is a step (``100/``, ``200/``).
 
     With ``on_unreadable``, a dump that does not open (cut short, still being written, malformed) is
     reported to it and left out (:func:`drop_unreadable`), rather than failing the whole history; an
@@ -289,7 +297,7 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
 
     def add_file(path: str) -> None:
         try:
-            refs.extend(_refs_for_file(path))
+            refs.extend(_refs_for_file(path, numbered_groups_are_steps, on_warning))
         except InputError as exc:
             if on_unreadable is None or is_stream(path):
                 raise
@@ -421,6 +429,9 @@ def no_readable_dump(inputs: Sequence[str], skipped: int) -> InputError:
                       + (f" (all {skipped} skipped)" if skipped > 1 else ""))
 
 
-def iter_dumps(inputs: Sequence[str]) -> Iterator[tuple[DumpRef, DumpReader]]:
-    """Yield ``(ref, reader)`` for every dump of the inputs, one open reader at a time."""
-    yield from open_each(expand_inputs(inputs))
+def iter_dumps(inputs: Sequence[str], *, numbered_groups_are_steps: bool = False,
+               ) -> Iterator[tuple[DumpRef, DumpReader]]:
+    """Yield ``(ref, reader)`` for every dump of the inputs, one open reader at a time;
+    ``numbered_groups_are_steps``: an HDF5 file's top-level groups named by bare numbers (``100/``) are
+    steps (:func:`expand_inputs`)."""
+    yield from open_each(expand_inputs(inputs, numbered_groups_are_steps=numbered_groups_are_steps))
