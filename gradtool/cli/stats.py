@@ -23,6 +23,7 @@ Examples:
   gradtool stats dumps/ --format csv > norms.csv
   gradtool stats --fail-on-nonfinite dumps/ && echo "all finite"
   gradtool stats dumps/ --skip-unreadable       # while training still writes its last dump
+  gradtool stats run.h5::step_00000005          # one step group of an HDF5 history
 
 \b
 A history is several files, a directory of dumps, or an HDF5 file whose top-level groups carry an

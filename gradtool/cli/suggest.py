@@ -52,7 +52,7 @@ def _split_inputs(inputs: list[str], sharded: bool = False, copies: dict[str, st
     """(dump inputs, log inputs), by content; a read-once input (``-``, a pipe) by that of its copy in
     ``copies`` (:func:`~gradtool.cli.common.spooled_inputs`)."""
     from ..io.detect import detect_format
-    from ..io.history import _dir_files, _step_dirs
+    from ..io.history import _dir_files, _step_dirs, is_group_address
     from ..io.mlflow_store import is_run_directory
     from ..io.wandb_log import is_run_store
 
@@ -66,6 +66,8 @@ def _split_inputs(inputs: list[str], sharded: bool = False, copies: dict[str, st
             is_dumps = sharded or (not is_run_directory(p) and not is_run_store(p)
                                    and (_dir_files(p) or _step_dirs(p)))
             (dumps if is_dumps else logs).append(p)
+        elif is_group_address(p):  # run.h5::step_100
+            dumps.append(p)
         elif not os.path.exists(p):
             from ..errors import InputError
 

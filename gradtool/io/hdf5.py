@@ -225,6 +225,37 @@ def _tree(h5py: Any, gid: Any) -> list[tuple[bytes, Any, Any]]:
     return tree
 
 
+def group_step(f: Any, display: str, group: str, *, numbered: bool = False) -> int | None:
+    """The step of the group at path ``group`` (``step_100``, ``run/step_100``: a ``FILE::GROUP`` argument),
+    after checking that hard links lead to it and that it is a group: its integer ``step`` attribute, else
+    the step a top-level group's name gives (``step_100``; ``100`` with ``numbered``), else None."""
+    h5py = _h5py()
+    parts = [part for part in group.split("/") if part]
+    if not parts:
+        raise InputError(f"{display}: FILE::GROUP without a group (e.g. run.h5::step_100)")
+    gid = f.id
+    for i, part in enumerate(parts):
+        where, key = "/".join(parts[: i + 1]), part.encode("utf-8", "surrogateescape")
+        try:
+            found = part not in (".", "..") and gid.links.exists(key)
+        except (KeyError, ValueError, RuntimeError):
+            found = False
+        if not found:
+            raise InputError(f"{display}: no group {where!r}")
+        if (outside := _link_outside(h5py, gid, key)) is not None:
+            raise InputError(f"{display}: {where!r} {outside}: {_READ_INSIDE}")
+        if gid.links.get_info(key).type != h5py.h5l.TYPE_HARD:
+            raise InputError(f"{display}: {where!r} is a soft link; give the group it points to")
+        if h5py.h5o.get_info(gid, key).type != h5py.h5o.TYPE_GROUP:
+            raise InputError(f"{display}: {where!r} is not a group (FILE::GROUP names the group of a step)")
+        gid = h5py.h5g.open(gid, key)
+    step = _step_of(h5py, gid)
+    if step is None and len(parts) == 1:
+        named = steps_of_names(parts) or (numbered_names(parts) if numbered else None)
+        step = named[0] if named else None
+    return step
+
+
 def numbered_groups_doubt(f: Any, display: str) -> str | None:
     """What a user should hear about a file read as one dump whose top-level objects are two or more
     groups named by bare numbers that hold the same tensors (names, shapes, dtypes): the steps of a history

@@ -136,6 +136,34 @@ def _refs_for_file(path: str, numbered: bool = False,
     return [DumpRef(path, fmt)]
 
 
+def _group_path(item: str) -> tuple[str, str] | None:
+    """(FILE, GROUP) of an argument ``FILE::GROUP`` whose FILE is a file, else None."""
+    path, sep, group = item.rpartition("::")
+    return (path, group) if sep and os.path.isfile(path) else None
+
+
+def is_group_address(item: str) -> bool:
+    """True for ``FILE::GROUP`` naming an existing file: one group of an HDF5 file as a dump (the label
+    gradtool's messages give a step group, ``run.h5::step_00000005``)."""
+    return not os.path.exists(item) and _group_path(item) is not None
+
+
+def _group_ref(item: str, numbered: bool = False) -> DumpRef:
+    """The dump ``FILE::GROUP`` names (:func:`is_group_address`): that group of the HDF5 file, with its step
+    (:func:`~gradtool.io.hdf5.group_step`)."""
+    found = _group_path(item)
+    if found is None:
+        raise InputError(f"{item}: no such file or directory")
+    path, group = found
+    if detect_format(path) != "hdf5":
+        raise InputError(f"{item}: {path} is not an HDF5 file (FILE::GROUP names a group of one)")
+    from .hdf5 import group_step, open_h5
+
+    with open_h5(path, path) as f:
+        step = group_step(f, path, group, numbered=numbered)
+    return DumpRef(path, "hdf5", "/".join(part for part in group.split("/") if part), step)
+
+
 _SHARD_NAME = re.compile(r"-(\d+)-of-(\d+)\.[^.]+$")  # Hugging Face's model-00001-of-00004.safetensors
 
 
@@ -286,6 +314,7 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
     argument is itself one sharded step. A directory with dump files of its own is a history of those
     files; its subdirectories of dumps are then not read, and ``on_warning`` is told so; it is told too
     when the files' names give every step several times (a file per rank: :func:`_steps_in_several_files`).
+    ``FILE::GROUP`` is that group of an HDF5 file (one step of a history file, as messages label it).
     An HDF5 file whose top-level groups are all named by bare numbers is one dump, and ``on_warning`` is told
     when they look like steps; with ``numbered_groups_are_steps`` each of them is a step (``100/``, ``200/``).
 
@@ -324,7 +353,7 @@ def expand_inputs(inputs: Sequence[str], *, resolve_steps: bool = True, sharded:
             for p in files:
                 add_file(p)
         elif item != "-" and not os.path.exists(item):
-            raise InputError(f"{item}: no such file or directory")
+            refs.append(_group_ref(item, numbered_groups_are_steps))  # FILE::GROUP, else no such file
         else:
             add_file(item)
     if on_warning is not None and not doubted and (doubt := _steps_in_several_files(refs)):
