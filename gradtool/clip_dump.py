@@ -278,6 +278,8 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
                 writer.add(info, reader._read(info))
         for group, attrs in reader.group_attrs.items():
             writer.set_group_attrs(group, attrs)
+        for name, target in reader.soft_links.items():  # HDF5 aliases, to the clipped data as before
+            writer.add_soft_link(name, target)
     if spec.mode != "global-norm":
         result.global_norm_before = combine_norms(
             (t.norm_before for t in result.tensors if t.norm_before is not None), p)

@@ -231,6 +231,7 @@ class DumpReader:
         self.metadata: dict[str, Any] = {}
         self.metadata_members: list[TensorInfo] = []  # the scalars read as metadata (_scalars_as_metadata)
         self.group_attrs: dict[str, dict[str, Any]] = {}  # HDF5: group path (relative) -> attributes
+        self.soft_links: dict[str, str] = {}  # HDF5: soft link path (relative) -> the path it names
 
     # -- index
     @property
@@ -627,6 +628,9 @@ class DumpWriter:
 
     def set_group_attrs(self, group: str, attrs: dict[str, Any]) -> None:
         """Attributes of a (sub)group; only HDF5 keeps them."""
+
+    def add_soft_link(self, name: str, target: str) -> None:
+        """A soft link ``name`` (relative to the dump's root) to the path ``target``; only HDF5 keeps them."""
 
     def begin_step(self, group: str, metadata: dict[str, Any]) -> None:
         raise InputError(f"{self.path}: the {self.format} format holds one step per file")

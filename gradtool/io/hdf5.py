@@ -11,8 +11,8 @@
   files is refused, not skipped (a tensor left out would make a smaller global norm without a word):
   external links, user-defined links, and datasets whose data lies in other files (raw external
   storage, virtual datasets).
-* Writing keeps names, order (creation order is tracked), group structure, group and dataset attributes
-  and gzip compression. HDF5 has no bfloat16; such dumps must be written as safetensors.
+* Writing keeps names, order (creation order is tracked), group structure, group and dataset attributes,
+  soft links and gzip compression. HDF5 has no bfloat16; such dumps must be written as safetensors.
 """
 
 from __future__ import annotations
@@ -88,11 +88,22 @@ def _link_outside(h5py: Any, gid: Any, key: bytes) -> str | None:
     return f"is a user-defined link (type {kind})"
 
 
-def _first_link_outside(h5py: Any, gid: Any) -> bytes | None:
+def _first_link_outside(h5py: Any, gid: Any, soft: dict[bytes, bytes] | None = None) -> bytes | None:
     """The path (below the group) of the first external or user-defined link in a group's tree, found by
-    one ``H5Lvisit`` (hard links followed, ~1 ms for a 148-tensor dump), or None."""
-    inside = (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT)
-    return gid.links.visit(lambda key, info: None if info.type in inside else key, info=True)
+    one ``H5Lvisit`` (hard links followed, ~1 ms for a 148-tensor dump), or None; the soft links before it
+    go into ``soft`` (path -> the path it names)."""
+    hard, soft_type = h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT
+
+    def visit(key: bytes, info: Any) -> bytes | None:
+        if info.type == hard:
+            return None
+        if info.type != soft_type:
+            return key
+        if soft is not None:
+            soft[key] = gid.links.get_val(key)
+        return None
+
+    return gid.links.visit(visit, info=True)
 
 
 def _data_outside(h5py: Any, dsid: Any) -> str | None:
@@ -372,8 +383,10 @@ class Hdf5Reader(DumpReader):
                 and steps_of_names(top_groups) is not None):  # step_100/, step_200/, ...: as step_groups
             raise InputError(f"{p}: holds {len(top_groups)} step(s) as groups named by step; open one of "
                              "its step groups")
-        if (key := _first_link_outside(h5py, rid)) is not None:
+        soft: dict[bytes, bytes] = {}
+        if (key := _first_link_outside(h5py, rid, soft)) is not None:
             raise InputError(f"{p}: {_decode(key, p)!r} {_link_outside(h5py, rid, key)}: {_READ_INSIDE}")
+        self.soft_links = {_decode(k, p): _decode(v, p) for k, v in soft.items()}  # kept by clip's output
 
     def _add_contiguous(self, name: str, shape: tuple[int, ...], dtype: np.dtype, offset: int) -> None:
         """A dataset without attributes whose shape, dtype and data offset were read from its object header
@@ -556,6 +569,10 @@ class Hdf5Writer(DumpWriter):
 
     def set_group_attrs(self, group: str, attrs: dict[str, Any]) -> None:
         self._set_attrs(self._group(group), attrs)
+
+    def add_soft_link(self, name: str, target: str) -> None:
+        parent, _, leaf = name.rpartition("/")
+        self._group(parent)[leaf] = _h5py().SoftLink(target)
 
     def add(self, info: TensorInfo, array: np.ndarray) -> None:
         from .npy import check_writable_dtype

@@ -1,3 +1,4 @@
+import json
 import os
 import re
 
@@ -307,7 +308,6 @@ def test_hdf5_after_a_user_block_is_detected_and_read_at_the_right_offsets(tmp_p
     v7.3 .mat files have one): it was refused as 'does not look like a hdf5 file'. Contiguous datasets are
     read by file offset (pread, the parallel statistics and the compiled kernel), so their values are
     checked against h5py's, big enough for the parallel path, and through clip."""
-    import json
     import subprocess
     import sys
 
@@ -499,3 +499,46 @@ def test_hdf5_dtypes_recognised_by_type_equality_are_h5pys(tmp_path):
         got = [i.dtype for i in r.tensors]
     assert [d.str for d in got] == [d.str for d in want]
     assert got == want
+
+
+def test_clip_keeps_hdf5_soft_links(tmp_path, run):
+    """Soft links (aliases of a tensor or group, dangling ones) were left out of clip's HDF5 output without
+    a word; they are written as they were, so an alias names the clipped tensor. Each tensor is still
+    read and clipped once, under its hard link's name."""
+    p = str(tmp_path / "aliases.h5")
+    w = np.full((3, 4), 2.0, np.float32)  # norm sqrt(12 * 4)
+    with h5py.File(p, "w", track_order=True) as f:
+        f["enc/w"] = w
+        f["enc/alias"] = h5py.SoftLink("w")  # relative
+        f["head"] = h5py.SoftLink("/enc/w")
+        f["blocks"] = h5py.SoftLink("/enc")
+        f["gone"] = h5py.SoftLink("/nowhere")
+    out = str(tmp_path / "clipped.h5")
+    r = run("clip", p, "-o", out, "--mode", "norm", "--max", "1", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert [t["name"] for t in json.loads(r.stdout)["dumps"][0]["tensors"]] == ["enc/w"]
+    with h5py.File(out, "r") as f:
+        links = {n: f.get(n, getlink=True) for n in ("enc/alias", "head", "blocks", "gone")}
+        assert {n: (type(link).__name__, link.path) for n, link in links.items()} == {
+            "enc/alias": ("SoftLink", "w"), "head": ("SoftLink", "/enc/w"), "blocks": ("SoftLink", "/enc"),
+            "gone": ("SoftLink", "/nowhere")}
+        expected = w.astype(np.float64) / np.sqrt(np.sum(w.astype(np.float64) ** 2))
+        for name in ("enc/w", "enc/alias", "head", "blocks/w"):
+            np.testing.assert_allclose(f[name][()], expected, rtol=1e-6)
+
+
+def test_clip_keeps_soft_links_inside_the_steps_of_a_history(tmp_path, run):
+    p = str(tmp_path / "hist.h5")
+    with h5py.File(p, "w", track_order=True) as f:
+        for s in (1, 2):
+            g = f.create_group(f"step_{s}")
+            g.attrs["step"] = s
+            g["w"] = np.full(4, 3.0 * s, np.float32)
+            g["alias"] = h5py.SoftLink(f"/step_{s}/w")
+    out = str(tmp_path / "clipped.h5")
+    r = run("clip", p, "-o", out, "--mode", "global-norm", "--max", "1")
+    assert r.exit_code == 0, r.stderr
+    with h5py.File(out, "r") as f:
+        for s in (1, 2):
+            assert f.get(f"step_{s}/alias", getlink=True).path == f"/step_{s}/w"
+            np.testing.assert_allclose(f[f"step_{s}/alias"][()], np.full(4, 0.5), rtol=1e-6)
