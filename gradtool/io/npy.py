@@ -41,6 +41,15 @@ def _canonical_header(header: str) -> dict[str, Any] | None:
             "shape": tuple(int(v) for v in dims.split(", ")) if dims else ()}
 
 
+# Headers parsed and accepted, by (major version, header bytes) -> (shape, dtype, fortran order): the
+# dumps of one model's history repeat the same headers, and parsing and checking one costs ~25 us (a
+# small model's tensor is read in ~100 us). What is cached passed every check, which depends on the
+# header alone (a name is only in their messages). Bounded: a long history of one model needs a few
+# hundred entries.
+_PARSED: dict[tuple[int, bytes], tuple[tuple[int, ...], np.dtype, bool]] = {}
+MAX_PARSED = 4096
+
+
 def read_npy_header(f: BinaryIO, name: str, path: str) -> tuple[tuple[int, ...], np.dtype, bool, int]:
     """Parse a .npy header from ``f``: returns (shape, dtype, fortran_order, header_length_in_bytes)."""
     head = f.read(8)
@@ -66,6 +75,8 @@ def read_npy_header(f: BinaryIO, name: str, path: str) -> tuple[tuple[int, ...],
     text = f.read(hlen)
     if len(text) < hlen:
         raise InputError(f"{path}: {name!r}: truncated .npy header")
+    if (known := _PARSED.get((major, text))) is not None:
+        return *known, prefix + hlen
     try:
         header = text.decode("utf-8" if major == 3 else "latin1")
         d = _canonical_header(header) or ast.literal_eval(header)
@@ -83,6 +94,8 @@ def read_npy_header(f: BinaryIO, name: str, path: str) -> tuple[tuple[int, ...],
                                "save the tensors themselves, np.savez(path, **grads)")
     check_dtype(dtype, name, path)
     shape = check_shape(d["shape"], name, path)
+    if len(_PARSED) < MAX_PARSED:
+        _PARSED[major, text] = (shape, dtype, bool(d["fortran_order"]))
     return shape, dtype, bool(d["fortran_order"]), prefix + hlen
 
 

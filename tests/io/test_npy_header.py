@@ -73,3 +73,43 @@ def test_read_npy_header_takes_both_paths():
     bad[bad.index(b"(3,)") + 1] = ord("x")
     with pytest.raises(InputError, match="malformed"):
         read_npy_header(io.BytesIO(bytes(bad)), "t", "f.npz")
+
+
+def _read(raw: bytes, name: str = "t"):
+    return read_npy_header(io.BytesIO(raw + b"\0" * 64), name, "f.npz")
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=_shapes, descr=st.sampled_from(DTYPES + ["|O"]), fortran=st.booleans(),
+       version=st.sampled_from([1, 2]))
+def test_a_header_read_again_comes_from_the_cache_with_the_same_answer(shape, descr, fortran, version):
+    """read_npy_header remembers the headers it accepted (a history repeats its model's headers): the
+    second read of a header gives what the first gave, and a refused header is refused again (its
+    message names the tensor of each read), never served from the cache."""
+    from gradtool.io import npy
+
+    raw = _header(shape, descr, fortran, version)
+    npy._PARSED.clear()
+    try:
+        first = _read(raw, "a")
+    except InputError as exc:
+        assert "'a'" in str(exc)
+        with pytest.raises(InputError, match="'b'"):
+            _read(raw, "b")
+        assert not npy._PARSED
+        return
+    assert len(npy._PARSED) == 1
+    assert _read(raw, "b") == first
+    npy._PARSED.clear()
+    assert _read(raw, "c") == first  # as parsed afresh
+
+
+def test_the_cache_of_headers_is_bounded(monkeypatch):
+    from gradtool.io import npy
+
+    monkeypatch.setattr(npy, "_PARSED", {})
+    monkeypatch.setattr(npy, "MAX_PARSED", 8)
+    for n in range(20):
+        assert _read(_header((n, 3), "<f4", False, 1))[0] == (n, 3)
+    assert len(npy._PARSED) == 8
+    assert _read(_header((19, 3), "<f4", False, 1))[0] == (19, 3)  # past the bound: parsed every time
