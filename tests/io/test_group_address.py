@@ -5,7 +5,6 @@ step of a history file (``--fail-on-nonfinite``'s "step 5 (run.h5::step_5)", ``-
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 
@@ -13,12 +12,10 @@ import h5py
 import numpy as np
 import pytest
 
+from tests.reference import ref_global
+
 RNG = np.random.default_rng(5)
 
-
-def _norm(arrays) -> float:
-    """float64 reference of the global L2 norm."""
-    return math.sqrt(sum(float(np.sum(np.asarray(a, np.float64) ** 2)) for a in arrays))
 
 
 @pytest.fixture
@@ -46,7 +43,7 @@ def test_stats_of_one_step_group(run, history):
         assert r.exit_code == 0, r.stderr
         [d] = json.loads(r.stdout)["dumps"]
         assert (d["path"], d["group"], d["step"]) == (p, "step_2", 2)
-        assert d["global_norm"] == pytest.approx(_norm(written[2].values()), rel=1e-6)
+        assert d["global_norm"] == pytest.approx(ref_global(written[2].values()), rel=1e-6)
         assert sorted(t["name"] for t in d["tensors"]) == ["b", "enc/w"]
 
 
@@ -68,8 +65,8 @@ def test_several_groups_form_a_history(run, history):
     assert r.exit_code == 0, r.stderr
     dumps = json.loads(r.stdout)["dumps"]
     assert [d["step"] for d in dumps] == [1, 4]  # in step order
-    assert [d["global_norm"] for d in dumps] == pytest.approx([_norm(written[s].values()) for s in (1, 4)],
-                                                              rel=1e-6)
+    expected = [ref_global(written[s].values()) for s in (1, 4)]
+    assert [d["global_norm"] for d in dumps] == pytest.approx(expected, rel=1e-6)
     doc = json.loads(run("suggest-threshold", f"{p}::step_1", f"{p}::step_2", "--format", "json").stdout)
     assert doc["history"]["n"] == 2 and doc["source"]["kind"] == "dumps"
 
@@ -82,7 +79,7 @@ def test_clip_writes_that_group_only_and_leaves_the_input(run, history, tmp_path
     r = run("clip", f"{p}::step_4", "--mode", "global-norm", "--max", "1", "-o", out, "--format", "json")
     assert r.exit_code == 0, r.stderr
     [rep] = json.loads(r.stdout)["dumps"]
-    assert rep["step"] == 4 and rep["scale"] == pytest.approx(1 / _norm(written[4].values()), rel=1e-6)
+    assert rep["step"] == 4 and rep["scale"] == pytest.approx(1 / ref_global(written[4].values()), rel=1e-6)
     with h5py.File(out, "r") as f:
         assert list(f) == ["step_4"] and f["step_4"].attrs["step"] == 4
         np.testing.assert_allclose(f["step_4/enc/w"][()], written[4]["enc/w"] * rep["scale"], rtol=1e-6)

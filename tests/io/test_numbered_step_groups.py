@@ -7,7 +7,6 @@ is warned about, and ``--numbered-groups-are-steps`` reads each group as its ste
 from __future__ import annotations
 
 import json
-import math
 
 import h5py
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 from gradtool import iter_dumps
 from gradtool.io.base import numbered_names
+from tests.reference import ref_global
 
 RNG = np.random.default_rng(11)
 STEPS = {100: 1.0, 200: 40.0, 300: 2.0}  # step -> scale of its gradients
@@ -25,10 +25,6 @@ def _grads(scale: float) -> dict[str, np.ndarray]:
     return {"enc/w": (RNG.standard_normal((8, 6)) * scale).astype(np.float32),
             "b": (RNG.standard_normal(6) * scale).astype(np.float32)}
 
-
-def _norm(grads: dict[str, np.ndarray]) -> float:
-    """float64 reference of the global L2 norm."""
-    return math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads.values()))
 
 
 @pytest.fixture
@@ -50,8 +46,8 @@ def test_read_as_one_dump_by_default_with_a_warning_naming_the_flag(run, numbere
     assert r.exit_code == 0, r.stderr
     dumps = json.loads(r.stdout)["dumps"]
     assert len(dumps) == 1 and dumps[0]["num_tensors"] == 6
-    assert dumps[0]["global_norm"] == pytest.approx(math.sqrt(sum(_norm(g) ** 2 for g in written.values())),
-                                                    rel=1e-6)
+    every = [a for grads in written.values() for a in grads.values()]
+    assert dumps[0]["global_norm"] == pytest.approx(ref_global(every), rel=1e-6)
     warnings = [line for line in r.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1, r.stderr
     assert "grads.h5" in warnings[0] and "3 top-level groups" in warnings[0] and FLAG in warnings[0]
@@ -66,7 +62,7 @@ def test_stats_with_the_flag_reads_each_group_as_its_step(run, numbered):
     dumps = json.loads(r.stdout)["dumps"]
     assert [(d["step"], d["group"]) for d in dumps] == [(s, str(s)) for s in STEPS]
     for d in dumps:
-        assert d["global_norm"] == pytest.approx(_norm(written[d["step"]]), rel=1e-6)
+        assert d["global_norm"] == pytest.approx(ref_global(written[d["step"]].values()), rel=1e-6)
         assert sorted(t["name"] for t in d["tensors"]) == ["b", "enc/w"]
 
 
@@ -78,11 +74,12 @@ def test_clip_with_the_flag_scales_each_step_by_its_own_norm(run, numbered, tmp_
     reports = json.loads(r.stdout)["dumps"]
     assert [rep["step"] for rep in reports] == list(STEPS)
     for rep in reports:
-        assert rep["scale"] == pytest.approx(min(1.0, 5 / _norm(written[rep["step"]])), rel=1e-6)
+        scale = min(1.0, 5 / ref_global(written[rep["step"]].values()))
+        assert rep["scale"] == pytest.approx(scale, rel=1e-6)
     with h5py.File(out, "r") as f:  # the layout kept: groups named by number, no attribute added
         assert sorted(f, key=int) == [str(s) for s in STEPS] and "step" not in f["100"].attrs
         for step, grads in written.items():
-            scale = min(1.0, 5 / _norm(grads))
+            scale = min(1.0, 5 / ref_global(grads.values()))
             for name, value in grads.items():
                 np.testing.assert_allclose(f[f"{step}/{name}"][()], value.astype(np.float64) * scale,
                                            rtol=1e-6)
