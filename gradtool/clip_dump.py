@@ -280,6 +280,8 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
             writer.set_group_attrs(group, attrs)
         for name, target in reader.soft_links.items():  # HDF5 aliases, to the clipped data as before
             writer.add_soft_link(name, target)
+        for name, existing in reader.hard_links.items():  # a tensor (or group) under a second name
+            writer.add_hard_link(name, existing)
     if spec.mode != "global-norm":
         result.global_norm_before = combine_norms(
             (t.norm_before for t in result.tensors if t.norm_before is not None), p)

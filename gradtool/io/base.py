@@ -232,6 +232,7 @@ class DumpReader:
         self.metadata_members: list[TensorInfo] = []  # the scalars read as metadata (_scalars_as_metadata)
         self.group_attrs: dict[str, dict[str, Any]] = {}  # HDF5: group path (relative) -> attributes
         self.soft_links: dict[str, str] = {}  # HDF5: soft link path (relative) -> the path it names
+        self.hard_links: dict[str, str] = {}  # HDF5: an object's second name -> its indexed name ("": root)
 
     # -- index
     @property
@@ -631,6 +632,9 @@ class DumpWriter:
 
     def add_soft_link(self, name: str, target: str) -> None:
         """A soft link ``name`` (relative to the dump's root) to the path ``target``; only HDF5 keeps them."""
+
+    def add_hard_link(self, name: str, existing: str) -> None:
+        """A second name for the written object ``existing`` ("" for the root); only HDF5 keeps them."""
 
     def begin_step(self, group: str, metadata: dict[str, Any]) -> None:
         raise InputError(f"{self.path}: the {self.format} format holds one step per file")

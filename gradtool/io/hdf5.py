@@ -12,7 +12,8 @@
   external links, user-defined links, and datasets whose data lies in other files (raw external
   storage, virtual datasets).
 * Writing keeps names, order (creation order is tracked), group structure, group and dataset attributes,
-  soft links and gzip compression. HDF5 has no bfloat16; such dumps must be written as safetensors.
+  soft links, second hard links to an object and gzip compression. HDF5 has no bfloat16; such dumps must
+  be written as safetensors.
 """
 
 from __future__ import annotations
@@ -88,14 +89,17 @@ def _link_outside(h5py: Any, gid: Any, key: bytes) -> str | None:
     return f"is a user-defined link (type {kind})"
 
 
-def _first_link_outside(h5py: Any, gid: Any, soft: dict[bytes, bytes] | None = None) -> bytes | None:
+def _first_link_outside(h5py: Any, gid: Any, soft: dict[bytes, bytes] | None = None,
+                        hard_links: list[bytes] | None = None) -> bytes | None:
     """The path (below the group) of the first external or user-defined link in a group's tree, found by
     one ``H5Lvisit`` (hard links followed, ~1 ms for a 148-tensor dump), or None; the soft links before it
-    go into ``soft`` (path -> the path it names)."""
+    go into ``soft`` (path -> the path it names), the hard links' paths into ``hard_links``."""
     hard, soft_type = h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT
 
     def visit(key: bytes, info: Any) -> bytes | None:
         if info.type == hard:
+            if hard_links is not None:
+                hard_links.append(key)
             return None
         if info.type != soft_type:
             return key
@@ -349,7 +353,8 @@ class Hdf5Reader(DumpReader):
         checked = False  # the first dataset read from its header is checked against h5py
 
         def visit(key: bytes, info: Any) -> None:
-            nonlocal headers, checked
+            nonlocal headers, checked, objects
+            objects += 1
             name = _decode(key, p)
             if info.type == h5o.TYPE_DATASET:
                 found = None
@@ -378,15 +383,36 @@ class Hdf5Reader(DumpReader):
                     self.group_attrs[name] = {}
 
         top_groups: list[str] = []
+        objects = 0  # objects below the root, each visited once
         h5o.visit(rid, visit, info=True, idx_type=h5py.h5.INDEX_CRT_ORDER)  # name order where not tracked
         if (top_groups and all("/" in t.name for t in self.tensors)
                 and steps_of_names(top_groups) is not None):  # step_100/, step_200/, ...: as step_groups
             raise InputError(f"{p}: holds {len(top_groups)} step(s) as groups named by step; open one of "
                              "its step groups")
         soft: dict[bytes, bytes] = {}
-        if (key := _first_link_outside(h5py, rid, soft)) is not None:
+        hard: list[bytes] = []
+        if (key := _first_link_outside(h5py, rid, soft, hard)) is not None:
             raise InputError(f"{p}: {_decode(key, p)!r} {_link_outside(h5py, rid, key)}: {_READ_INSIDE}")
         self.soft_links = {_decode(k, p): _decode(v, p) for k, v in soft.items()}  # kept by clip's output
+        if len(hard) > objects:  # an object under two names: H5Ovisit gave it once
+            self.hard_links = self._aliases(h5py, rid, hard)
+
+    def _aliases(self, h5py: Any, rid: Any, hard: list[bytes]) -> dict[str, str]:
+        """The second names of objects reached by several hard links (``hard``: every hard link's path, by
+        ``H5Lvisit``), each -> the name the index gives the object (a tensor's or group's; "" for the
+        root group, a link back to it)."""
+        p = self.display_path
+        indexed = {t.name for t in self.tensors} | set(self.group_attrs)
+        root = h5py.h5o.get_info(rid).addr
+        names: dict[int, list[str]] = {}
+        for key in hard:
+            names.setdefault(h5py.h5o.get_info(rid, key).addr, []).append(_decode(key, p))
+        aliases = {}
+        for addr, found in names.items():
+            known = "" if addr == root else next((n for n in found if n in indexed), None)
+            if known is not None:
+                aliases.update((n, known) for n in found if n != known)
+        return aliases
 
     def _add_contiguous(self, name: str, shape: tuple[int, ...], dtype: np.dtype, offset: int) -> None:
         """A dataset without attributes whose shape, dtype and data offset were read from its object header
@@ -573,6 +599,12 @@ class Hdf5Writer(DumpWriter):
     def add_soft_link(self, name: str, target: str) -> None:
         parent, _, leaf = name.rpartition("/")
         self._group(parent)[leaf] = _h5py().SoftLink(target)
+
+    def add_hard_link(self, name: str, existing: str) -> None:
+        parent, _, leaf = name.rpartition("/")
+        if existing and existing not in self._root:
+            return  # not written: nothing to name twice
+        self._group(parent)[leaf] = self._root[existing] if existing else self._root
 
     def add(self, info: TensorInfo, array: np.ndarray) -> None:
         from .npy import check_writable_dtype

@@ -11,6 +11,7 @@ from gradtool import open_dump, save_dump
 from gradtool.errors import InputError
 from gradtool.io.detect import detect_format
 from gradtool.io.history import expand_inputs
+from tests.reference import ref_global
 
 FORMATS = ["npz", "h5", "safetensors"]
 
@@ -542,3 +543,41 @@ def test_clip_keeps_soft_links_inside_the_steps_of_a_history(tmp_path, run):
         for s in (1, 2):
             assert f.get(f"step_{s}/alias", getlink=True).path == f"/step_{s}/w"
             np.testing.assert_allclose(f[f"step_{s}/alias"][()], np.full(4, 0.5), rtol=1e-6)
+
+
+def test_clip_keeps_second_hard_links(tmp_path, run):
+    """A tensor under two names (tied weights written as ``f["lm_head/w"] = f["embed/w"]``), a group
+    under two names and a link back to the root lost their second names in clip's HDF5 output; the
+    tensor is counted once in the global norm (as PyTorch counts a tied parameter) and clipped once."""
+    p = str(tmp_path / "tied.h5")
+    embed, other = np.full((4, 3), 2.0, np.float32), np.arange(5, dtype=np.float32)
+    with h5py.File(p, "w", track_order=True) as f:
+        f["embed/w"] = embed
+        f["lm_head/w"] = f["embed/w"]
+        f["enc/v"] = other
+        f["enc_alias"] = f["enc"]
+        f["enc/root"] = f["/"]
+    with open_dump(p) as r:
+        assert r.names == ["embed/w", "enc/v"]
+        assert r.hard_links == {"lm_head/w": "embed/w", "enc_alias": "enc", "enc/root": ""}
+    out = str(tmp_path / "clipped.h5")
+    r = run("clip", p, "-o", out, "--mode", "global-norm", "--max", "1", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    rep = json.loads(r.stdout)["dumps"][0]
+    assert rep["global_norm_before"] == pytest.approx(ref_global([embed, other]), rel=1e-6)
+    with h5py.File(out, "r") as f:
+        def addr(name):
+            return h5py.h5o.get_info(f[name].id).addr
+
+        assert addr("lm_head/w") == addr("embed/w") and addr("enc_alias") == addr("enc")
+        assert addr("enc/root") == addr("/")
+        np.testing.assert_allclose(f["lm_head/w"][()], embed / ref_global([embed, other]), rtol=1e-6)
+
+
+def test_files_without_second_names_have_no_hard_links(tmp_path):
+    p = str(tmp_path / "plain.h5")
+    with h5py.File(p, "w") as f:
+        f["a/w"] = np.ones(3, np.float32)
+        f["b"] = np.ones(2, np.float32)
+    with open_dump(p) as r:
+        assert r.hard_links == {} and r.soft_links == {}
