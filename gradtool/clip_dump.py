@@ -342,9 +342,10 @@ def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp:
 
 def _norm_accumulator(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str) -> NormAccumulator:
     """The tensor's chunks, read one by one (NaN/Inf zeroed first under the "zero" policy), in a
-    :class:`NormAccumulator`."""
+    :class:`NormAccumulator`. STREAM_CHUNK chunks, as the statistics path and pass B cut the tensor: a
+    chunk's Σx² is rounded once, so other cuts could differ from their norms in the last bit."""
     acc = NormAccumulator(p)
-    for c in reader.iter_chunks(info):
+    for c in reader.iter_chunks(info, STREAM_CHUNK):
         acc.update(clipping.zero_nonfinite(c) if nonfinite == "zero" else c)
     return acc
 
