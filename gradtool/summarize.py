@@ -15,7 +15,7 @@ import numpy as np
 from .backend import dtype_name, is_floating_dtype, is_numpy_namespace, to_device
 from .core import kernels
 from .core.norms import ROW, combine_norms, parse_norm_type
-from .core.stats import STREAM_CHUNK, StatsAccumulator, TensorStats, tensor_stats
+from .core.stats import STREAM_CHUNK, StatsAccumulator, TensorStats, half_kind, tensor_stats
 from .errors import InputError
 from .io.base import LOSS_KEYS, LR_KEYS, DumpReader, PhasedBuffer, TensorInfo
 
@@ -198,19 +198,23 @@ SMALL_PIECE_ELEMENTS = ROW  # a piece this small is summarised by the thread tha
 
 
 def _read_in_kernel(p: float, info: TensorInfo) -> bool:
-    """Whether a tensor at a file offset is read and summarised by ``f32_summaries_fd`` (float32, the
-    compiled kernel built, a norm other than L1, which needs the data)."""
-    return kernels.compiled_f32_summaries_fd is not None and info.dtype == np.float32 and p != 1.0
+    """Whether a tensor at a file offset is read and summarised by ``f32_summaries_fd`` (float32, float16
+    or bfloat16, the compiled kernel built, a norm other than L1, which needs the data)."""
+    return (kernels.compiled_f32_summaries_fd is not None and p != 1.0
+            and (info.dtype == np.float32 or half_kind(info.dtype) is not None))
 
 
 def _summarise_in_kernel(acc: StatsAccumulator, source: DumpReader, info: TensorInfo,
                          location: tuple[int, int], start: int, stop: int) -> None:
-    """Float32 elements [start, stop) of a run of a tensor's bytes into ``acc``: read and summarised chunk by
-    chunk (STREAM_CHUNK elements from ``start``) in C through a cache-resident buffer, no GIL held, one
-    call for the run (``f32_summaries_fd``); the same chunks, so the same bits, as ``iter_chunks``."""
+    """Float32 (or float16/bfloat16, widened to float32) elements [start, stop) of a run of a tensor's bytes
+    into ``acc``: read and summarised chunk by chunk (STREAM_CHUNK elements from ``start``) in C through a
+    cache-resident buffer, no GIL held, one call for the run (``f32_summaries_fd``); the same chunks, so the
+    same bits, as ``iter_chunks``."""
     fd, offset = location
+    kind = -1 if info.dtype == np.float32 else half_kind(info.dtype)
     try:
-        summaries = kernels.compiled_f32_summaries_fd(fd, offset + start * 4, stop - start, STREAM_CHUNK)
+        summaries = kernels.compiled_f32_summaries_fd(fd, offset + start * info.dtype.itemsize, stop - start,
+                                                      STREAM_CHUNK, kind)
     except EOFError:
         raise InputError(f"{source.display_path}: tensor {info.name!r} is truncated") from None
     except OSError as exc:

@@ -19,84 +19,66 @@ typedef int VI __attribute__((vector_size(H * 4)));
 /* mask ? a : b, lane by lane (a macro: vector arguments of a helper would change the ABI per width) */
 #define SELECT(mask, a, b) ((VF)(((VI)(a) & (mask)) | ((VI)(b) & ~(mask))))
 
-/* min, max (NaN skipped), Σx, Σx² and #zeros of x[0:n]: see f32_summary in _kernels.c for the contract.
- * Two chains of 16 logical lanes (2W = 32 elements a step), so that the loop is not bound by the latency
- * of one chain of additions; float32 partial sums per lane over BLOCK elements (32 per lane), then added
- * into float64 per logical lane; lanes 0-7 and 8-15 summed pairwise at the end; the tail in float64. */
-TARGET static void VARIANT(f32_summary_loop)(const float *x, Py_ssize_t n, float *lo_out, float *hi_out,
-                                             double *sum_out, double *sumsq_out, long long *zeros_out) {
-    VF pinf;
-    for (int k = 0; k < H; k++) pinf[k] = INFINITY;
-    VF lo0[P], lo1[P], hi0[P], hi1[P];
-    for (int p = 0; p < P; p++) {
-        lo0[p] = lo1[p] = pinf;
-        hi0[p] = hi1[p] = -pinf;
-    }
-    double sum[W] = {0}, sumsq[W] = {0};
-    long long zeros = 0;
-    Py_ssize_t i = 0;
-    Py_ssize_t vec_end = n - n % (2 * W);
-    while (i < vec_end) {
-        Py_ssize_t end = i + BLOCK < vec_end ? i + BLOCK : vec_end;
-        VF s0[P], s1[P], q0[P], q1[P];
-        VI z[P];
-        for (int p = 0; p < P; p++) {
-            s0[p] = s1[p] = q0[p] = q1[p] = (VF){0};
-            z[p] = (VI){0};
-        }
-        for (; i < end; i += 2 * W) {
-            for (int p = 0; p < P; p++) {
-                VF a, b;
-                memcpy(&a, x + i + p * H, sizeof a); /* unaligned loads */
-                memcpy(&b, x + i + W + p * H, sizeof b);
-                lo0[p] = SELECT(a < lo0[p], a, lo0[p]); /* NaN compares false: skipped */
-                lo1[p] = SELECT(b < lo1[p], b, lo1[p]);
-                hi0[p] = SELECT(a > hi0[p], a, hi0[p]);
-                hi1[p] = SELECT(b > hi1[p], b, hi1[p]);
-                z[p] -= (a == 0); /* true is -1 */
-                z[p] -= (b == 0);
-                s0[p] += a;
-                s1[p] += b;
-                q0[p] += a * a;
-                q1[p] += b * b;
-            }
-        }
-        for (int p = 0; p < P; p++) {
-            VF s = s0[p] + s1[p], q = q0[p] + q1[p];
-            for (int k = 0; k < H; k++) {
-                sum[p * H + k] += (double)s[k];
-                sumsq[p * H + k] += (double)q[k];
-                zeros += z[p][k];
-            }
-        }
-    }
-    double total = 0.0, total_sq = 0.0;
-    for (int k = 0; k < W / 2; k++) {
-        total += sum[k] + sum[k + W / 2];
-        total_sq += sumsq[k] + sumsq[k + W / 2];
-    }
-    float slo = INFINITY, shi = -INFINITY;
-    for (int k = 0; k < W; k++) { /* this order decides which of -0.0 and 0.0 is reported */
-        int p = k / H, l = k % H;
-        if (lo0[p][l] < slo) slo = lo0[p][l];
-        if (lo1[p][l] < slo) slo = lo1[p][l];
-        if (hi0[p][l] > shi) shi = hi0[p][l];
-        if (hi1[p][l] > shi) shi = hi1[p][l];
-    }
-    for (; i < n; i++) { /* the tail (< 32 elements), in float64 */
-        float v = x[i];
-        if (v < slo) slo = v;
-        if (v > shi) shi = v;
-        zeros += (v == 0.0f);
-        total += (double)v;
-        total_sq += (double)v * (double)v;
-    }
-    *lo_out = slo;
-    *hi_out = shi;
-    *sum_out = total;
-    *sumsq_out = total_sq;
-    *zeros_out = zeros;
-}
+/* The summary loop, once per source type: float32, and float16 and bfloat16 widened to float32 as they are
+ * loaded (the same float32 values, so the same arithmetic and bits as summarising a widened copy). */
+#define VH VARIANT(vh)
+#define VU VARIANT(vu)
+typedef unsigned short VH __attribute__((vector_size(H * 2)));
+typedef unsigned int VU __attribute__((vector_size(H * 4)));
+/* H bfloat16 values at ptr as float32: the bits shifted into the top half. */
+#define BF16_VEC(ptr)                                                                                        \
+    ({                                                                                                       \
+        VH h_;                                                                                               \
+        memcpy(&h_, (ptr), sizeof h_);                                                                       \
+        VU r_ = __builtin_convertvector(h_, VU) << 16;                                                       \
+        VF f_;                                                                                               \
+        memcpy(&f_, &r_, sizeof f_);                                                                         \
+        f_;                                                                                                  \
+    })
+/* H float16 values at ptr as float32: one vcvtph2ps in the AVX-512 and AVX2 (+F16C) builds, elsewhere
+ * f16_bits_to_f32_bits (in _kernels.c) lane by lane, as selects (~3x slower). Both exact; a NaN stays NaN. */
+#if defined(GT_X86_WIDTHS) && H == 16
+#define F16_VEC(ptr) ((VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ptr))))
+#elif defined(GT_X86_WIDTHS) && H == 8
+#define F16_VEC(ptr) ((VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ptr))))
+#else
+#define F16_VEC(ptr)                                                                                         \
+    ({                                                                                                       \
+        VH h_;                                                                                               \
+        memcpy(&h_, (ptr), sizeof h_);                                                                       \
+        VU u_ = __builtin_convertvector(h_, VU);                                                             \
+        VU o_ = (u_ & 0x7fffu) << 13;                                                                        \
+        VU e_ = o_ & (0x7c00u << 13);                                                                        \
+        VU normal_ = o_ + ((127u - 15u) << 23);                                                              \
+        VU special_ = normal_ + ((128u - 16u) << 23);                                                        \
+        VU subbits_ = normal_ + (1u << 23);                                                                  \
+        VF sub_;                                                                                             \
+        memcpy(&sub_, &subbits_, sizeof sub_);                                                               \
+        sub_ -= 6.103515625e-05f;                                                                            \
+        memcpy(&subbits_, &sub_, sizeof sub_);                                                               \
+        VU isspecial_ = (VU)(e_ == (0x7c00u << 13)), issub_ = (VU)(e_ == 0);                                 \
+        VU r_ = (special_ & isspecial_) | (subbits_ & issub_) | (normal_ & ~(isspecial_ | issub_));          \
+        r_ |= (u_ & 0x8000u) << 16;                                                                          \
+        VF f_;                                                                                               \
+        memcpy(&f_, &r_, sizeof f_);                                                                         \
+        f_;                                                                                                  \
+    })
+#endif
+#define SUMMARY_NAME VARIANT(f32_summary_loop)
+#define SRC_T float
+#define LOAD_VEC(dst, ptr) memcpy(&(dst), (ptr), sizeof(dst)) /* unaligned loads */
+#define LOAD_ONE(ptr) (*(ptr))
+#include "_kernels_summary.h"
+#define SUMMARY_NAME VARIANT(bf16_summary_loop)
+#define SRC_T unsigned short
+#define LOAD_VEC(dst, ptr) ((dst) = BF16_VEC(ptr))
+#define LOAD_ONE(ptr) bf16_to_f32(*(ptr))
+#include "_kernels_summary.h"
+#define SUMMARY_NAME VARIANT(f16_summary_loop)
+#define SRC_T unsigned short
+#define LOAD_VEC(dst, ptr) ((dst) = F16_VEC(ptr))
+#define LOAD_ONE(ptr) f16_to_f32(*(ptr))
+#include "_kernels_summary.h"
 
 /* y = x · scale (one float32 multiply per element) and, in the same pass, Σy² with exactly the arithmetic of
  * f32_summary_loop's Σx² (so it has the bits of f32_summary(y)'s), and #changed = #(y != x) - #(x is NaN)
@@ -154,6 +136,22 @@ TARGET static void VARIANT(f32_scale_loop)(const float *x, float *y, Py_ssize_t 
     *changed_out = changed;
 }
 
+/* dst[i] = src[i] widened to float32 for i < n - n % H (the caller widens the rest): bfloat16 (bf16 != 0) or
+ * IEEE float16, with the summary loops' loads. */
+TARGET static Py_ssize_t VARIANT(half_to_f32_loop)(const unsigned short *src, float *dst, Py_ssize_t n,
+                                                  int bf16) {
+    Py_ssize_t i = 0, end = n - n % H;
+    for (; i < end; i += H) {
+        VF f = bf16 ? BF16_VEC(src + i) : F16_VEC(src + i);
+        memcpy(dst + i, &f, sizeof f);
+    }
+    return end;
+}
+
+#undef F16_VEC
+#undef BF16_VEC
+#undef VU
+#undef VH
 #undef SELECT
 #undef VI
 #undef VF

@@ -6,7 +6,11 @@ same for every k-element chunk of a window in one call (one GIL round trip per w
 ``compiled_f32_summaries_fd(fd, offset, count, k)`` the same for float32 values read from a file with
 ``pread`` into a cache-resident buffer inside that call; ``compiled_f32_sumsq_each(arrays)`` Σx² of each
 float32 array of a list, with no Python per array; ``compiled_f32_scale(src, scale, out) -> (Σout²,
-#changed)`` writes out = src · float32(scale) and measures it in the same pass (clipping). Each is None
+#changed)`` writes out = src · float32(scale) and measures it in the same pass (clipping);
+``compiled_half_summaries(window_u16, k, kind)`` is ``compiled_f32_summaries`` of float16 (kind
+``HALF_F16``) or bfloat16 (``HALF_BF16``) values widened to float32 chunk by chunk inside the call (the
+bits of summarising ``chunk.astype(float32)``), and ``compiled_half_to_f32(src_u16, out, kind)`` that
+widening alone. Each is None
 when the extension was not built (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the
 callers in :mod:`.norms`, :mod:`.stats` and :mod:`gradtool.clip_dump` then use NumPy passes. They look it up here at call time, so tests can switch it off.
 """
@@ -36,13 +40,21 @@ try:
     from ._kernels import f32_scale as compiled_f32_scale
 except ImportError:
     compiled_f32_scale = None
+compiled_half_summaries: Callable[[Any, int, int], list[tuple[float, float, float, float, int]]] | None
+compiled_half_to_f32: Callable[[Any, Any, int], None] | None
+try:
+    from ._kernels import half_summaries as compiled_half_summaries
+    from ._kernels import half_to_f32 as compiled_half_to_f32
+except ImportError:
+    compiled_half_summaries = compiled_half_to_f32 = None
+HALF_F16, HALF_BF16 = 0, 1  # the kernels' ``kind`` argument
 try:  # not on Windows (no pread)
     from ._kernels import f32_summaries_fd as compiled_f32_summaries_fd
 except ImportError:
     compiled_f32_summaries_fd = None
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
-    compiled_f32_scale = None
+    compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = None
 
 BUILT = compiled_f32_summary is not None
 
@@ -51,13 +63,13 @@ BUILT = compiled_f32_summary is not None
 def disabled() -> Iterator[None]:
     """Within the block, the NumPy paths run as if the extension were not built (tests, benchmarks)."""
     global compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each
-    global compiled_f32_scale
+    global compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32
     saved = (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
-             compiled_f32_scale)
+             compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32)
     compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
-    compiled_f32_scale = None
+    compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = None
     try:
         yield
     finally:
         (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
-         compiled_f32_scale) = saved
+         compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32) = saved

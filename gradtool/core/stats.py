@@ -69,6 +69,19 @@ def f32_summary_numpy(c: np.ndarray) -> tuple[float, float, float, float, int] |
     return lo, hi, s1, s2, int(np.count_nonzero(c == 0))
 
 
+def half_kind(dtype: np.dtype) -> int | None:
+    """The compiled kernels' ``kind`` for native float16 (``HALF_F16``) and bfloat16 (``HALF_BF16``)
+    dtypes; None for every other dtype (a big-endian float16 among them)."""
+    if dtype == _F16:
+        return kernels.HALF_F16
+    if dtype.name == "bfloat16" and dtype.itemsize == 2 and dtype.byteorder in "=|":
+        return kernels.HALF_BF16
+    return None
+
+
+_F16 = np.dtype(np.float16)
+
+
 def f32_summary(c: np.ndarray) -> tuple[float, float, float, float, int] | None:
     """(min, max, Σx, Σx², #zeros) of a contiguous float32 chunk, or None when it holds NaN or ±inf: the
     compiled kernel's one pass when it was built (float32 partial sums of 32 elements per SIMD lane, added
@@ -211,16 +224,22 @@ class StatsAccumulator:
 
     def update_window(self, window: np.ndarray, chunk_elements: int = STREAM_CHUNK) -> None:
         """``update`` with every ``chunk_elements`` slice of a 1-D window, in order: the same result, but a
-        float32 window's chunks are summarised by one call of the compiled kernel (no GIL held), so
-        two threads summarising two windows use two cores."""
-        kernel = kernels.compiled_f32_summaries
+        float32, float16 or bfloat16 window's chunks are summarised by one call of the compiled kernel (no
+        GIL held; half precision widened to float32 there), so two threads summarising two windows use
+        two cores."""
         n = window.shape[0]
-        if (kernel is None or type(window) is not np.ndarray or window.dtype != np.float32
-                or not window.flags.c_contiguous):
+        summaries = None
+        if type(window) is np.ndarray and window.flags.c_contiguous:
+            if window.dtype == np.float32 and kernels.compiled_f32_summaries is not None:
+                summaries = kernels.compiled_f32_summaries(window, chunk_elements)
+            elif (kind := half_kind(window.dtype)) is not None and kernels.compiled_half_summaries is not None:
+                # float16/bfloat16: widened to float32 inside the call, as _numpy_fast widens them
+                summaries = kernels.compiled_half_summaries(window.view(np.uint16), chunk_elements, kind)
+        if summaries is None:
             for start in range(0, n, chunk_elements):
                 self.update(window[start:start + chunk_elements])
             return
-        self.update_summaries(kernel(window, chunk_elements), chunk_elements, n,
+        self.update_summaries(summaries, chunk_elements, n,
                               lambda i: window[i * chunk_elements:(i + 1) * chunk_elements])
 
     def update_summaries(self, summaries: Sequence[tuple[float, float, float, float, int]], chunk_elements: int,
@@ -373,7 +392,8 @@ def tensor_stats(x: Any, /, norm_type: float | int | str = 2, *, xp: ModuleType 
     if not floating and x.dtype == xp.bool:
         x = xp.astype(x, xp.int8)
     acc = StatsAccumulator(norm_type, xp=None if is_numpy_namespace(xp) else xp)
-    if type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:
+    on_host = type(x) is np.ndarray  # (another namespace's dtype is not compared with NumPy's)
+    if on_host and x.flags.c_contiguous and (x.dtype == np.float32 or half_kind(x.dtype) is not None):
         acc.update_window(x.reshape(-1), STREAM_CHUNK)  # the same chunks, one kernel call for all of them
     else:
         for c in flat_chunks(x, xp, STREAM_CHUNK):

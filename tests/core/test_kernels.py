@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -399,3 +400,102 @@ def test_fused_scale_in_place_and_refusals():
     frozen.flags.writeable = False
     with pytest.raises((TypeError, BufferError, ValueError)):
         kernels.compiled_f32_scale(a, 0.5, frozen)
+
+
+# ------------------------------------------------------------------------------ float16 and bfloat16
+HALF_KINDS = [(kernels.HALF_F16, np.dtype(np.float16)), (kernels.HALF_BF16, np.dtype(ml_dtypes.bfloat16))]
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind,dtype", HALF_KINDS, ids=["float16", "bfloat16"])
+def test_every_half_precision_value_widens_exactly_at_every_width(kind, dtype):
+    """All 65,536 bit patterns of float16 and of bfloat16, widened by every vector build (and the scalar
+    tail: 65,536 + 7 values), are NumPy's/ml_dtypes' float32 values bit for bit; a NaN stays a NaN (the
+    hardware conversion may quiet a signalling one)."""
+    from gradtool.core import _kernels
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    bits = np.concatenate([every, np.uint16([1, 0x8001, 0x3c00, 0x7c00, 0xfc00, 1, 2])])
+    want = bits.view(dtype).astype(np.float32)
+    nan = np.isnan(want)
+    for lanes in _widths():
+        got = np.empty(bits.size, np.float32)
+        _kernels.half_to_f32_width(bits, got, kind, lanes)
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32)), lanes
+        assert np.isnan(got[nan]).all(), lanes
+
+
+@st.composite
+def half_chunks(draw):
+    """float16/bfloat16 values (as a uint16 view, maybe 2 bytes into its buffer) with zeros, subnormals, the
+    largest values, NaN and ±inf mixed in, and a chunk length."""
+    kind, dtype = draw(st.sampled_from(HALF_KINDS))
+    n = draw(sizes)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    scale = draw(st.sampled_from([1e-6, 1e-2, 1.0, 100.0]))
+    a = ((rng.standard_normal(n) + draw(st.sampled_from([0.0, 3.0]))) * scale).astype(dtype)
+    info = ml_dtypes.finfo(dtype)
+    specials_half = [0.0, -0.0, np.nan, np.inf, -np.inf, float(info.max), -float(info.max),
+                     float(info.smallest_subnormal)]
+    for _ in range(draw(st.integers(0, 3))):
+        a[draw(st.integers(0, n - 1))] = draw(st.sampled_from(specials_half))
+    shift = draw(st.integers(0, 1))
+    buf = np.empty(n + shift, dtype)
+    buf[shift:] = a
+    return kind, buf[shift:], draw(st.sampled_from([32, 4096, 5000, 1 << 18]))
+
+
+@needs_kernel
+@settings(max_examples=200, deadline=None)
+@given(half_chunks())
+def test_half_summaries_are_the_float32_summaries_of_the_widened_values(case):
+    """half_summaries (values widened as they are loaded, or in a stack buffer under 4,096 elements) gives
+    f32_summaries of ``a.astype(float32)`` bit for bit, chunk by chunk, from every vector build; so the
+    statistics of a float16/bfloat16 tensor are those of its float32 values, as before the kernel took it."""
+    from gradtool.core import _kernels
+
+    kind, a, chunk = case
+    want = repr(kernels.compiled_f32_summaries(a.astype(np.float32), chunk))
+    assert repr(kernels.compiled_half_summaries(a.view(np.uint16), chunk, kind)) == want
+    for lanes in _widths():
+        assert repr(_kernels.half_summaries_width(a.view(np.uint16), chunk, kind, lanes)) == want, lanes
+
+
+@needs_kernel
+def test_half_summaries_read_from_a_file_and_refusals(tmp_path):
+    """f32_summaries_fd with a half-precision kind reads 2-byte values at any byte offset and gives
+    half_summaries' tuples; a file that ends early is an EOFError; a kind other than 0 or 1, or a buffer
+    whose items are not 2 bytes, is refused."""
+    if kernels.compiled_f32_summaries_fd is None:
+        pytest.skip("no pread on this platform")
+    for kind, dtype in HALF_KINDS:
+        a = np.random.default_rng(kind).standard_normal(3 * 4096 + 77).astype(dtype)
+        a[5000] = np.nan
+        path = tmp_path / f"raw{kind}.bin"
+        path.write_bytes(b"abc" + a.tobytes())  # offset 3: unaligned for 2-byte values
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = kernels.compiled_f32_summaries_fd(fd, 3, a.size, 4096, kind)
+            assert repr(got) == repr(kernels.compiled_half_summaries(a.view(np.uint16), 4096, kind))
+            assert len(got) == 4 and math.isnan(got[1][2])
+            with pytest.raises(EOFError):
+                kernels.compiled_f32_summaries_fd(fd, 3, a.size + 1, 4096, kind)
+            with pytest.raises(ValueError, match="kind"):
+                kernels.compiled_f32_summaries_fd(fd, 3, a.size, 4096, 2)
+        finally:
+            os.close(fd)
+    with pytest.raises(TypeError, match="2-byte"):
+        kernels.compiled_half_summaries(np.zeros(8, np.float32), 4, kernels.HALF_F16)
+    with pytest.raises(ValueError, match="kind"):
+        kernels.compiled_half_summaries(np.zeros(8, np.uint16), 4, 5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(half_chunks())
+def test_half_precision_tensor_stats_are_those_of_its_float32_values(case):
+    """tensor_stats of a float16/bfloat16 array (the kernel's half path where built, NumPy's widening
+    otherwise) equals tensor_stats of the same values as float32 in every field but the dtype."""
+    kind, a, _ = case
+    half, wide = tensor_stats(a).as_dict(), tensor_stats(a.astype(np.float32)).as_dict()
+    assert half.pop("dtype") in ("float16", "bfloat16") and wide.pop("dtype") == "float32"
+    assert repr(half) == repr(wide)

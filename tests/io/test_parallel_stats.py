@@ -270,3 +270,47 @@ def test_a_corrupt_streamed_member_fails_with_the_file_named(tmp_path):
     with open_dump(p) as reader:
         with pytest.raises(InputError, match=r"c.npz: member 'a.npy' is corrupt \(size or CRC-32 mismatch\)"):
             summarize_dump(reader)
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors", "h5", "numpy.npz"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_half_precision_dumps_read_in_the_kernel_give_their_float32_values_stats(tmp_path, ext, workers):
+    """float16 (and, in safetensors, bfloat16) tensors at file offsets are read and summarised in C,
+    widened to float32 as they are loaded, on one thread and on two: every statistic equals that of the
+    same values stored as float32 (the path that widened them in NumPy before), bit for bit, across chunk,
+    piece and row boundaries, with NaN/inf, subnormals and a dominating mean; only the dtype differs."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(11)
+    dtypes = [np.float16, ml_dtypes.bfloat16] if ext == "safetensors" else [np.float16]
+    t = {}
+    for dt in dtypes:
+        name = np.dtype(dt).name
+        t[f"{name}.big"] = (rng.standard_normal(2 * STREAM_CHUNK + 4099) * 0.01).astype(dt)
+        t[f"{name}.row"] = rng.standard_normal(4096).astype(dt)
+        t[f"{name}.short"] = rng.standard_normal(77).astype(dt)
+        t[f"{name}.bad"] = rng.standard_normal(STREAM_CHUNK + 3).astype(dt)
+        t[f"{name}.bad"][[0, STREAM_CHUNK + 1]] = [np.nan, -np.inf]
+        t[f"{name}.subnormal"] = (rng.standard_normal(5000) * 1e-7).astype(dt)
+        t[f"{name}.offset"] = (rng.standard_normal(9000) + 300).astype(dt)
+    wide = {k: v.astype(np.float32) for k, v in t.items()}
+    half_path, wide_path = str(tmp_path / f"half.{ext}"), str(tmp_path / f"wide.{ext}")
+    for path, tensors in ((half_path, t), (wide_path, wide)):
+        if ext == "numpy.npz":
+            np.savez(path, **tensors)  # unaligned members
+        else:
+            save_dump(path, tensors)
+    calls = []
+    real = kernels.compiled_f32_summaries_fd
+    with pytest.MonkeyPatch.context() as m:
+        if real is not None:
+            m.setattr(kernels, "compiled_f32_summaries_fd", lambda *a: calls.append(a) or real(*a))
+        half = _summaries(half_path, workers)
+    wide_stats = _summaries(wide_path, workers)
+    assert [n for n, _ in half.tensors] == [n for n, _ in wide_stats.tensors]
+    for (name, a), (_, b) in zip(half.tensors, wide_stats.tensors):
+        a, b = a.as_dict(), b.as_dict()
+        assert a.pop("dtype") == name.split(".")[0] and b.pop("dtype") == "float32"
+        assert repr(a) == repr(b), name
+    if real is not None:  # the half-precision tensors went through the kernel's reads
+        assert {c[4] for c in calls} == {0, 1} if len(dtypes) == 2 else {c[4] for c in calls} == {0}
