@@ -35,7 +35,7 @@ from types import ModuleType
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_SOURCES = ("gradtool/core/_kernels.c", "gradtool/core/_kernels_loops.h")
+KERNEL_SOURCES = ("gradtool/core/_kernels.c", "gradtool/core/_kernels_loops.h", "gradtool/core/_kernels_summary.h")
 WORKTREE = "WORKTREE"
 
 

@@ -288,6 +288,20 @@ def main() -> None:
                                             lambda: timeit(lambda: raw_read(p), 1), max(rep, 5))
                 add(f"stats {fmt} in-process ({label}) vs raw read", nbytes / t_in / 1e9, nbytes / t_raw / 1e9,
                     "raw read", higher_is_better=True, unit="GB/s")
+        # ... half-precision dumps (bfloat16: mixed-precision LLM training; float16), widened in the kernel
+        import ml_dtypes
+
+        for dt in (ml_dtypes.bfloat16, np.float16):
+            name = np.dtype(dt).name
+            p = os.path.join(tmp, f"gpt2_{name}.safetensors")
+            gradtool.save_dump(p, {k: v.astype(dt) for k, v in big.items()})
+            half_bytes = os.path.getsize(p)
+            raw_read(p)
+            t_in, t_raw = alternate(lambda: timeit(lambda: in_process(p), 1),
+                                    lambda: timeit(lambda: raw_read(p), 1), max(rep, 5))
+            add(f"stats safetensors {name} in-process vs raw read", half_bytes / t_in / 1e9,
+                half_bytes / t_raw / 1e9, "raw read", higher_is_better=True, unit="GB/s")
+            os.unlink(p)
         # ... and the CLI against a process that only reads the file (interpreter start-up in both)
         reader_proc = [sys.executable, "-c", "import mmap, sys; b = mmap.mmap(-1, 1 << 20); "  # page-aligned: see raw_read
                        "f = open(sys.argv[1], 'rb', buffering=0)\nwhile f.readinto(b): pass", files["npz"]]

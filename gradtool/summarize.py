@@ -15,7 +15,8 @@ import numpy as np
 from .backend import dtype_name, is_floating_dtype, is_numpy_namespace, to_device
 from .core import kernels
 from .core.norms import ROW, combine_norms, parse_norm_type
-from .core.stats import STREAM_CHUNK, StatsAccumulator, TensorStats, half_kind, tensor_stats
+from .core.stats import (STREAM_CHUNK, StatsAccumulator, TensorStats, half_kind, one_chunk_stats,
+                         tensor_stats)
 from .errors import InputError
 from .io.base import LOSS_KEYS, LR_KEYS, DumpReader, PhasedBuffer, TensorInfo
 
@@ -82,11 +83,14 @@ def summarize_dump(reader: DumpReader, *, step: int | None = None, select: Seque
         return _summarize_compressed(reader, summary, select, exclude, p, on_tensor)
     if on_host and _summarize_parallel(reader, summary, select, exclude, p, on_tensor):
         return summary
-    for info in reader.tensors:
-        if not name_selected(info.name, select, exclude):
-            continue
+    infos = [i for i in reader.tensors if name_selected(i.name, select, exclude)]
+    batched: dict[int, TensorStats | None] = {}
+    if on_host:  # small tensors many at a time (one kernel call a batch), the others streamed
+        for batch in small_tensor_batches(reader, infos, p):
+            batched.update(batch_stats(reader, batch, p))
+    for k, info in enumerate(infos):
         if on_host:  # stream through a small buffer: memory does not grow with the tensor
-            summary.tensors.append((info.name, streamed_stats(reader, info, p)))
+            summary.tensors.append((info.name, batched.get(k) or streamed_stats(reader, info, p)))
         else:
             x = to_device(reader.read(info.name), xp)
             summary.tensors.append((info.name, tensor_stats(x, p, xp=xp)))
@@ -142,8 +146,10 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
     def piece_elements(info: TensorInfo) -> int:
         return max(1, PIECE_BYTES // (STREAM_CHUNK * info.dtype.itemsize)) * STREAM_CHUNK
 
+    batches = small_tensor_batches(reader, infos, p, segments)  # small tensors: many to a task, one kernel call
+    batched = {k for batch in batches for k, *_ in batch}
     pieces = [(k, j, start, min(start + piece_elements(seg[1]), seg[1].size))
-              for k, segs in enumerate(segments) for j, seg in enumerate(segs)
+              for k, segs in enumerate(segments) if k not in batched for j, seg in enumerate(segs)
               for start in range(0, seg[1].size, piece_elements(seg[1]))]
 
     local = threading.local()  # one read buffer per thread (for small or unaligned non-float32 data)
@@ -157,20 +163,29 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
 
     from concurrent.futures import ThreadPoolExecutor
 
-    accs = [StatsAccumulator(p) for _ in infos]
+    accs = {k: StatsAccumulator(p) for k in range(len(infos)) if k not in batched}
     left = [0] * len(infos)
     for k, *_ in pieces:
         left[k] += 1
     done = 0
 
+    batch_of: dict[int, Any] = {}  # tensor -> the future of its batch's statistics
+
     def finish(k: int) -> None:
         info = infos[k]
-        summary.tensors.append((info.name, accumulated_stats(accs[k], info)))
+        if k in batch_of:
+            stats = batch_of[k].result()[k] or streamed_stats(reader, info, p)
+        else:
+            stats = accumulated_stats(accs[k], info)
+        summary.tensors.append((info.name, stats))
         if on_tensor:
             on_tensor(1)
 
     pool = ThreadPoolExecutor(workers, thread_name_prefix="gradtool-stats")
     try:
+        for batch in batches:
+            future = pool.submit(batch_stats, reader, batch, p)
+            batch_of.update((k, future) for k, *_ in batch)
         futures = iter([pool.submit(work, piece) for piece in pieces if not inline(piece)])
         for piece in pieces:  # in order: small pieces summarised here while the workers read the big ones
             k = piece[0]
@@ -245,6 +260,56 @@ def _piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int
         acc.update_window(window.view(np.int8) if info.dtype == np.bool_ else window, STREAM_CHUNK)
         del window
     return acc
+
+
+BATCH_BYTES = 4 << 20  # the small tensors of one kernel call (tensor_summaries_fd): a 20,000-tensor dump in
+# ~60 calls, shared by both threads
+
+
+def small_tensor_batches(reader: DumpReader, infos: Sequence[TensorInfo], p: float,
+                         segments: Sequence[Any] | None = None) -> list[list[tuple[int, TensorInfo, int, int, int]]]:
+    """The tensors of ``infos`` summarised many to a kernel call, as batches of (index in ``infos``, info,
+    file descriptor, byte offset, kind) of at most about BATCH_BYTES, one file each: float32, float16 and
+    bfloat16 tensors of 1 to STREAM_CHUNK elements (one chunk) whose bytes lie at one file offset. Empty
+    when the compiled kernel is not built. ``segments``: each info's ``raw_segments``, when known."""
+    if kernels.compiled_tensor_summaries_fd is None or p == 1.0:
+        return []
+    batches: list[list[tuple[int, TensorInfo, int, int, int]]] = []
+    batch: list[tuple[int, TensorInfo, int, int, int]] = []
+    size = 0
+    for k, info in enumerate(infos):
+        if not (0 < info.size <= STREAM_CHUNK and _read_in_kernel(p, info)):
+            continue
+        runs = reader.raw_segments(info) if segments is None else segments[k]
+        if runs is None or len(runs) != 1:
+            continue
+        fd, offset = runs[0][2]
+        if batch and (size >= BATCH_BYTES or batch[-1][2] != fd):
+            batches.append(batch)
+            batch, size = [], 0
+        batch.append((k, info, fd, offset, -1 if info.dtype == np.float32 else half_kind(info.dtype)))
+        size += info.size * info.dtype.itemsize
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def batch_stats(reader: DumpReader, batch: Sequence[tuple[int, TensorInfo, int, int, int]], p: float
+                ) -> dict[int, TensorStats | None]:
+    """Statistics of a batch of :func:`small_tensor_batches`, by index: read and summarised in one
+    ``tensor_summaries_fd`` call (no GIL held), then :func:`~gradtool.core.stats.one_chunk_stats` for all
+    of them at once; the same bits as streaming each. None where the summary does not decide (NaN/inf,
+    extreme values, a dominating mean) or where the read failed: the caller streams those tensors, which
+    reads their data (or reports the error with the file named)."""
+    items = np.array([(offset, info.size, kind) for _, info, _, offset, kind in batch], np.int64)
+    out = np.empty((len(batch), 5))
+    failed = kernels.compiled_tensor_summaries_fd(batch[0][2], items, out)
+    done = len(batch) if failed < 0 else failed
+    stats = one_chunk_stats(out[:done], items[:done, 1].tolist(), [info.shape for _, info, *_ in batch[:done]],
+                            [dtype_name(info.dtype) for _, info, *_ in batch[:done]], p)
+    result: dict[int, TensorStats | None] = {k: None for k, *_ in batch}
+    result.update((entry[0], s) for entry, s in zip(batch, stats))
+    return result
 
 
 DECOMPRESS_WORKERS = 2

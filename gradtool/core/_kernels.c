@@ -489,6 +489,93 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
     }
     return summaries_to_list(out, nchunks);
 }
+
+/* Whether a buffer's struct format is one of the 8-byte native codes in `codes` ("l", "<q", "=d", ...). */
+static int native_format(const char *fmt, const char *codes, int size) {
+    if (fmt == NULL || size != 8) return 0;
+    if (fmt[0] == '@' || fmt[0] == '=' || fmt[0] == (PY_LITTLE_ENDIAN ? '<' : '>')) fmt++;
+    return fmt[0] != 0 && fmt[1] == 0 && strchr(codes, fmt[0]) != NULL;
+}
+
+/* tensor_summaries_fd(fd, items, out) -> -1, or the index of the first item whose read failed: for each row
+ * (offset, count, kind) of `items` (int64, k x 3; 0 < count; kind -1 float32, 0 float16, 1 bfloat16) the
+ * f32_summary of the `count` values at byte `offset` of `fd`, as ONE chunk, written to row i of `out`
+ * (float64, k x 5: min, max, sum, sumsq, zero count), read with pread into a reused buffer at the data's
+ * phase in a page; all without the GIL. For a dump's many small tensors: one call instead of one per
+ * tensor (each call costs its GIL round trip, a list and a tuple). Rows from the failed index on are left
+ * unwritten; the caller reads those tensors again its usual way, which reports the error. */
+static PyObject *tensor_summaries_fd(PyObject *self, PyObject *args) {
+    int fd;
+    PyObject *items_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "iOO", &fd, &items_obj, &out_obj)) return NULL;
+    Py_buffer items, out;
+    if (PyObject_GetBuffer(items_obj, &items, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&items);
+        return NULL;
+    }
+    Py_ssize_t k = items.len / (3 * 8);
+    int ok = native_format(items.format, "ql", 8) && items.itemsize == 8 && items.len == k * 3 * 8
+             && native_format(out.format, "d", 8) && out.itemsize == 8 && out.len == k * 5 * 8;
+    const long long *it = (const long long *)items.buf;
+    Py_ssize_t most = 1;
+    for (Py_ssize_t i = 0; ok && i < k; i++) {
+        long long off = it[3 * i], count = it[3 * i + 1], kind = it[3 * i + 2];
+        if (off < 0 || count <= 0 || (kind != -1 && kind != HALF_F16 && kind != HALF_BF16)) ok = 0;
+        else if (count * (kind == -1 ? 4 : 2) > most) most = (Py_ssize_t)(count * (kind == -1 ? 4 : 2));
+    }
+    if (!ok) {
+        PyBuffer_Release(&items);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "tensor_summaries_fd needs int64 (offset, count > 0, kind) rows and a "
+                                          "float64 output of 5 columns, one row per item");
+        return NULL;
+    }
+    char *block = PyMem_RawMalloc((size_t)most + PAGE_PHASE_SLACK);
+    if (block == NULL) {
+        PyBuffer_Release(&items);
+        PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
+    char *page = (char *)(((uintptr_t)block + PAGE_PHASE - 1) & ~(uintptr_t)(PAGE_PHASE - 1));
+    double *o = (double *)out.buf;
+    Py_ssize_t failed = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < k && failed < 0; i++) {
+        long long at = it[3 * i], kind = it[3 * i + 2];
+        Py_ssize_t len = (Py_ssize_t)it[3 * i + 1];
+        size_t want = (size_t)len * (kind == -1 ? 4 : 2), got = 0;
+        char *buf = phased(page, at);
+        while (got < want) {
+            ssize_t n = pread(fd, buf + got, want - got, (off_t)(at + (long long)got));
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            got += (size_t)n;
+        }
+        if (got < want) {
+            failed = i;
+            break;
+        }
+        float lo, hi;
+        double sum, sumsq;
+        long long zeros;
+        if (kind == -1)
+            summarize_chunk(chosen, (const float *)buf, len, &lo, &hi, &sum, &sumsq, &zeros);
+        else
+            summarize_half_chunk(chosen, (const uint16_t *)buf, len, (int)kind, &lo, &hi, &sum, &sumsq, &zeros);
+        double *row = o + 5 * i;
+        row[0] = lo;
+        row[1] = hi;
+        row[2] = sum;
+        row[3] = sumsq;
+        row[4] = (double)zeros;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(block);
+    PyBuffer_Release(&items);
+    PyBuffer_Release(&out);
+    return PyLong_FromSsize_t(failed);
+}
 #endif
 
 /* f32_sumsq_each(sequence of buffers) -> list of Σx² (float64), one per C-contiguous float32 buffer, computed
@@ -645,6 +732,10 @@ static PyMethodDef methods[] = {
     {"f32_sumsq_each", f32_sumsq_each, METH_O,
      "f32_sumsq_each(buffers) -> [sum of squares of each C-contiguous float32 buffer], GIL released."},
 #ifndef _WIN32
+    {"tensor_summaries_fd", tensor_summaries_fd, METH_VARARGS,
+     "tensor_summaries_fd(fd, items, out) -> -1 or the first failed index: out[i] = (min, max, sum, sumsq,\n"
+     "zeros) of the count values (kind -1 float32, 0 float16, 1 bfloat16) at byte offset of fd, one chunk\n"
+     "per (offset, count, kind) row of items (int64), all without the GIL."},
     {"f32_summaries_fd", f32_summaries_fd, METH_VARARGS,
      "f32_summaries_fd(fd, offset, count, chunk_elements[, kind]) -> f32_summary of each chunk of the count\n"
      "float32 values (kind 0: float16, 1: bfloat16, widened) at byte offset of fd, read with pread into a\n"

@@ -10,7 +10,8 @@ float32 array of a list, with no Python per array; ``compiled_f32_scale(src, sca
 ``compiled_half_summaries(window_u16, k, kind)`` is ``compiled_f32_summaries`` of float16 (kind
 ``HALF_F16``) or bfloat16 (``HALF_BF16``) values widened to float32 chunk by chunk inside the call (the
 bits of summarising ``chunk.astype(float32)``), and ``compiled_half_to_f32(src_u16, out, kind)`` that
-widening alone. Each is None
+widening alone; ``compiled_tensor_summaries_fd(fd, items, out)`` the one-chunk summary of each of many
+small tensors (rows of ``items``: byte offset, element count, kind) in one call, into the rows of ``out``. Each is None
 when the extension was not built (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the
 callers in :mod:`.norms`, :mod:`.stats` and :mod:`gradtool.clip_dump` then use NumPy passes. They look it up here at call time, so tests can switch it off.
 """
@@ -48,13 +49,15 @@ try:
 except ImportError:
     compiled_half_summaries = compiled_half_to_f32 = None
 HALF_F16, HALF_BF16 = 0, 1  # the kernels' ``kind`` argument
+compiled_tensor_summaries_fd: Callable[[int, Any, Any], int] | None
 try:  # not on Windows (no pread)
     from ._kernels import f32_summaries_fd as compiled_f32_summaries_fd
+    from ._kernels import tensor_summaries_fd as compiled_tensor_summaries_fd
 except ImportError:
-    compiled_f32_summaries_fd = None
+    compiled_f32_summaries_fd = compiled_tensor_summaries_fd = None
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
-    compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = None
+    compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = compiled_tensor_summaries_fd = None
 
 BUILT = compiled_f32_summary is not None
 
@@ -63,13 +66,13 @@ BUILT = compiled_f32_summary is not None
 def disabled() -> Iterator[None]:
     """Within the block, the NumPy paths run as if the extension were not built (tests, benchmarks)."""
     global compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each
-    global compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32
+    global compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd
     saved = (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
-             compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32)
+             compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd)
     compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
-    compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = None
+    compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = compiled_tensor_summaries_fd = None
     try:
         yield
     finally:
         (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
-         compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32) = saved
+         compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd) = saved

@@ -384,6 +384,37 @@ class StatsAccumulator:
         )
 
 
+def one_chunk_stats(summaries: np.ndarray, sizes: Sequence[int], shapes: Sequence[tuple[int, ...]],
+                    dtypes: Sequence[str], norm_type: float = 2.0) -> list[TensorStats | None]:
+    """The :class:`TensorStats` of float tensors of 1 to STREAM_CHUNK elements (float32, or float16/bfloat16
+    widened) from their one-chunk kernel summaries, rows of (min, max, Σx, Σx², #zeros): with
+    amax = max(−min, max), n the size, mean = Σx/n and m2 = Σx² − n·mean·mean, norm = √Σx² (amax for
+    the max norm), avg_norm = norm/n, std = √(m2/n): the arithmetic :class:`StatsAccumulator` does for one
+    chunk, done for all rows at once, so the same bits. None for a row that its summary alone does not
+    decide (the accumulator reads the data there): NaN or ±inf, max |x| above 1e18 or below 1e-18 (float32
+    squares overflow or underflow), a mean that dominates (m2 ≤ 1e-3·Σx², recentred exactly), the L1
+    norm."""
+    lo, hi, s1, s2, zeros = summaries.T
+    n = np.asarray(sizes, np.float64)
+    with np.errstate(all="ignore"):
+        amax = np.maximum(-lo, hi)
+        mean = s1 / n
+        m2 = s2 - n * mean * mean
+        ok = (np.isfinite(lo) & np.isfinite(hi) & np.isfinite(s1) & np.isfinite(s2) & (amax <= 1e18)
+              & ~((amax > 0.0) & (amax < 1e-18)) & (m2 > 1e-3 * s2))
+        l2 = np.sqrt(s2)
+        std = np.sqrt(m2 / n)
+        zero_counts = np.where(ok, zeros, 0).astype(np.int64)
+    p = parse_norm_type(norm_type)
+    if p == 1.0:
+        return [None] * len(sizes)
+    rows = zip(ok.tolist(), sizes, shapes, dtypes, l2.tolist(), (amax if p == math.inf else l2).tolist(),
+               (l2 / n).tolist(), amax.tolist(), lo.tolist(), hi.tolist(), mean.tolist(), std.tolist(),
+               zero_counts.tolist())
+    return [TensorStats(shape, dtype, size, True, p, norm, l2n, avg, am, mn, mx, mu, sd, 0, 0, z) if good
+            else None for good, size, shape, dtype, l2n, norm, avg, am, mn, mx, mu, sd, z in rows]
+
+
 def tensor_stats(x: Any, /, norm_type: float | int | str = 2, *, xp: ModuleType | None = None) -> TensorStats:
     """Statistics of one in-memory tensor (see module doc for the exact definitions). Ints and bools too."""
     xp = namespace_of(x, xp=xp)

@@ -499,3 +499,48 @@ def test_half_precision_tensor_stats_are_those_of_its_float32_values(case):
     half, wide = tensor_stats(a).as_dict(), tensor_stats(a.astype(np.float32)).as_dict()
     assert half.pop("dtype") in ("float16", "bfloat16") and wide.pop("dtype") == "float32"
     assert repr(half) == repr(wide)
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks(), st.sampled_from([2, "inf"]), st.booleans())
+def test_one_chunk_stats_are_the_accumulators_for_one_chunk(a, norm_type, kernel):
+    """one_chunk_stats (the statistics of many small tensors from their kernel summaries, computed for all
+    at once) gives tensor_stats' result bit for bit wherever it gives one (summaries from the compiled kernel
+    or from NumPy's passes alike), and leaves to the accumulator (None) exactly the chunks that need their
+    data: NaN/inf, max |x| beyond [1e-18, 1e18], a dominating mean (which includes all zeros)."""
+    from gradtool.core.stats import one_chunk_stats
+
+    if kernel and not COMPILED_KERNELS:
+        kernel = False
+    with contextlib.nullcontext() if kernel else kernels.disabled():
+        summary = f32_summary(np.ascontiguousarray(a))
+        rows = np.array([summary if summary is not None else (np.nan,) * 5], np.float64)
+        got = one_chunk_stats(rows, [a.size], [(a.size,)], ["float32"], norm_type)[0]
+        want = tensor_stats(a, norm_type)
+    d = a.astype(np.float64)
+    if summary is None or not np.isfinite(d).all():
+        assert got is None
+        return
+    amax = float(np.abs(d).max())
+    mean = summary[2] / a.size
+    needs_data = amax > 1e18 or 0 < amax < 1e-18 or not summary[3] - a.size * mean * mean > 1e-3 * summary[3]
+    assert (got is None) == needs_data
+    if got is not None:
+        assert repr(got) == repr(want)
+
+
+def test_one_chunk_stats_of_many_rows_and_the_l1_norm():
+    """Rows are independent (a row that needs its data does not disturb the others), and the L1 norm, which
+    needs the data, gives None for every row."""
+    from gradtool.core.stats import one_chunk_stats
+
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal(n).astype(np.float32) for n in (3, 5, 4096, 70_000)]
+    arrays[1][2] = np.nan
+    rows = np.array([s if (s := f32_summary(x)) is not None else (np.nan,) * 5 for x in arrays], np.float64)
+    shapes = [(x.size,) for x in arrays]
+    got = one_chunk_stats(rows, [x.size for x in arrays], shapes, ["float32"] * 4)
+    assert got[1] is None
+    assert [repr(s) for i, s in enumerate(got) if i != 1] == [repr(tensor_stats(x)) for i, x in enumerate(arrays)
+                                                                  if i != 1]
+    assert one_chunk_stats(rows, [x.size for x in arrays], shapes, ["float32"] * 4, 1) == [None] * 4

@@ -314,3 +314,86 @@ def test_half_precision_dumps_read_in_the_kernel_give_their_float32_values_stats
         assert repr(a) == repr(b), name
     if real is not None:  # the half-precision tensors went through the kernel's reads
         assert {c[4] for c in calls} == {0, 1} if len(dtypes) == 2 else {c[4] for c in calls} == {0}
+
+
+def _small_model(rng, with_specials=True):
+    """Tensors a batch takes (1 to STREAM_CHUNK float32/float16/bfloat16 elements) among others it does not
+    (float64, ints, empty, one chunk more), with NaN/inf, extreme values and a dominating mean mixed in."""
+    import ml_dtypes
+
+    sizes = [1, 7, 31, 32, 33, 4095, 4096, 4097, 70_000, STREAM_CHUNK]
+    t = {}
+    for i in range(60):
+        n = sizes[i % len(sizes)]
+        dt = [np.float32, np.float16, ml_dtypes.bfloat16][i % 3]
+        t[f"layer.{i}.w"] = (rng.standard_normal(n) * 10.0 ** rng.integers(-4, 2)).astype(dt)
+    t["f64"] = rng.standard_normal(300)
+    t["ints"] = np.arange(100, dtype=np.int32)
+    t["empty"] = np.zeros(0, np.float32)
+    t["two_chunks"] = rng.standard_normal(STREAM_CHUNK + 1).astype(np.float32)
+    if with_specials:
+        t["layer.3.w"][5] = np.nan
+        t["layer.4.w"][2] = -np.inf
+        t["layer.6.w"][:] = rng.standard_normal(t["layer.6.w"].size) * 1e25  # squares overflow float32
+        t["layer.9.w"][:] = rng.standard_normal(t["layer.9.w"].size) * 1e-3 + 100  # mean dominates
+        t["layer.10.w"][:] = 0.0
+        t["layer.12.w"][:] = 1e-30  # squares underflow float32
+    return t
+
+
+@pytest.mark.parametrize("ext", ["safetensors", "npz", "numpy.npz", "h5"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_small_tensors_summarised_in_batches_equal_one_by_one(tmp_path, ext, workers):
+    """Small tensors read and summarised many to a kernel call (tensor_summaries_fd, then one_chunk_stats
+    for all of them) give the statistics of streaming them one by one, bit for bit, on one thread and on
+    two; the tensors a summary does not decide (NaN, inf, extreme values, all zeros, a dominating mean)
+    and the others (float64, ints, empty, more than one chunk) are streamed as before, in file order."""
+    if kernels.compiled_tensor_summaries_fd is None:
+        pytest.skip("compiled kernel not built")
+    t = _small_model(np.random.default_rng(5))
+    if ext != "safetensors":  # npz and HDF5 have no bfloat16
+        t = {k: v for k, v in t.items() if v.dtype.name != "bfloat16"}
+    path = str(tmp_path / f"d.{ext}")
+    if ext == "numpy.npz":
+        np.savez(path, **t)  # unaligned members
+    else:
+        save_dump(path, t)
+    calls = []
+    real = kernels.compiled_tensor_summaries_fd
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(kernels, "compiled_tensor_summaries_fd", lambda fd, items, out: calls.append(len(items))
+                  or real(fd, items, out))
+        batched = _summaries(path, workers)
+        m.setattr(kernels, "compiled_tensor_summaries_fd", None)
+        one_by_one = _summaries(path, workers)
+    assert [n for n, _ in batched.tensors] == list(t)
+    assert [repr(s) for _, s in batched.tensors] == [repr(s) for _, s in one_by_one.tensors]
+    small = [k for k, v in t.items() if 0 < v.size <= STREAM_CHUNK and v.dtype.name in ("float32", "float16",
+                                                                                         "bfloat16")]
+    assert sum(calls) == len(small) and len(calls) < len(small)
+
+
+def test_a_batch_whose_read_fails_streams_the_rest(tmp_path, monkeypatch):
+    """tensor_summaries_fd gives the index where a read failed (a file cut short after it was opened):
+    the tensors from there on are streamed one by one, which gives their statistics, or the error with the
+    file named."""
+    if kernels.compiled_tensor_summaries_fd is None:
+        pytest.skip("compiled kernel not built")
+    t = _small_model(np.random.default_rng(6), with_specials=False)
+    path = str(tmp_path / "d.safetensors")
+    save_dump(path, t)
+    real = kernels.compiled_tensor_summaries_fd
+
+    def fails_at_5(fd, items, out):
+        real(fd, items[:5], out[:5])
+        return 5
+
+    monkeypatch.setattr(kernels, "compiled_tensor_summaries_fd", fails_at_5)
+    partly = _summaries(path, 1)
+    monkeypatch.setattr(kernels, "compiled_tensor_summaries_fd", None)
+    assert [repr(s) for _, s in partly.tensors] == [repr(s) for _, s in _summaries(path, 1).tensors]
+    monkeypatch.setattr(kernels, "compiled_tensor_summaries_fd", real)
+    with open(path, "r+b") as f:  # cut short in the last tensor's bytes
+        f.truncate(os.path.getsize(path) - 10)
+    with pytest.raises(InputError, match=r"d\.safetensors"):
+        _summaries(path, 1)
