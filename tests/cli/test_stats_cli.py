@@ -26,6 +26,11 @@ def test_json_contract(run, dump):
     for key in ("name", "shape", "dtype", "size", "norm", "avg_norm", "max_abs", "mean", "std", "nan_count",
                 "inf_count", "zero_count"):
         assert key in t["a/w"]
+    from gradtool.cli.stats import TENSOR_FIELDS
+
+    assert all(list(x) == TENSOR_FIELDS for x in d["tensors"])  # every field, in the documented order
+    a = tensor_stats(np.array([[-2.0, 3.0, 6.0]], np.float32))  # a/w, as the `dump` fixture saves it
+    assert {k: t["a/w"][k] for k in TENSOR_FIELDS[2:]} == {k: getattr(a, k) for k in TENSOR_FIELDS[2:]}
     assert t["a/w"]["shape"] == [1, 3] and t["a/w"]["dtype"] == "float32" and t["a/w"]["norm"] == 7.0
     assert t["attn[weight]"]["avg_norm"] == pytest.approx(14 / 3)
     # one code path: the same numbers as the library function
