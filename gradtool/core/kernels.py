@@ -52,9 +52,12 @@ HALF_F16, HALF_BF16 = 0, 1  # the kernels' ``kind`` argument
 compiled_tensor_summaries_fd: Callable[[int, Any, Any], int] | None
 try:  # not on Windows (no pread)
     from ._kernels import f32_summaries_fd as compiled_f32_summaries_fd
+except ImportError:
+    compiled_f32_summaries_fd = None
+try:
     from ._kernels import tensor_summaries_fd as compiled_tensor_summaries_fd
 except ImportError:
-    compiled_f32_summaries_fd = compiled_tensor_summaries_fd = None
+    compiled_tensor_summaries_fd = None
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
     compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = compiled_tensor_summaries_fd = None
