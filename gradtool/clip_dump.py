@@ -18,6 +18,7 @@ import numpy as np
 from .backend import to_device, to_host
 from .core import clipping
 from .core.norms import NormAccumulator, combine_norms, parse_norm_type, tensor_norm
+from .core.kernels import half_kind
 from .core.stats import STREAM_CHUNK
 from .errors import NonFiniteError, UsageError
 from .io.base import PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, buffer_phase
@@ -403,7 +404,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
         # bits; a compressed member inflates on another thread
         for chunk in reader.iter_chunks_ahead(info, STREAM_CHUNK):
             src = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
-            if fused is not None and src is chunk and chunk.dtype == np.float32 \
+            if fused is not None and src is chunk and chunk.dtype == info.dtype \
                     and chunk.flags.c_contiguous:  # scale, count changes and measure in one pass
                 out = out_buf[: chunk.shape[0]]
                 sum_sq, n_changed = fused(chunk, scale, out)
@@ -434,16 +435,17 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
 def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,
                      scale: float, fused: Callable[..., tuple[float, int]], acc: NormAccumulator,
                      buffer: PhasedBuffer | None) -> Generator[np.ndarray, None, int]:
-    """A float32 tensor at ``location`` (descriptor, byte offset) of the input, scaled for the writer,
-    which puts it at byte ``where`` of the output: each chunk read with ``pread`` into one buffer (placed
-    for both offsets, see :func:`buffer_phase`), scaled and measured there by the compiled kernel, and
-    yielded to be written out of it. Against scaling a memory map into a second buffer: a bare read-scale-write loop over 2 GB
-    0.71-0.72 s against 1.09-1.35 s (medians of 8-10 runs in turns); ``clip`` of the 500 MB safetensors
-    dump 307 against 331 ms (``ab.py``, 16/16 pairs). Returns the number of elements changed; the norm
-    after goes to ``acc``. The same bits as the memory-map path: the same kernel on the same chunks."""
+    """A float32 (or float16/bfloat16) tensor at ``location`` (descriptor, byte offset) of the input, scaled
+    for the writer, which puts it at byte ``where`` of the output: each chunk read with ``pread`` into one
+    buffer (placed for both offsets, see :func:`buffer_phase`), scaled and measured there by the compiled
+    kernel, and yielded to be written out of it. Against scaling a memory map into a second buffer: a bare
+    read-scale-write loop over 2 GB 0.71-0.72 s against 1.09-1.35 s (medians of 8-10 runs in turns);
+    ``clip`` of the 500 MB safetensors dump 307 against 331 ms (``ab.py``, 16/16 pairs). Returns the
+    number of elements changed; the norm after goes to ``acc``. The same bits as the memory-map path: the
+    same kernel on the same chunks."""
     writes = [] if where is None else [where]
     phase = buffer_phase(reads=[location[1]], writes=writes)
-    work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * 4, phase)
+    work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * info.dtype.itemsize, phase)
     changed = 0
     for chunk in reader.chunks_into(location, info, work, STREAM_CHUNK):
         sum_sq, n_changed = fused(chunk, scale, chunk)  # in place: the kernel reads each element first
@@ -475,11 +477,18 @@ def _copied(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo) -> 
 
 def _fused_scale(info: TensorInfo, scale: float | None, p: float) -> Callable[..., tuple[float, int]] | None:
     """The compiled scale-and-measure kernel when it gives exactly what the NumPy steps would: a float32
-    tensor scaled by a factor ≠ 1 that is normal in float32 (else scale_tensor goes through float64), L2."""
+    tensor scaled by a factor ≠ 1 that is normal in float32 (else scale_tensor goes through float64), or a
+    float16/bfloat16 one (multiplied in float32 and rounded once, both ways), L2."""
     from .core import kernels
 
-    if (kernels.compiled_f32_scale is None or scale is None or scale == 1.0 or p != 2.0
-            or info.dtype != np.float32 or clipping._subnormal_in_float32(scale, np)):
+    if scale is None or scale == 1.0 or p != 2.0:
+        return None
+    kind = half_kind(info.dtype)
+    if kind is not None and kernels.compiled_half_scale is not None:
+        half_scale = kernels.compiled_half_scale
+        return lambda src, s, out: half_scale(src.view(np.uint16), s, out.view(np.uint16), kind)
+    if (kernels.compiled_f32_scale is None or info.dtype != np.float32
+            or clipping._subnormal_in_float32(scale, np)):
         return None
     return kernels.compiled_f32_scale
 

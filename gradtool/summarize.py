@@ -15,8 +15,8 @@ import numpy as np
 from .backend import dtype_name, is_floating_dtype, is_numpy_namespace, to_device
 from .core import kernels
 from .core.norms import ROW, combine_norms, parse_norm_type
-from .core.stats import (STREAM_CHUNK, StatsAccumulator, TensorStats, half_kind, one_chunk_stats,
-                         tensor_stats)
+from .core.kernels import half_kind
+from .core.stats import STREAM_CHUNK, StatsAccumulator, TensorStats, one_chunk_stats, tensor_stats
 from .errors import InputError
 from .io.base import LOSS_KEYS, LR_KEYS, DumpReader, PhasedBuffer, TensorInfo
 

@@ -148,6 +148,46 @@ TARGET static Py_ssize_t VARIANT(half_to_f32_loop)(const unsigned short *src, fl
     return end;
 }
 
+/* dst[i] = src[i] rounded to bfloat16 (bf16 != 0) or float16 for i < n - n % H (the caller rounds the rest),
+ * to nearest even as _kernels.c's f32_bits_to_bf16_bits and f32_bits_to_f16_bits round: float16 by one
+ * vcvtps2ph in the AVX-512 and AVX2 (+F16C) builds (returns 0 elsewhere: the scalar function does it all). */
+TARGET static Py_ssize_t VARIANT(f32_to_half_loop)(const float *src, unsigned short *dst, Py_ssize_t n,
+                                                   int bf16) {
+    Py_ssize_t i = 0, end = n - n % H;
+    if (bf16) {
+        for (; i < end; i += H) {
+            VU u;
+            memcpy(&u, src + i, sizeof u);
+            VU a = u & 0x7fffffffu;
+            VU rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+            VU nan = ((u >> 16) & 0x8000u) | 0x7fc0u;
+            VU is_nan = (VU)(a > 0x7f800000u);
+            VH h = __builtin_convertvector((nan & is_nan) | (rounded & ~is_nan), VH);
+            memcpy(dst + i, &h, sizeof h);
+        }
+        return end;
+    }
+#if defined(GT_X86_WIDTHS) && H == 16
+    for (; i < end; i += H) {
+        __m512 v = _mm512_loadu_ps(src + i);
+        __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_si256((__m256i *)(dst + i), h);
+    }
+    return end;
+#elif defined(GT_X86_WIDTHS) && H == 8
+    for (; i < end; i += H) {
+        __m256 v = _mm256_loadu_ps(src + i);
+        __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i *)(dst + i), h);
+    }
+    return end;
+#else
+    (void)src;
+    (void)dst;
+    return 0;
+#endif
+}
+
 #undef F16_VEC
 #undef BF16_VEC
 #undef VU

@@ -11,7 +11,9 @@ float32 array of a list, with no Python per array; ``compiled_f32_scale(src, sca
 ``HALF_F16``) or bfloat16 (``HALF_BF16``) values widened to float32 chunk by chunk inside the call (the
 bits of summarising ``chunk.astype(float32)``), and ``compiled_half_to_f32(src_u16, out, kind)`` that
 widening alone; ``compiled_tensor_summaries_fd(fd, items, out)`` the one-chunk summary of each of many
-small tensors (rows of ``items``: byte offset, element count, kind) in one call, into the rows of ``out``. Each is None
+small tensors (rows of ``items``: byte offset, element count, kind) in one call, into the rows of ``out``;
+``compiled_half_scale(src_u16, scale, out_u16, kind) -> (Σout², #changed)`` is ``compiled_f32_scale`` for
+float16/bfloat16 (multiplied in float32, rounded once, as ``clipping.scale_tensor`` does). Each is None
 when the extension was not built (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the
 callers in :mod:`.norms`, :mod:`.stats` and :mod:`gradtool.clip_dump` then use NumPy passes. They look it up here at call time, so tests can switch it off.
 """
@@ -22,6 +24,8 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import numpy as np
 
 compiled_f32_summary: Callable[[Any], tuple[float, float, float, float, int]] | None
 compiled_f32_summaries: Callable[[Any, int], list[tuple[float, float, float, float, int]]] | None
@@ -43,11 +47,13 @@ except ImportError:
     compiled_f32_scale = None
 compiled_half_summaries: Callable[[Any, int, int], list[tuple[float, float, float, float, int]]] | None
 compiled_half_to_f32: Callable[[Any, Any, int], None] | None
+compiled_half_scale: Callable[[Any, float, Any, int], tuple[float, int]] | None
 try:
+    from ._kernels import half_scale as compiled_half_scale
     from ._kernels import half_summaries as compiled_half_summaries
     from ._kernels import half_to_f32 as compiled_half_to_f32
 except ImportError:
-    compiled_half_summaries = compiled_half_to_f32 = None
+    compiled_half_summaries = compiled_half_to_f32 = compiled_half_scale = None
 HALF_F16, HALF_BF16 = 0, 1  # the kernels' ``kind`` argument
 compiled_tensor_summaries_fd: Callable[[int, Any, Any], int] | None
 try:  # not on Windows (no pread)
@@ -61,6 +67,7 @@ except ImportError:
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
     compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = compiled_tensor_summaries_fd = None
+    compiled_half_scale = None
 
 BUILT = compiled_f32_summary is not None
 
@@ -70,12 +77,29 @@ def disabled() -> Iterator[None]:
     """Within the block, the NumPy paths run as if the extension were not built (tests, benchmarks)."""
     global compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each
     global compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd
+    global compiled_half_scale
     saved = (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
-             compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd)
+             compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd,
+             compiled_half_scale)
     compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
     compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = compiled_tensor_summaries_fd = None
+    compiled_half_scale = None
     try:
         yield
     finally:
         (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
-         compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd) = saved
+         compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd,
+         compiled_half_scale) = saved
+
+
+def half_kind(dtype: Any) -> int | None:
+    """The compiled kernels' ``kind`` for native float16 (``HALF_F16``) and bfloat16 (``HALF_BF16``) NumPy
+    dtypes; None for every other dtype (a big-endian float16 among them)."""
+    if dtype == _F16:
+        return HALF_F16
+    if getattr(dtype, "name", None) == "bfloat16" and dtype.itemsize == 2 and dtype.byteorder in "=|":
+        return HALF_BF16
+    return None
+
+
+_F16 = np.dtype(np.float16)

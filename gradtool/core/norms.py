@@ -110,8 +110,13 @@ class NormAccumulator:
         if c.shape[0] == 0:
             return
         if self.p == 2.0 and type(c) is np.ndarray and c.dtype.itemsize <= 4 and is_floating_dtype(c.dtype):
-            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-                total = chunk_sum_sq(np.ascontiguousarray(c, dtype=np.float32))
+            kind = kernels.half_kind(c.dtype)
+            if kind is not None and kernels.compiled_half_summaries is not None and c.flags.c_contiguous:
+                # float16/bfloat16 widened inside the kernel: chunk_sum_sq's bits, without NumPy's cast
+                total = kernels.compiled_half_summaries(c.view(np.uint16), max(c.shape[0], 1), kind)[0][3]
+            else:
+                with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+                    total = chunk_sum_sq(np.ascontiguousarray(c, dtype=np.float32))
             if math.isfinite(total) and total > 1e-25:
                 self.parts.append((1.0, total))
                 return

@@ -41,6 +41,7 @@ import numpy as np
 from ..backend import (dtype_name, is_complex_dtype, is_floating, is_floating_dtype, is_numpy_namespace,
                        namespace_of)
 from . import kernels
+from .kernels import half_kind
 from .norms import (CHUNK_ELEMENTS, ROW, NormAccumulator, as_float64, chunk_sum_sq_fast, flat_chunks,
                     parse_norm_type)
 
@@ -67,19 +68,6 @@ def f32_summary_numpy(c: np.ndarray) -> tuple[float, float, float, float, int] |
     if not (math.isfinite(s1) and math.isfinite(s2)):
         return None  # float32 partial sums overflowed (|x| near float32's limit): the exact path
     return lo, hi, s1, s2, int(np.count_nonzero(c == 0))
-
-
-def half_kind(dtype: np.dtype) -> int | None:
-    """The compiled kernels' ``kind`` for native float16 (``HALF_F16``) and bfloat16 (``HALF_BF16``)
-    dtypes; None for every other dtype (a big-endian float16 among them)."""
-    if dtype == _F16:
-        return kernels.HALF_F16
-    if dtype.name == "bfloat16" and dtype.itemsize == 2 and dtype.byteorder in "=|":
-        return kernels.HALF_BF16
-    return None
-
-
-_F16 = np.dtype(np.float16)
 
 
 def f32_summary(c: np.ndarray) -> tuple[float, float, float, float, int] | None:

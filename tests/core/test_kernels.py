@@ -544,3 +544,54 @@ def test_one_chunk_stats_of_many_rows_and_the_l1_norm():
     assert [repr(s) for i, s in enumerate(got) if i != 1] == [repr(tensor_stats(x)) for i, x in enumerate(arrays)
                                                                   if i != 1]
     assert one_chunk_stats(rows, [x.size for x in arrays], shapes, ["float32"] * 4, 1) == [None] * 4
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind,dtype", HALF_KINDS, ids=["float16", "bfloat16"])
+def test_rounding_to_half_precision_is_numpys_at_every_width(kind, dtype):
+    """float32 values rounded to float16/bfloat16 by every vector build (and the scalar rest) are NumPy's and
+    ml_dtypes' astype, bit for bit: random bit patterns, the whole subnormal and overflow boundaries, NaNs.
+    A signalling NaN may come out quieted from the hardware conversion (still NaN); clip only rounds
+    products, which are quiet already."""
+    from gradtool.core import _kernels
+
+    rng = np.random.default_rng(kind)
+    bits = np.concatenate([rng.integers(0, 2**32, 400_000, dtype=np.uint64).astype(np.uint32),
+                           np.arange(0x33000000 - 999, 0x38800000 + 999, 97, dtype=np.uint32),
+                           np.arange(0x477fe000, 0x47801000, dtype=np.uint32),
+                           np.uint32([0x7f800001, 0x7fc00000])])
+    bits = np.concatenate([bits, bits | np.uint32(0x80000000), bits[:5]])  # both signs; a scalar rest
+    x = bits.view(np.float32)
+    with np.errstate(all="ignore"):
+        want = x.astype(dtype).view(np.uint16)
+    signalling = np.isnan(x) & (bits & 0x400000 == 0)
+    for lanes in _widths():
+        got = np.empty(x.size, np.uint16)
+        _kernels.f32_to_half_width(x, got, kind, lanes)
+        assert np.array_equal(got[~signalling], want[~signalling]), lanes
+        assert np.isnan(got[signalling].view(dtype)).all(), lanes
+
+
+@needs_kernel
+@settings(max_examples=150, deadline=None)
+@given(half_chunks(), st.sampled_from([0.5, 0.3, 1e-4, 3e-7, 2.0, 1e30, 0.0, -0.7, np.nan, np.inf, 1e-39]),
+       st.booleans())
+def test_half_scale_equals_scale_tensor_count_and_summary(case, scale, in_place):
+    """half_scale gives clipping.scale_tensor's values (multiplied in float32, rounded once) bit for bit, the
+    changed count clip takes with NumPy (NaN to NaN unchanged), and the output's float32 sum of squares as
+    one chunk (half_summaries' bits, what the norm after is made of); in place too."""
+    from gradtool.core.clipping import scale_tensor
+
+    kind, a, _ = case
+    with np.errstate(all="ignore"):
+        want = scale_tensor(a, scale, np)
+        changed = int(np.count_nonzero((a != want) & ~(np.isnan(a) & np.isnan(want))))
+    src = a.copy()
+    out = src if in_place else np.empty_like(a)
+    sumsq, n_changed = kernels.compiled_half_scale(src.view(np.uint16), scale, out.view(np.uint16), kind)
+    assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
+    assert n_changed == changed
+    whole = kernels.compiled_half_summaries(out.view(np.uint16), max(a.size, 1), kind)
+    assert repr(sumsq) == repr(whole[0][3])
+    with pytest.raises(ValueError, match="size"):
+        kernels.compiled_half_scale(src.view(np.uint16), 0.5, np.empty(a.size + 1, np.uint16), kind)

@@ -420,3 +420,51 @@ def test_compressed_npz_chunks_ahead_equal_chunks(tmp_path):
     save_dump(s, t)
     with open_dump(s) as r:
         assert type(r.iter_chunks_ahead(r.info("w"))) is type(r.iter_chunks(r.info("w")))  # no thread for page-cache reads
+
+
+@pytest.mark.parametrize("ext", ["npz", "safetensors", "h5"])
+@pytest.mark.parametrize("mode,max_", [("global-norm", 1e-3), ("norm", 0.05), ("average-norm", 1e-6)])
+def test_clip_of_half_precision_tensors_in_the_kernel_equals_the_numpy_steps(tmp_path, monkeypatch, ext, mode,
+                                                                              max_):
+    """float16 (and, in safetensors, bfloat16) tensors are scaled, counted and measured by the compiled
+    kernel (half_scale; their norms before by half_summaries): the clipped bytes and the report equal the
+    NumPy steps' (scale_tensor's float32 multiply rounded once; NaN kept under "propagate"), bit for bit,
+    with tensors of several chunks, subnormal results and a tensor left unclipped."""
+    import dataclasses
+
+    import ml_dtypes
+
+    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.core import kernels
+    from gradtool.core.stats import STREAM_CHUNK
+    from gradtool.io.dump import make_writer
+
+    if kernels.compiled_half_scale is None:
+        pytest.skip("compiled kernel not built")
+    rng = np.random.default_rng(3)
+    tensors = {"big": (rng.standard_normal(2 * STREAM_CHUNK + 77) * 0.05).astype(np.float16),
+               "small": (rng.standard_normal(999) * 1e-3).astype(np.float16),
+               "tiny_values": (rng.standard_normal(5000) * 1e-6).astype(np.float16),
+               "f32": rng.standard_normal(3000).astype(np.float32)}
+    if ext == "safetensors":
+        tensors["bf"] = (rng.standard_normal(STREAM_CHUNK + 5) * 0.02).astype(ml_dtypes.bfloat16)
+    tensors["small"][3] = np.nan  # the "propagate" policy keeps it
+    src = str(tmp_path / f"in.{ext}")
+    save_dump(src, tensors)
+    calls = []
+    real = kernels.compiled_half_scale
+    outcomes = []
+    for fast in (True, False):
+        if fast:
+            monkeypatch.setattr(kernels, "compiled_half_scale", lambda *a: calls.append(a[3]) or real(*a))
+        else:
+            monkeypatch.setattr(kernels, "compiled_half_scale", None)
+            monkeypatch.setattr(kernels, "compiled_half_summaries", None)
+        out = str(tmp_path / f"out_{fast}.{ext}")
+        with open_dump(src) as r, make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata) as w:
+            rep = clip_dump(r, w, ClipSpec(mode=mode, max=max_, nonfinite="propagate"))
+        with open_dump(out) as r:
+            outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]), rep.scale,
+                             {n: r.read(n).tobytes() for n in r.names}))
+    assert outcomes[0] == outcomes[1]
+    assert calls and set(calls) == ({0, 1} if ext == "safetensors" else {0})
