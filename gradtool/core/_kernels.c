@@ -296,32 +296,13 @@ static PyObject *summaries_to_list(summary_t *out, Py_ssize_t count) {
     return list;
 }
 
+static PyObject *summaries_with(PyObject *obj, Py_ssize_t chunk, int kind, const width_t *width);
+
 static PyObject *f32_summaries(PyObject *self, PyObject *args) {
     PyObject *obj;
     Py_ssize_t chunk;
     if (!PyArg_ParseTuple(args, "On", &obj, &chunk)) return NULL;
-    if (chunk <= 0) {
-        PyErr_SetString(PyExc_ValueError, "chunk_elements must be positive");
-        return NULL;
-    }
-    Py_buffer view;
-    if (take_f32(obj, &view, "f32_summaries") < 0) return NULL;
-    Py_ssize_t n = view.len / 4, count = (n + chunk - 1) / chunk;
-    summary_t *out = PyMem_RawMalloc((size_t)(count > 0 ? count : 1) * sizeof(summary_t));
-    if (out == NULL) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
-    const float *x = (const float *)view.buf;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t c = 0; c < count; c++) {
-        Py_ssize_t start = c * chunk, len = n - start < chunk ? n - start : chunk;
-        summary_t *o = &out[c];
-        summarize_chunk(chosen, x + start, len, &o->lo, &o->hi, &o->sum, &o->sumsq, &o->zeros);
-    }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    return summaries_to_list(out, count);
+    return summaries_with(obj, chunk, -1, chosen);
 }
 
 static void half_to_f32_with(const width_t *width, const uint16_t *src, float *dst, Py_ssize_t n, int kind) {
@@ -399,30 +380,39 @@ static PyObject *half_to_f32_py(PyObject *self, PyObject *args) {
     return half_widen_with(src_obj, out_obj, kind, chosen);
 }
 
-/* half_summaries(buffer, chunk_elements, kind) -> f32_summaries of the buffer's float16 (kind 0) or bfloat16
- * (kind 1) values as float32 (widened as they are loaded), so the results are
- * f32_summary(chunk.astype(float32)) bit for bit, in one call without the GIL (NumPy's float16 cast alone
- * ran at ~1 GB/s). */
-static PyObject *half_summaries_with(PyObject *obj, Py_ssize_t chunk, int kind, const width_t *width) {
-    if (half_kind(kind) < 0) return NULL;
+/* One chunk of float32 (kind -1), float16 (0) or bfloat16 (1) values summarised into `o`. */
+static void summarize_kind(const width_t *width, const void *x, Py_ssize_t n, int kind, summary_t *o) {
+    if (kind == -1)
+        summarize_chunk(width, (const float *)x, n, &o->lo, &o->hi, &o->sum, &o->sumsq, &o->zeros);
+    else
+        summarize_half_chunk(width, (const uint16_t *)x, n, kind, &o->lo, &o->hi, &o->sum, &o->sumsq,
+                             &o->zeros);
+}
+
+/* The summaries of each chunk of a buffer of float32 (kind -1: f32_summaries) or of float16 (kind 0) or
+ * bfloat16 (kind 1) values as float32 (widened as they are loaded: half_summaries, whose results are
+ * f32_summaries(chunk.astype(float32)) bit for bit; NumPy's float16 cast alone ran at ~1 GB/s), in one call
+ * without the GIL. */
+static PyObject *summaries_with(PyObject *obj, Py_ssize_t chunk, int kind, const width_t *width) {
+    if (kind != -1 && half_kind(kind) < 0) return NULL;
     if (chunk <= 0) {
         PyErr_SetString(PyExc_ValueError, "chunk_elements must be positive");
         return NULL;
     }
     Py_buffer view;
-    if (take_u16(obj, &view, "half_summaries") < 0) return NULL;
-    Py_ssize_t n = view.len / 2, count = (n + chunk - 1) / chunk;
+    if ((kind == -1 ? take_f32(obj, &view, "f32_summaries") : take_u16(obj, &view, "half_summaries")) < 0)
+        return NULL;
+    Py_ssize_t item = kind == -1 ? 4 : 2, n = view.len / item, count = (n + chunk - 1) / chunk;
     summary_t *out = PyMem_RawMalloc((size_t)(count > 0 ? count : 1) * sizeof(summary_t));
     if (out == NULL) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
-    const uint16_t *x = (const uint16_t *)view.buf;
+    const char *x = (const char *)view.buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t c = 0; c < count; c++) {
         Py_ssize_t start = c * chunk, len = n - start < chunk ? n - start : chunk;
-        summary_t *o = &out[c];
-        summarize_half_chunk(width, x + start, len, kind, &o->lo, &o->hi, &o->sum, &o->sumsq, &o->zeros);
+        summarize_kind(width, x + start * item, len, kind, &out[c]);
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
@@ -433,8 +423,8 @@ static PyObject *half_summaries(PyObject *self, PyObject *args) {
     PyObject *obj;
     Py_ssize_t chunk;
     int kind;
-    if (!PyArg_ParseTuple(args, "Oni", &obj, &chunk, &kind)) return NULL;
-    return half_summaries_with(obj, chunk, kind, chosen);
+    if (!PyArg_ParseTuple(args, "Oni", &obj, &chunk, &kind) || half_kind(kind) < 0) return NULL;
+    return summaries_with(obj, chunk, kind, chosen);
 }
 
 /* float32 values rounded to float16 (kind 0) or bfloat16 (kind 1): the width's vector loop, then the rest. */
@@ -564,12 +554,7 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
             got += (size_t)n;
         }
         if (err || eof) break;
-        summary_t *o = &out[c];
-        if (kind == -1)
-            summarize_chunk(chosen, (const float *)buf, len, &o->lo, &o->hi, &o->sum, &o->sumsq, &o->zeros);
-        else
-            summarize_half_chunk(chosen, (const uint16_t *)buf, len, kind, &o->lo, &o->hi, &o->sum, &o->sumsq,
-                                 &o->zeros);
+        summarize_kind(chosen, buf, len, kind, &out[c]);
     }
     Py_END_ALLOW_THREADS
     PyMem_RawFree(block);
@@ -651,19 +636,14 @@ static PyObject *tensor_summaries_fd(PyObject *self, PyObject *args) {
             failed = i;
             break;
         }
-        float lo, hi;
-        double sum, sumsq;
-        long long zeros;
-        if (kind == -1)
-            summarize_chunk(chosen, (const float *)buf, len, &lo, &hi, &sum, &sumsq, &zeros);
-        else
-            summarize_half_chunk(chosen, (const uint16_t *)buf, len, (int)kind, &lo, &hi, &sum, &sumsq, &zeros);
+        summary_t one;
+        summarize_kind(chosen, buf, len, (int)kind, &one);
         double *row = o + 5 * i;
-        row[0] = lo;
-        row[1] = hi;
-        row[2] = sum;
-        row[3] = sumsq;
-        row[4] = (double)zeros;
+        row[0] = one.lo;
+        row[1] = one.hi;
+        row[2] = one.sum;
+        row[3] = one.sumsq;
+        row[4] = (double)one.zeros;
     }
     Py_END_ALLOW_THREADS
     PyMem_RawFree(block);
@@ -822,7 +802,7 @@ static PyObject *half_summaries_width(PyObject *self, PyObject *args) {
     int kind, lanes;
     if (!PyArg_ParseTuple(args, "Onii", &obj, &chunk, &kind, &lanes)) return NULL;
     const width_t *width = width_for(lanes);
-    return width == NULL ? NULL : half_summaries_with(obj, chunk, kind, width);
+    return width == NULL || half_kind(kind) < 0 ? NULL : summaries_with(obj, chunk, kind, width);
 }
 
 static PyObject *half_to_f32_width(PyObject *self, PyObject *args) {

@@ -55,6 +55,14 @@ def _summaries(path, workers, **kw):
         summarize_mod.STATS_WORKERS, summarize_mod.PARALLEL_MIN_BYTES, summarize_mod.PIECE_BYTES = saved
 
 
+def _save(path, tensors, ext):
+    """gradtool's writer, or ``np.savez`` for "numpy.npz" (members at unaligned offsets: read with pread)."""
+    if ext == "numpy.npz":
+        np.savez(path, **tensors)
+    else:
+        save_dump(path, tensors)
+
+
 def _same(par, ser):
     assert [n for n, _ in par.tensors] == [n for n, _ in ser.tensors]
     for (name, a), (_, b) in zip(par.tensors, ser.tensors):
@@ -73,10 +81,7 @@ def test_two_threads_equal_one(tmp_path, ext, kernel):
         pytest.skip("compiled kernel not built")
     t = _tensors()
     path = str(tmp_path / f"d.{ext}")
-    if ext == "numpy.npz":
-        np.savez(path, **t)  # members at unaligned offsets: read with pread, not mapped
-    else:
-        save_dump(path, t)
+    _save(path, t, ext)
     threads = set()
     piece_accumulator = summarize_mod._piece_accumulator
 
@@ -116,10 +121,7 @@ def test_one_thread_reads_float32_tensors_in_the_kernel_with_the_chunk_readers_b
         if a.size and special is not None:
             a[rng.integers(a.size)] = special
     path = str(tmp_path_factory.mktemp("d") / f"d.{ext}")
-    if ext == "numpy.npz":
-        np.savez(path, **t)  # unaligned members
-    else:
-        save_dump(path, t)
+    _save(path, t, ext)
     calls = []
     real = kernels.compiled_f32_summaries_fd
     with open_dump(path) as reader, pytest.MonkeyPatch.context() as m:
@@ -296,10 +298,7 @@ def test_half_precision_dumps_read_in_the_kernel_give_their_float32_values_stats
     wide = {k: v.astype(np.float32) for k, v in t.items()}
     half_path, wide_path = str(tmp_path / f"half.{ext}"), str(tmp_path / f"wide.{ext}")
     for path, tensors in ((half_path, t), (wide_path, wide)):
-        if ext == "numpy.npz":
-            np.savez(path, **tensors)  # unaligned members
-        else:
-            save_dump(path, tensors)
+        _save(path, tensors, ext)
     calls = []
     real = kernels.compiled_f32_summaries_fd
     with pytest.MonkeyPatch.context() as m:
@@ -354,10 +353,7 @@ def test_small_tensors_summarised_in_batches_equal_one_by_one(tmp_path, ext, wor
     if ext != "safetensors":  # npz and HDF5 have no bfloat16
         t = {k: v for k, v in t.items() if v.dtype.name != "bfloat16"}
     path = str(tmp_path / f"d.{ext}")
-    if ext == "numpy.npz":
-        np.savez(path, **t)  # unaligned members
-    else:
-        save_dump(path, t)
+    _save(path, t, ext)
     calls = []
     real = kernels.compiled_tensor_summaries_fd
     with pytest.MonkeyPatch.context() as m:
