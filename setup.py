@@ -9,7 +9,7 @@ setup(
         Extension(
             "gradtool.core._kernels",
             ["gradtool/core/_kernels.c"],
-            depends=["gradtool/core/_kernels_loops.h"],
+            depends=["gradtool/core/_kernels_loops.h", "gradtool/core/_kernels_summary.h"],
             extra_compile_args=["-O3", "-ffp-contract=off"],  # the same bits from every SIMD build
             optional=True,
         )
