@@ -113,7 +113,7 @@ class NormAccumulator:
             kind = kernels.half_kind(c.dtype)
             if kind is not None and kernels.compiled_half_summaries is not None and c.flags.c_contiguous:
                 # float16/bfloat16 widened inside the kernel: chunk_sum_sq's bits, without NumPy's cast
-                total = kernels.compiled_half_summaries(c.view(np.uint16), max(c.shape[0], 1), kind)[0][3]
+                total = kernels.compiled_half_summaries(c.view(np.uint16), max(c.size, 1), kind)[0][3]
             else:
                 with np.errstate(over="ignore", under="ignore", invalid="ignore"):
                     total = chunk_sum_sq(np.ascontiguousarray(c, dtype=np.float32))
