@@ -15,7 +15,7 @@ import numpy as np
 from .backend import dtype_name, is_floating_dtype, is_numpy_namespace, to_device
 from .core import kernels
 from .core.norms import ROW, combine_norms, parse_norm_type
-from .core.kernels import half_kind
+from .core.kernels import kernel_kind
 from .core.stats import STREAM_CHUNK, StatsAccumulator, TensorStats, one_chunk_stats, tensor_stats
 from .errors import InputError
 from .io.base import LOSS_KEYS, LR_KEYS, DumpReader, PhasedBuffer, TensorInfo
@@ -216,7 +216,7 @@ def _read_in_kernel(p: float, info: TensorInfo) -> bool:
     """Whether a tensor at a file offset is read and summarised by ``f32_summaries_fd`` (float32, float16
     or bfloat16, the compiled kernel built, a norm other than L1, which needs the data)."""
     return (kernels.compiled_f32_summaries_fd is not None and p != 1.0
-            and (info.dtype == np.float32 or half_kind(info.dtype) is not None))
+            and kernel_kind(info.dtype) is not None)
 
 
 def _summarise_in_kernel(acc: StatsAccumulator, source: DumpReader, info: TensorInfo,
@@ -226,7 +226,7 @@ def _summarise_in_kernel(acc: StatsAccumulator, source: DumpReader, info: Tensor
     cache-resident buffer, no GIL held, one call for the run (``f32_summaries_fd``); the same chunks, so the
     same bits, as ``iter_chunks``."""
     fd, offset = location
-    kind = -1 if info.dtype == np.float32 else half_kind(info.dtype)
+    kind = kernel_kind(info.dtype)
     try:
         summaries = kernels.compiled_f32_summaries_fd(fd, offset + start * info.dtype.itemsize, stop - start,
                                                       STREAM_CHUNK, kind)
@@ -287,7 +287,7 @@ def small_tensor_batches(reader: DumpReader, infos: Sequence[TensorInfo], p: flo
         if batch and (size >= BATCH_BYTES or batch[-1][2] != fd):
             batches.append(batch)
             batch, size = [], 0
-        batch.append((k, info, fd, offset, -1 if info.dtype == np.float32 else half_kind(info.dtype)))
+        batch.append((k, info, fd, offset, kernel_kind(info.dtype)))
         size += info.size * info.dtype.itemsize
     if batch:
         batches.append(batch)

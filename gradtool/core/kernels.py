@@ -102,4 +102,10 @@ def half_kind(dtype: Any) -> int | None:
     return None
 
 
-_F16 = np.dtype(np.float16)
+def kernel_kind(dtype: Any) -> int | None:
+    """The ``kind`` the kernels' readers take for a NumPy dtype: -1 for native float32, ``half_kind`` for
+    float16 and bfloat16; None for a dtype they do not read."""
+    return -1 if dtype == _F32 else half_kind(dtype)
+
+
+_F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)

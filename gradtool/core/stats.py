@@ -412,7 +412,7 @@ def tensor_stats(x: Any, /, norm_type: float | int | str = 2, *, xp: ModuleType 
         x = xp.astype(x, xp.int8)
     acc = StatsAccumulator(norm_type, xp=None if is_numpy_namespace(xp) else xp)
     on_host = type(x) is np.ndarray  # (another namespace's dtype is not compared with NumPy's)
-    if on_host and x.flags.c_contiguous and (x.dtype == np.float32 or half_kind(x.dtype) is not None):
+    if on_host and x.flags.c_contiguous and kernels.kernel_kind(x.dtype) is not None:
         acc.update_window(x.reshape(-1), STREAM_CHUNK)  # the same chunks, one kernel call for all of them
     else:
         for c in flat_chunks(x, xp, STREAM_CHUNK):
