@@ -347,8 +347,8 @@ static int half_kind(int kind) {
     return 0;
 }
 
-/* half_to_f32(src, out, kind): out[:] = src widened to float32 (src: a uint16 view of float16 or bfloat16
- * values; out: as many float32), GIL released. */
+/* half_to_f32_width(src, out, kind, lanes): out[:] = src widened to float32 by that width's build (src: a
+ * uint16 view of float16 or bfloat16 values; out: as many float32), for the tests. */
 static PyObject *half_widen_with(PyObject *src_obj, PyObject *out_obj, int kind, const width_t *width) {
     if (half_kind(kind) < 0) return NULL;
     Py_buffer src, out;
@@ -369,15 +369,6 @@ static PyObject *half_widen_with(PyObject *src_obj, PyObject *out_obj, int kind,
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
-}
-
-/* half_to_f32(src, out, kind): out[:] = src widened to float32 (src: a uint16 view of float16 or bfloat16
- * values; out: as many float32), GIL released. */
-static PyObject *half_to_f32_py(PyObject *self, PyObject *args) {
-    PyObject *src_obj, *out_obj;
-    int kind;
-    if (!PyArg_ParseTuple(args, "OOi", &src_obj, &out_obj, &kind)) return NULL;
-    return half_widen_with(src_obj, out_obj, kind, chosen);
 }
 
 /* One chunk of float32 (kind -1), float16 (0) or bfloat16 (1) values summarised into `o`. */
@@ -851,9 +842,6 @@ static PyMethodDef methods[] = {
     {"half_summaries", half_summaries, METH_VARARGS,
      "half_summaries(buffer, chunk_elements, kind) -> f32_summaries of the buffer's float16 (kind 0) or\n"
      "bfloat16 (kind 1) values (a uint16 view) widened to float32, chunk by chunk, without the GIL."},
-    {"half_to_f32", half_to_f32_py, METH_VARARGS,
-     "half_to_f32(src, out, kind) -> None: out[:] = the float16 (kind 0) or bfloat16 (kind 1) values of src\n"
-     "(a uint16 view) widened to float32, exactly."},
     {"f32_summaries", f32_summaries, METH_VARARGS,
      "f32_summaries(buffer, chunk_elements) -> [f32_summary(chunk) for each chunk of the buffer], in one call\n"
      "without the GIL."},

@@ -9,9 +9,9 @@ float32 array of a list, with no Python per array; ``compiled_f32_scale(src, sca
 #changed)`` writes out = src · float32(scale) and measures it in the same pass (clipping);
 ``compiled_half_summaries(window_u16, k, kind)`` is ``compiled_f32_summaries`` of float16 (kind
 ``HALF_F16``) or bfloat16 (``HALF_BF16``) values widened to float32 chunk by chunk inside the call (the
-bits of summarising ``chunk.astype(float32)``), and ``compiled_half_to_f32(src_u16, out, kind)`` that
-widening alone; ``compiled_tensor_summaries_fd(fd, items, out)`` the one-chunk summary of each of many
-small tensors (rows of ``items``: byte offset, element count, kind) in one call, into the rows of ``out``;
+bits of summarising ``chunk.astype(float32)``); ``compiled_tensor_summaries_fd(fd, items, out)`` the
+one-chunk summary of each of many small tensors (rows of ``items``: byte offset, element count, kind) in
+one call, into the rows of ``out``;
 ``compiled_half_scale(src_u16, scale, out_u16, kind) -> (Σout², #changed)`` is ``compiled_f32_scale`` for
 float16/bfloat16 (multiplied in float32, rounded once, as ``clipping.scale_tensor`` does). Each is None
 when the extension was not built (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the
@@ -46,14 +46,12 @@ try:
 except ImportError:
     compiled_f32_scale = None
 compiled_half_summaries: Callable[[Any, int, int], list[tuple[float, float, float, float, int]]] | None
-compiled_half_to_f32: Callable[[Any, Any, int], None] | None
 compiled_half_scale: Callable[[Any, float, Any, int], tuple[float, int]] | None
 try:
     from ._kernels import half_scale as compiled_half_scale
     from ._kernels import half_summaries as compiled_half_summaries
-    from ._kernels import half_to_f32 as compiled_half_to_f32
 except ImportError:
-    compiled_half_summaries = compiled_half_to_f32 = compiled_half_scale = None
+    compiled_half_summaries = compiled_half_scale = None
 HALF_F16, HALF_BF16 = 0, 1  # the kernels' ``kind`` argument
 compiled_tensor_summaries_fd: Callable[[int, Any, Any], int] | None
 try:  # not on Windows (no pread)
@@ -64,10 +62,11 @@ try:
     from ._kernels import tensor_summaries_fd as compiled_tensor_summaries_fd
 except ImportError:
     compiled_tensor_summaries_fd = None
+COMPILED = ("compiled_f32_summary", "compiled_f32_summaries", "compiled_f32_summaries_fd",
+            "compiled_f32_sumsq_each", "compiled_f32_scale", "compiled_half_summaries", "compiled_half_scale",
+            "compiled_tensor_summaries_fd")  # every entry point above, None without the kernel
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
-    compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
-    compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = compiled_tensor_summaries_fd = None
-    compiled_half_scale = None
+    globals().update(dict.fromkeys(COMPILED))
 
 BUILT = compiled_f32_summary is not None
 
@@ -75,21 +74,12 @@ BUILT = compiled_f32_summary is not None
 @contextmanager
 def disabled() -> Iterator[None]:
     """Within the block, the NumPy paths run as if the extension were not built (tests, benchmarks)."""
-    global compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each
-    global compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd
-    global compiled_half_scale
-    saved = (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
-             compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd,
-             compiled_half_scale)
-    compiled_f32_summary = compiled_f32_summaries = compiled_f32_summaries_fd = compiled_f32_sumsq_each = None
-    compiled_f32_scale = compiled_half_summaries = compiled_half_to_f32 = compiled_tensor_summaries_fd = None
-    compiled_half_scale = None
+    saved = {name: globals()[name] for name in COMPILED}
+    globals().update(dict.fromkeys(COMPILED))
     try:
         yield
     finally:
-        (compiled_f32_summary, compiled_f32_summaries, compiled_f32_summaries_fd, compiled_f32_sumsq_each,
-         compiled_f32_scale, compiled_half_summaries, compiled_half_to_f32, compiled_tensor_summaries_fd,
-         compiled_half_scale) = saved
+        globals().update(saved)
 
 
 def half_kind(dtype: Any) -> int | None:

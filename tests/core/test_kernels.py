@@ -595,3 +595,14 @@ def test_half_scale_equals_scale_tensor_count_and_summary(case, scale, in_place)
     assert repr(sumsq) == repr(whole[0][3])
     with pytest.raises(ValueError, match="size"):
         kernels.compiled_half_scale(src.view(np.uint16), 0.5, np.empty(a.size + 1, np.uint16), kind)
+
+
+def test_disabled_turns_off_every_entry_point():
+    """``kernels.disabled()`` (and GRADTOOL_NO_KERNELS) set every ``compiled_*`` entry point to None, so a
+    test of a NumPy path cannot reach the kernel through one that was forgotten; all come back after."""
+    names = {n for n in dir(kernels) if n.startswith("compiled_")}
+    assert names == set(kernels.COMPILED)
+    before = {n: getattr(kernels, n) for n in names}
+    with kernels.disabled():
+        assert all(getattr(kernels, n) is None for n in names)
+    assert {n: getattr(kernels, n) for n in names} == before
