@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
@@ -125,19 +126,73 @@ def console(stderr: bool = False) -> Any:
 
 def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,
                 right: Sequence[str] = (), out: Any = None) -> None:
-    """A rich table with markup off: user data (tensor names like ``attn[weight]``) prints as itself."""
-    from rich.table import Table
+    """A rich table with markup off: user data (tensor names like ``attn[weight]``) prints as itself.
+
+    Laying a table out row by row costs rich ~0.5 ms a row (0.35 s of the 0.6 s ``gradtool stats`` took on
+    a 592-tensor dump; seconds for tens of thousands of tensors). When every column fits at its widest
+    cell (as rich then draws it: column width = widest cell, one space either side of a column, none at
+    the edges) and no cell holds a control character, rich draws only the heading, with those widths, and
+    the rows are padded here: the same text, styles included (tested against rich's own layout). Otherwise
+    rich lays out the whole table (it folds the cells that do not fit)."""
     from rich.text import Text
 
     out = out or console()
     if title:
         out.print(Text(title, style="bold"))
+    cells = [[human(v) for v in r] for r in rows]
+    justify = ["right" if c in right else "left" for c in columns]
+    widths = _natural_widths(columns, cells)
+    if widths is None or sum(widths) + 2 * len(widths) - 2 > out.width:
+        out.print(_rich_table(columns, justify, cells))
+        return
+    out.print(_rich_table(columns, justify, [], widths))
+    if cells:
+        out.file.write("".join(_padded_row(r, widths, justify) for r in cells))
+
+
+def _rich_table(columns: Sequence[str], justify: Sequence[str], cells: list[list[str]],
+                widths: Sequence[int] | None = None) -> Any:
+    """rich's table of ``cells`` under ``columns`` (each of width ``widths[i]`` when given)."""
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for c in columns:
-        table.add_column(c, justify="right" if c in right else "left", overflow="fold")
-    for r in rows:
-        table.add_row(*[Text(human(v)) for v in r])
-    out.print(table)
+    for i, c in enumerate(columns):
+        table.add_column(c, justify=justify[i], overflow="fold", width=None if widths is None else widths[i])
+    for r in cells:
+        table.add_row(*[Text(v) for v in r])
+    return table
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _natural_widths(columns: Sequence[str], cells: list[list[str]]) -> list[int] | None:
+    """Each column's width in terminal cells (its widest cell or heading); None when a cell holds a
+    control character (rich draws those its own way)."""
+    from rich.cells import cell_len
+
+    widths = [cell_len(c) for c in columns]
+    for r in cells:
+        for i, v in enumerate(r):
+            if _CONTROL.search(v):
+                return None
+            n = cell_len(v)
+            if n > widths[i]:
+                widths[i] = n
+    return widths
+
+
+def _padded_row(row: Sequence[str], widths: Sequence[int], justify: Sequence[str]) -> str:
+    """One table line as rich draws it: each cell padded to its column's width (left or right justified),
+    columns two spaces apart, none at the edges (pad_edge=False), the trailing spaces kept."""
+    from rich.cells import cell_len
+
+    parts = []
+    for v, w, j in zip(row, widths, justify):
+        pad = " " * (w - cell_len(v))
+        parts.append(pad + v if j == "right" else v + pad)
+    return "  ".join(parts) + "\n"
 
 
 def print_line(text: str, out: Any = None) -> None:

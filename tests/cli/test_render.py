@@ -51,3 +51,63 @@ def test_a_big_document_is_laid_out_by_msgspec_and_a_small_one_is_not(monkeypatc
 def test_non_finite_floats_and_numpy_scalars_are_still_strict():
     doc = {"a": float("nan"), "b": [float("inf"), -float("inf")], "c": np.float32(0.5), "d": (1, np.int64(2))}
     assert json.loads(render.dumps_json(doc)) == {"a": "NaN", "b": ["Infinity", "-Infinity"], "c": 0.5, "d": [1, 2]}
+
+
+# Tables: rows padded by print_table when the table fits give exactly rich's own layout of the whole table.
+_cell_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=10)
+_table_values = st.one_of(_cell_text, st.none(), st.booleans(), st.integers(-10**6, 10**6),
+                          st.floats(allow_nan=True, allow_infinity=True),
+                          st.lists(st.integers(0, 5000), max_size=3).map(tuple))
+
+
+def _rich_reference(title, columns, rows, right, console):
+    """The table as rich lays it out row by row (what print_table drew before its fast path)."""
+    from rich.text import Text
+
+    if title:
+        console.print(Text(title, style="bold"))
+    justify = ["right" if c in right else "left" for c in columns]
+    console.print(render._rich_table(columns, justify, [[render.human(v) for v in r] for r in rows]))
+
+
+def _console(width, terminal):
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), markup=False, highlight=False, emoji=False, width=width, soft_wrap=False,
+                   force_terminal=terminal, color_system="standard" if terminal else None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), ncols=st.integers(1, 5), nrows=st.integers(0, 6), width=st.sampled_from([20, 60, 200]),
+       terminal=st.booleans(), title=st.sampled_from([None, "a title"]))
+def test_print_table_is_richs_layout(data, ncols, nrows, width, terminal, title):
+    """Any cells (wide and combining characters, spaces at the ends, control characters, empty), fitting
+    the width or not, in a terminal (bold heading) or not."""
+    columns = data.draw(st.lists(st.text(st.characters(codec="ascii", min_codepoint=33), min_size=1, max_size=8),
+                                 min_size=ncols, max_size=ncols, unique=True))
+    rows = data.draw(st.lists(st.lists(_table_values, min_size=ncols, max_size=ncols), min_size=nrows,
+                              max_size=nrows))
+    right = data.draw(st.lists(st.sampled_from(columns), max_size=ncols))
+    fast, reference = _console(width, terminal), _console(width, terminal)
+    render.print_table(title, columns, rows, right=right, out=fast)
+    _rich_reference(title, columns, rows, right, reference)
+    assert fast.file.getvalue() == reference.file.getvalue()
+
+
+def test_a_table_that_fits_is_padded_here_and_one_that_does_not_is_richs(monkeypatch):
+    padded = []
+    real = render._padded_row
+    monkeypatch.setattr(render, "_padded_row", lambda *a: padded.append(a[0]) or real(*a))
+    rows = [["encoder.attn.weight", 1.5], ["b", float("nan")]]
+    wide, narrow = _console(80, False), _console(12, False)
+    render.print_table(None, ["tensor", "norm"], rows, right=["norm"], out=wide)
+    assert padded == [["encoder.attn.weight", "1.5"], ["b", "NaN"]]
+    assert wide.file.getvalue().splitlines() == ["tensor               norm",
+                                                 "encoder.attn.weight   1.5",
+                                                 "b                     NaN"]
+    render.print_table(None, ["tensor", "norm"], rows, right=["norm"], out=narrow)
+    assert len(padded) == 2 and narrow.file.getvalue().splitlines()[1:3] == ["encode   1.5", "r.attn      "]
+    render.print_table(None, ["tensor"], [["a\x1b[31mb"]], out=wide)
+    assert len(padded) == 2  # a control character: rich draws it
