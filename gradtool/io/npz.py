@@ -34,6 +34,9 @@ ALIGN = 64
 PAD_EXTRA_ID = 0x6770  # an unregistered zip extra-field id holding padding
 ZIP64_LOCAL_EXTRA = 20  # zipfile writes a 20-byte ZIP64 extra in local headers when force_zip64=True
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the zip epoch for every member: no wall-clock time in the output
+# bytes read past a member's local header while indexing, to take its .npy header in the same pread: a
+# ZIP64 extra (20), gradtool's alignment padding (< 64) and NumPy's header (128 for most shapes)
+HEADER_LOOKAHEAD = 512
 
 
 def _not_npz(members: list[str]) -> str:
@@ -102,8 +105,9 @@ class NpzReader(DumpReader):
             try:
                 if zi.compress_type == zipfile.ZIP_STORED and not zi.flag_bits & 0x1:
                     # pread at the member's offset: zipfile's member objects cost ~3 ms a dump
-                    start = self._data_starts[name] = self._local_data_start(zi)
-                    f = _MemberBytes(self._fd(), start, zi.file_size)
+                    start, ahead = self._local_header(zi, HEADER_LOOKAHEAD)
+                    self._data_starts[name] = start
+                    f = _MemberBytes(self._fd(), start, zi.file_size, ahead)
                     shape, dtype, fortran, hlen = read_npy_header(f, name, p)
                 else:
                     with self._zip.open(zi) as f:
@@ -228,16 +232,21 @@ class NpzReader(DumpReader):
     def _local_data_start(self, zi: zipfile.ZipInfo) -> int:
         """Where a member's data starts, from its local header, checked as ``zipfile.open`` checks it:
         the signature, the same file name as the central directory, no patched or strongly encrypted data."""
+        return self._local_header(zi, 0)[0]
+
+    def _local_header(self, zi: zipfile.ZipInfo, lookahead: int) -> tuple[int, bytes]:
+        """:meth:`_local_data_start`, and the (up to) ``lookahead`` bytes read after the local header in the
+        same ``pread`` (the member's .npy header while indexing: one system call a member, not four)."""
         name = zi.orig_filename.encode("utf-8" if zi.flag_bits & 0x800 else "cp437")
-        local = os.pread(self._fd(), 30 + len(name), zi.header_offset)
+        local = os.pread(self._fd(), 30 + len(name) + lookahead, zi.header_offset)
         if len(local) < 30 or local[:4] != b"PK\x03\x04":
             raise InputError(f"{self.display_path}: member {zi.filename!r}: bad local header")
         name_len, extra_len = struct.unpack("<HH", local[26:30])
-        if local[30:] != name or name_len != len(name):
+        if local[30: 30 + len(name)] != name or name_len != len(name):
             raise InputError(f"{self.display_path}: member {zi.filename!r}: local header names another file")
         if zi.flag_bits & 0x60:
             raise InputError(f"{self.display_path}: member {zi.filename!r} uses an unsupported zip feature")
-        return zi.header_offset + 30 + name_len + extra_len
+        return zi.header_offset + 30 + name_len + extra_len, local[30 + name_len + extra_len:]
 
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
         zi, _ = self._members[info.name]
@@ -292,13 +301,16 @@ class NpzReader(DumpReader):
 
 class _MemberBytes:
     """``read(n)`` over a stored member's bytes by ``os.pread``: what :func:`read_npy_header` needs, without
-    a zipfile member object (its local header was checked by ``_local_data_start``)."""
+    a zipfile member object (its local header was checked by ``_local_header``). ``ahead``: the bytes from
+    ``start`` on that were read already (with the local header), served without a system call."""
 
-    def __init__(self, fd: int, start: int, size: int):
-        self._fd, self._pos, self._end = fd, start, start + size
+    def __init__(self, fd: int, start: int, size: int, ahead: bytes = b""):
+        self._fd, self._start, self._pos, self._end, self._ahead = fd, start, start, start + size, ahead
 
     def read(self, n: int) -> bytes:
-        data = os.pread(self._fd, max(min(n, self._end - self._pos), 0), self._pos)
+        n = max(min(n, self._end - self._pos), 0)
+        k = self._pos - self._start
+        data = self._ahead[k: k + n] if k + n <= len(self._ahead) else os.pread(self._fd, n, self._pos)
         self._pos += len(data)
         return data
 

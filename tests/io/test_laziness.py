@@ -35,3 +35,45 @@ def test_only_one_tensor_resident(tmp_path, ext, monkeypatch):
             # every earlier array has been released: at most the current one is resident
             assert sum(1 for w in alive[:-1] if w is not None and w() is not None) == 0
         assert allocations == [f"t{i}" for i in range(5)]
+
+
+def _npz_with_every_header_size(tmp_path):
+    """np.savez and gradtool npz files of tensors from empty to large, one with a Fortran-order member and
+    a long name (its header and local header longer)."""
+    arrays = {"empty": np.zeros(0, np.float32), "one": np.float64(2.5) * np.ones(()), "b": np.arange(3, dtype=np.int8),
+              "w" * 200: np.arange(24, dtype=np.float16).reshape(2, 3, 4),
+              "f": np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4)),
+              "big": np.linspace(-1, 1, 70_000, dtype=np.float32).reshape(7, 10_000)}
+    np.savez(tmp_path / "np.npz", **arrays)
+    save_dump(str(tmp_path / "gt.npz"), arrays)
+    return arrays, [str(tmp_path / "np.npz"), str(tmp_path / "gt.npz")]
+
+
+def test_opening_a_stored_npz_reads_each_member_once(tmp_path, monkeypatch):
+    """One pread a member while indexing (its local header and its .npy header together), not four."""
+    import os
+
+    _, paths = _npz_with_every_header_size(tmp_path)
+    reads = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: reads.append(n) or real(fd, n, off))
+    for p in paths:
+        reads.clear()
+        with open_dump(p) as r:
+            assert len(r.tensors) == 6 and len(reads) == 6
+
+
+@pytest.mark.parametrize("lookahead", [0, 1, 9, 11, 40, 90, 127, 200, 512, 4096])
+def test_npz_index_is_the_same_whatever_was_read_ahead(tmp_path, monkeypatch, lookahead):
+    """Headers read ahead in part, whole, or not at all (then by further preads): the same tensors."""
+    import gradtool.io.npz as npzmod
+
+    arrays, paths = _npz_with_every_header_size(tmp_path)
+    monkeypatch.setattr(npzmod, "HEADER_LOOKAHEAD", lookahead)
+    for p in paths:
+        with open_dump(p) as r:
+            got = {info.name: a for info, a in r.iter_tensors()}
+            assert [(t.name, t.shape, t.dtype) for t in r.tensors] == [
+                (k, v.shape, v.dtype) for k, v in arrays.items()]
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(got[k], v, strict=True)
