@@ -308,6 +308,12 @@ def main() -> None:
         t_proc, _ = run_measured(reader_proc, rep)
         t_cli, _ = run_measured(gradtool_cmd() + ["stats", files["npz"], "--format", "json"], rep)
         add("stats npz CLI vs a python process reading the file", t_cli, t_proc, "python raw-read process")
+        # ... and the default output, the table people read, against JSON (rich laid the table out at ~0.5 ms
+        # a row before the twenty-fifth session: half of `stats` on a 592-tensor dump), in turns
+        t_table, t_json = alternate(
+            lambda: run_measured(gradtool_cmd() + ["stats", files["safetensors"]], 1)[0],
+            lambda: run_measured(gradtool_cmd() + ["stats", files["safetensors"], "--format", "json"], 1)[0], rep)
+        add(f"stats CLI, the default table vs --format json ({len(big)} tensors)", t_table, t_json, "--format json")
 
         # ... and the CLI on a history (the usual job: many steps in one run, start-up paid once): eight
         # hard links to the same dump, so the page cache holds one copy, against raw reads of the eight
