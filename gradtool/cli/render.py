@@ -169,29 +169,34 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 def _natural_widths(columns: Sequence[str], cells: list[list[str]]) -> list[int] | None:
     """Each column's width in terminal cells (its widest cell or heading); None when a cell holds a
-    control character (rich draws those its own way)."""
+    control character, or a character of no width (combining, zero-width: rich crops the cell's trailing
+    whitespace by its count of characters, not of cells): rich draws those its own way."""
     from rich.cells import cell_len
 
     widths = [cell_len(c) for c in columns]
     for r in cells:
         for i, v in enumerate(r):
-            if _CONTROL.search(v):
-                return None
             n = cell_len(v)
+            if n < len(v) or _CONTROL.search(v):
+                return None
             if n > widths[i]:
                 widths[i] = n
     return widths
 
 
 def _padded_row(row: Sequence[str], widths: Sequence[int], justify: Sequence[str]) -> str:
-    """One table line as rich draws it: each cell padded to its column's width (left or right justified),
-    columns two spaces apart, none at the edges (pad_edge=False), the trailing spaces kept."""
+    """One table line as rich draws it: each cell padded to its column's width, left justified as it is,
+    right justified without its trailing whitespace (rich's Lines.justify strips it), columns two spaces
+    apart, none at the edges (pad_edge=False), the line's trailing spaces kept."""
     from rich.cells import cell_len
 
     parts = []
     for v, w, j in zip(row, widths, justify):
-        pad = " " * (w - cell_len(v))
-        parts.append(pad + v if j == "right" else v + pad)
+        if j == "right":
+            v = v.rstrip()
+            parts.append(" " * (w - cell_len(v)) + v)
+        else:
+            parts.append(v + " " * (w - cell_len(v)))
     return "  ".join(parts) + "\n"
 
 

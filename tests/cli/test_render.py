@@ -54,7 +54,8 @@ def test_non_finite_floats_and_numpy_scalars_are_still_strict():
 
 
 # Tables: rows padded by print_table when the table fits give exactly rich's own layout of the whole table.
-_cell_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=10)
+_cell_text = st.one_of(st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=10),
+                       st.text(st.sampled_from(" a\xa0\u3000\u0301\u200b\u2003\t"), max_size=4))  # spaces
 _table_values = st.one_of(_cell_text, st.none(), st.booleans(), st.integers(-10**6, 10**6),
                           st.floats(allow_nan=True, allow_infinity=True),
                           st.lists(st.integers(0, 5000), max_size=3).map(tuple))
@@ -79,7 +80,7 @@ def _console(width, terminal):
                    force_terminal=terminal, color_system="standard" if terminal else None)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(data=st.data(), ncols=st.integers(1, 5), nrows=st.integers(0, 6), width=st.sampled_from([20, 60, 200]),
        terminal=st.booleans(), title=st.sampled_from([None, "a title"]))
 def test_print_table_is_richs_layout(data, ncols, nrows, width, terminal, title):
@@ -111,3 +112,14 @@ def test_a_table_that_fits_is_padded_here_and_one_that_does_not_is_richs(monkeyp
     assert len(padded) == 2 and narrow.file.getvalue().splitlines()[1:3] == ["encode   1.5", "r.attn      "]
     render.print_table(None, ["tensor"], [["a\x1b[31mb"]], out=wide)
     assert len(padded) == 2  # a control character: rich draws it
+
+
+@pytest.mark.parametrize("rows,right", [([["\xa0", ""]], ["0"]), ([["", "0\u0300\u2000"]], []),
+                                        ([["a ", "b\u3000"]], ["0", "00"])])
+def test_trailing_whitespace_and_zero_width_characters_as_rich_draws_them(rows, right):
+    """Found by the property test: rich strips a right-justified cell's trailing whitespace, and crops a
+    cell's by its count of characters (so where a combining character makes that exceed the width)."""
+    fast, reference = _console(20, False), _console(20, False)
+    render.print_table(None, ["0", "00"], rows, right=right, out=fast)
+    _rich_reference(None, ["0", "00"], rows, right, reference)
+    assert fast.file.getvalue() == reference.file.getvalue()
