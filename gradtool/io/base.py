@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -576,10 +576,28 @@ def copy_range(source: tuple[int, int], dest_fd: int, dest_offset: int, nbytes: 
         done += n
 
 
+# Bytes handed to the kernel per write. A buffered write of 1 MiB or more into new page-cache pages of an
+# ext4 file took 0.7-2.7 s per 2 GB on a 6.18 kernel (AMD EPYC VM), 256 KiB pieces of the same bytes a
+# steady 0.36-0.58 s (64 KiB: 0.45 s): clip of a 2 GB dump, --no-fsync, 0.87-2.39 s (median 1.2) against
+# 0.95-0.97 s in 256 KiB pieces. Smaller pieces cost a system call each (~1 us per 256 KiB).
+WRITE_PIECE = 1 << 18
+
+
+def write_all(f: BinaryIO, data: memoryview) -> None:
+    """``f.write(data)`` (``data``: bytes, or a memoryview of them) in pieces of at most WRITE_PIECE bytes."""
+    if len(data) <= WRITE_PIECE:
+        f.write(data)
+        return
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), WRITE_PIECE):
+        f.write(view[start: start + WRITE_PIECE])
+
+
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    """``os.pwrite`` until every byte of ``data`` is written at ``offset`` (a write may take fewer)."""
+    """``os.pwrite`` until every byte of ``data`` is written at ``offset`` (a write may take fewer), at
+    most WRITE_PIECE bytes a call."""
     while data:
-        n = os.pwrite(fd, data, offset)
+        n = os.pwrite(fd, data[:WRITE_PIECE], offset)
         data, offset = data[n:], offset + n
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import InputError, UnsafeInputError
 from .atomic import open_output
-from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape
+from .base import DumpReader, DumpWriter, TensorInfo, allocate, check_dtype, check_shape, write_all
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER = 1 << 16
@@ -141,7 +141,7 @@ def write_npy_chunks(f: BinaryIO, info: TensorInfo, chunks: Any) -> None:
     header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": info.shape}
     np.lib.format.write_array_header_2_0(f, header) if _needs_v2(header) else np.lib.format.write_array_header_1_0(f, header)
     for c in chunks:
-        f.write(memoryview(np.ascontiguousarray(c).view(np.uint8)))
+        write_all(f, memoryview(np.ascontiguousarray(c).view(np.uint8)))
 
 
 def _needs_v2(header: dict[str, Any]) -> bool:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import InputError, UnsafeInputError
 from .atomic import open_output
-from .base import PAGE, DumpReader, DumpWriter, TensorInfo, check_shape, copy_range
+from .base import PAGE, DumpReader, DumpWriter, TensorInfo, check_shape, copy_range, write_all
 
 MAX_HEADER = 100 * 1024 * 1024
 
@@ -211,7 +211,7 @@ class SafetensorsWriter(DumpWriter):
         a = np.ascontiguousarray(array)
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
-        self._f.write(memoryview(a.reshape(-1).view(np.uint8)))
+        write_all(self._f, memoryview(a.reshape(-1).view(np.uint8)))
         self._next += 1
 
     def add_chunks(self, info: TensorInfo, chunks: Any) -> None:
@@ -222,7 +222,7 @@ class SafetensorsWriter(DumpWriter):
             c = np.ascontiguousarray(c)
             if c.dtype.byteorder == ">":
                 c = c.astype(c.dtype.newbyteorder("<"))
-            self._f.write(memoryview(c.view(np.uint8)))
+            write_all(self._f, memoryview(c.view(np.uint8)))
             written += c.nbytes
         self.data_offset = None
         if written != expect.nbytes:
