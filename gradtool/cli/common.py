@@ -84,6 +84,19 @@ def progress(total: int, description: str) -> Iterator[Callable[[int], None]]:
 
 
 @contextmanager
+def status(description: str) -> Iterator[None]:
+    """A rich spinner saying ``description`` on stderr while a step of unknown length runs (reading a
+    training log: a 10^6-line text log takes seconds), shown only when stderr is a terminal, gone after."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from .render import console
+
+    with console(stderr=True).status(description, spinner="dots"):
+        yield
+
+
+@contextmanager
 def spooled_inputs(inputs: Sequence[str], *, dumps_only: bool = True) -> Iterator[dict[str, str]]:
     """For the length of a command: every read-once input (``-`` for standard input, a named pipe, a
     shell's ``<(cmd)``) copied once to a temporary file that every later open of it reads; yields

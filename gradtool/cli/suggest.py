@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from .common import (SkippedDumps, backend_option, engine_options, message, progress, select_options,
-                     numbered_groups_option, sharded_option, skip_unreadable_option, spooled_inputs)
+                     numbered_groups_option, sharded_option, skip_unreadable_option, spooled_inputs, status)
 
 MODES = ("global-norm", "norm", "average-norm", "value")
 
@@ -91,7 +91,10 @@ def _merge_logs(paths: list[str], key: str | None, run: str | None = None) -> tu
     from ..io.dump import spooled_copy, stream_name
     from ..io.logs import NormHistory, read_norm_log
 
-    hists = [read_norm_log(spooled_copy(p) or p, key, source=stream_name(p), run=run) for p in paths]
+    hists = []
+    for p in paths:
+        with status(f"reading {stream_name(p)}"):
+            hists.append(read_norm_log(spooled_copy(p) or p, key, source=stream_name(p), run=run))
     if run is not None and not any(h.run for h in hists):
         raise _run_unused(run)
     if len(hists) == 1:
