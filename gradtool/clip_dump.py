@@ -1,6 +1,7 @@
 """Clip whole dumps tensor by tensor (the library behind `gradtool clip`).
 
-Memory holds one chunk at a time (one tensor for the whole-tensor cases). Global-norm clipping makes two
+Memory holds one chunk at a time (one tensor for the whole-tensor cases: --axes that are not a tensor's
+trailing ones, Fortran order, device backends). Global-norm clipping makes two
 streaming passes: the norms first, then scale-and-write. Every tensor goes through the same library functions a user would call
 (:mod:`gradtool.core.clipping`), so the command and the library cannot disagree.
 """
@@ -8,7 +9,7 @@ streaming passes: the norms first, then scale-and-write. Every tensor goes throu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -197,9 +198,10 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
 
     On the host (``xp`` None) elementwise clipping streams every tensor through a small buffer: read a
     chunk, clip it with the library function, write it, so memory does not grow with the tensor and an
-    unclipped tensor is copied byte for byte. Norm clipping over ``axes``, Fortran-ordered arrays and
-    device backends take the whole tensor at once. Both paths use the same library functions, and those
-    are elementwise, so the bits are the same either way.
+    unclipped tensor is copied byte for byte. Norm clipping over a tensor's trailing ``axes`` (``-1``,
+    ``1,2`` of a 3-D tensor: each slice consecutive in C order) streams whole slices (:func:`_clip_slices`).
+    Other axes, Fortran-ordered arrays and device backends take the whole tensor at once. The paths use
+    the same library functions on the same slices, and scaling is elementwise, so the bits are the same.
     """
     spec.validate()
     result = DumpClip(reader.display_path, reader.group, step if step is not None else reader.step, spec)
@@ -235,10 +237,11 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         if shared is not None:  # a shard of a larger step: the whole step's norm decides
             result.global_norm_before, result.scale = shared.global_norm, shared.scale
             used = spec.use_norm if spec.use_norm is not None else shared.global_norm
-    elif xp is None and (spec.mode != "norm" or spec.axes is None) and not measured:
+    elif xp is None and not measured:
         # per-tensor modes: the streamed tensors' L2 norms before (scale and report) on two cores where
         # that applies, the same bits as the serial pass that _clip_streamed takes for the others
-        streamed = [name for name in chosen if not reader.info(name).fortran]
+        streamed = [name for name in chosen if not reader.info(name).fortran
+                    and (spec.axes is None or _slice_length(spec, reader.info(name)) is not None)]
         norms_before = _norms_in_parallel(reader, streamed, 2.0, spec.nonfinite, None, None)
 
     if writer is not None:
@@ -256,11 +259,14 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
             result.tensors.append(TensorClip(info.name, None, None, False, 0, skipped=why))
             continue
         try:
-            if xp is None and not info.fortran and (spec.mode != "norm" or spec.axes is None):
+            slices = _slice_length(spec, info) if xp is None and not info.fortran else None
+            if xp is None and not info.fortran and (spec.mode != "norm" or spec.axes is None or slices == 0):
                 logical = None
                 if shared is not None and info.name in shared.tensor_norms:
                     logical = (shared.tensor_norms[info.name], shared.tensor_sizes[info.name])
                 tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical, out_buffer)
+            elif slices and (by_slice := _clip_slices(reader, writer, info, spec, norms_before, slices)):
+                tc = by_slice
             elif shared is not None:
                 raise UsageError("sharded steps are clipped on the NumPy backend, without --axes")
             else:
@@ -430,6 +436,151 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
             pass
     after = acc.result()
     return TensorClip(name, before, after, changed > 0, changed, threshold)
+
+
+def _slice_length(spec: ClipSpec, info: TensorInfo) -> int | None:
+    """For ``--mode norm --axes``: how many elements each slice of ``info`` holds when its axes are the
+    tensor's trailing ones (each slice then lies in consecutive elements in C order, and can be streamed),
+    0 when they are all of its axes (one norm over the whole tensor, as without --axes), None when they
+    are not trailing (or the mode takes no axes, or the tensor is empty)."""
+    if spec.mode != "norm" or spec.axes is None or info.size == 0:
+        return None
+    ax = clipping.normalize_axes(spec.axes, len(info.shape))
+    ndim = len(info.shape)
+    if len(ax) == ndim:
+        return 0
+    if ax != tuple(range(ndim - len(ax), ndim)):
+        return None
+    return math.prod(info.shape[ndim - len(ax):])
+
+
+def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,
+                 norms_before: dict[str, float], inner: int) -> TensorClip | None:
+    """``clip_by_norm`` over trailing axes, each slice ``inner`` consecutive elements, streamed in two
+    passes over blocks of whole slices (about STREAM_CHUNK elements): A takes the slices' norms by the same
+    ``slice_l2_norms`` on the same slices (so the same bits as on the whole tensor), B scales the clipped
+    slices (elementwise, so the same bits again) and writes them; the norm after is taken over
+    STREAM_CHUNK chunks, as ``tensor_norm`` takes it. Memory: a block or two and one float64 per slice,
+    where the whole-tensor path held the tensor, its float64 copy and their products (800 MB at its peak
+    for the 500 MB GPT-2 set, whose largest tensor is 147 MiB). None, having written nothing, for a tensor
+    without a threshold, or one whose clipped slices' scales are below float32's normal range
+    (``scale_tensor`` then takes the whole float32 tensor through float64): the caller clips it whole."""
+    from .backend import host_namespace
+    from .core.norms import slice_l2_norms
+
+    np_xp = host_namespace()
+    name, policy, threshold = info.name, spec.nonfinite, spec.threshold_for(info.name)
+    if threshold is None:
+        return None
+    before = norms_before[name] if name in norms_before else _norm_of(reader, info, 2.0, policy, None)
+    block = max(1, STREAM_CHUNK // inner) * inner
+    norms = np.empty(info.size // inner)
+    done = 0
+    step = max(1, NORM_ROWS_ELEMENTS // inner)
+    for chunk in reader.iter_chunks(info, block):
+        x = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
+        n = x.shape[0] // inner
+        rows = x.reshape(n, inner)
+        for i in range(0, n, step):  # a few rows at a time: their float64 copies stay in cache
+            got = slice_l2_norms(rows[i: i + step], (1,), np_xp).reshape(-1)
+            norms[done + i: done + i + got.shape[0]] = got
+        if policy == "error" and not np.isfinite(norms[done: done + n]).all() \
+                and clipping.has_nonfinite(x, xp=np_xp):
+            raise NonFiniteError(f"tensor {name!r} holds NaN/Inf", [name])  # as clip_by_norm refuses it
+        done += n
+    clipped, scale = clipping.slice_clip_scales(norms, float(threshold), np_xp)
+    if info.dtype == np.float32 and clipping._subnormal_in_float32(scale, np_xp):
+        return None
+    if not clipped.any() and policy != "zero" and _copied(reader, writer, info):
+        return TensorClip(name, before, before, False, 0, threshold)
+    after = _NormOfPieces(info.dtype)
+    changed = 0
+
+    def clipped_blocks() -> Iterator[np.ndarray]:
+        nonlocal changed
+        done = 0
+        for chunk in reader.iter_chunks_ahead(info, block):
+            src = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
+            n = src.shape[0] // inner
+            rows = slice(done, done + n)
+            out, counted = src, None
+            if clipped[rows].any():
+                out, counted = _scale_rows(src.reshape(n, inner), clipped[rows], scale[rows], np_xp)
+                out = out.reshape(-1)
+            if src is not chunk or (out is not chunk and counted is None):
+                changed += _changed(chunk, out, np_xp)
+            elif counted is not None:
+                changed += counted
+            after.add(out)
+            done += n
+            yield out
+
+    if writer is not None:
+        writer.add_chunks(info, clipped_blocks())
+    else:
+        for _ in clipped_blocks():
+            pass
+    return TensorClip(name, before, after.result(), changed > 0, changed, threshold)
+
+
+# elements whose slice norms are taken in one call: their float64 copy (64 KiB) and its squares stay in
+# cache and in malloc's heap (bigger ones are mapped afresh each time): pass A over the 500 MB GPT-2 set
+# 0.9 s at 2^18 elements a call, ~0.15 s at 2^13 (measured on 20,000 rows of 768: 108 against 19 ms)
+NORM_ROWS_ELEMENTS = 1 << 13
+HALF_ROW_KERNEL = 256  # rows from this length are scaled by the compiled kernel (a call each, ~1 us)
+
+
+def _scale_rows(x: np.ndarray, clipped: np.ndarray, scale: np.ndarray,
+                np_xp: ModuleType) -> tuple[np.ndarray, int | None]:
+    """(``clipping.scale_slices``, the elements it changed, or None when not counted here). Float16 and
+    bfloat16 rows of HALF_ROW_KERNEL elements or more go through the compiled ``half_scale`` (widened,
+    multiplied in float32, rounded once: the same bits), which counts the changes as ``_changed`` does:
+    NumPy's float16 casts and comparisons are slowest where the results are float16 subnormals, as clipped
+    gradients often are (``clip --mode norm --axes -1`` of the float16 GPT-2 set: 2.35 s with NumPy's
+    casts and comparisons on streamed rows, 0.98 s with the kernel's rows and counts)."""
+    from .core import kernels
+
+    kind = half_kind(x.dtype)
+    if kind is None or kernels.compiled_half_scale is None or x.shape[1] < HALF_ROW_KERNEL:
+        return clipping.scale_slices(x, clipped, scale, np_xp), None
+    out = x.copy()
+    changed = 0
+    for i in np.flatnonzero(clipped):
+        changed += kernels.compiled_half_scale(x[i].view(np.uint16), float(scale[i]), out[i].view(np.uint16),
+                                               kind)[1]
+    return out, changed
+
+
+class _NormOfPieces:
+    """The L2 norm of a tensor handed over in pieces of any length, accumulated over STREAM_CHUNK-element
+    chunks as ``tensor_norm`` cuts it (a chunk's Σx² is rounded once: another cut could move the last
+    bit). Whole chunks are taken in place; a chunk split between pieces is gathered in a buffer."""
+
+    def __init__(self, dtype: np.dtype):
+        self._acc = NormAccumulator(2.0)
+        self._buf = np.empty(STREAM_CHUNK, dtype.newbyteorder("="))
+        self._held = 0
+
+    def add(self, piece: np.ndarray) -> None:
+        flat = piece.reshape(-1)
+        while flat.shape[0]:
+            if self._held == 0 and flat.shape[0] >= STREAM_CHUNK:
+                self._acc.update(flat[:STREAM_CHUNK])
+                flat = flat[STREAM_CHUNK:]
+                continue
+            k = min(STREAM_CHUNK - self._held, flat.shape[0])
+            self._buf[self._held: self._held + k] = flat[:k]
+            self._held += k
+            flat = flat[k:]
+            if self._held == STREAM_CHUNK:
+                self._acc.update(self._buf)
+                self._held = 0
+
+    def result(self) -> float:
+        if self._held:
+            self._acc.update(self._buf[: self._held])
+            self._held = 0
+        return self._acc.result()
 
 
 def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,

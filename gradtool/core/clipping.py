@@ -178,14 +178,26 @@ def clip_by_norm(t: Any, clip_norm: Any, axes: int | Sequence[int] | None = None
         if n <= c:  # False for NaN
             return t
         return scale_tensor(t, c / n, xp)
-    norms = slice_l2_norms(t, ax, xp)
-    clipped = ~(norms <= c)  # NaN norms count as clipped: TF's formula turns them into NaN
+    clipped, scale = slice_clip_scales(slice_l2_norms(t, ax, xp), c, xp)
     if not bool(xp.any(clipped)):
         return t
-    safe = xp.where(clipped, norms, xp.full_like(norms, c))
-    scale = xp.where(clipped, c / safe, xp.ones_like(norms))
     scaled = scale_tensor(t, scale, xp)
     return xp.where(xp.broadcast_to(clipped, t.shape), scaled, t)
+
+
+def scale_slices(t: Any, clipped: Any, scale: Any, xp: ModuleType) -> Any:
+    """The rows of ``t`` (slices × elements) as :func:`clip_by_norm` over axes leaves them: row i
+    multiplied by ``scale[i]`` (:func:`scale_tensor`) where ``clipped[i]``, as it was elsewhere."""
+    return xp.where(clipped[:, None], scale_tensor(t, scale[:, None], xp), t)
+
+
+def slice_clip_scales(norms: Any, clip_norm: float, xp: ModuleType) -> tuple[Any, Any]:
+    """What :func:`clip_by_norm` over axes does to each slice, from the slices' L2 norms ‖tᵢ‖:
+    (clipped = not ‖tᵢ‖ ≤ c, so a NaN norm counts as clipped: TF's formula makes the slice NaN;
+    scale = c / ‖tᵢ‖ where clipped, 1 elsewhere), both in the norms' shape and dtype (float64)."""
+    clipped = ~(norms <= clip_norm)
+    safe = xp.where(clipped, norms, xp.full_like(norms, clip_norm))
+    return clipped, xp.where(clipped, clip_norm / safe, xp.ones_like(norms))
 
 
 def clip_by_average_norm(t: Any, clip_norm: Any, *, nonfinite: str = "error", xp: ModuleType | None = None) -> Any:
