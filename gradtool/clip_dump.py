@@ -429,11 +429,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
             acc.update(out)
             yield out
 
-    if writer is not None:
-        writer.add_chunks(info, clipped_chunks())
-    else:
-        for _ in clipped_chunks():
-            pass
+    _write_or_drain(writer, info, clipped_chunks())
     after = acc.result()
     return TensorClip(name, before, after, changed > 0, changed, threshold)
 
@@ -515,12 +511,17 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
             done += n
             yield out
 
-    if writer is not None:
-        writer.add_chunks(info, clipped_blocks())
-    else:
-        for _ in clipped_blocks():
-            pass
+    _write_or_drain(writer, info, clipped_blocks())
     return TensorClip(name, before, after.result(), changed > 0, changed, threshold)
+
+
+def _write_or_drain(writer: DumpWriter | None, info: TensorInfo, chunks: Iterator[np.ndarray]) -> None:
+    """The clipped chunks to ``writer``; on a dry run (no writer) produced all the same, for the report."""
+    if writer is not None:
+        writer.add_chunks(info, chunks)
+    else:
+        for _ in chunks:
+            pass
 
 
 # elements whose slice norms are taken in one call: their float64 copy (64 KiB) and its squares stay in
