@@ -128,12 +128,15 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
                 right: Sequence[str] = (), out: Any = None) -> None:
     """A rich table with markup off: user data (tensor names like ``attn[weight]``) prints as itself.
 
-    Laying a table out row by row costs rich ~0.5 ms a row (0.35 s of the 0.6 s ``gradtool stats`` took on
-    a 592-tensor dump; seconds for tens of thousands of tensors). When every column fits at its widest
-    cell (as rich then draws it: column width = widest cell, one space either side of a column, none at
-    the edges) and no cell holds a control character, rich draws only the heading, with those widths, and
-    the rows are padded here: the same text, styles included (tested against rich's own layout). Otherwise
-    rich lays out the whole table (it folds the cells that do not fit)."""
+    Every column is as wide as its widest cell, one space either side of a column, none at the edges, as
+    rich draws a table that fits. Laying a table out row by row costs rich ~0.5 ms a row (0.35 s of the
+    0.6 s ``gradtool stats`` took on a 592-tensor dump; seconds for tens of thousands of tensors), so rich
+    draws only the heading, with those widths, and the rows are padded here: the same text, styles
+    included (tested against rich's own layout). A table wider than the terminal is printed the same way
+    at full width, the heading too (bold on a terminal): lines longer than the terminal, which it wraps
+    (``less -S`` chops them), where rich would fold every cell into its share of the width, numbers
+    broken across lines ("float3" over "2"), at 3 s for 592 rows on 80 columns. A cell holding a control
+    or zero-width character leaves the whole table to rich."""
     from rich.text import Text
 
     out = out or console()
@@ -142,10 +145,13 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     cells = [[human(v) for v in r] for r in rows]
     justify = ["right" if c in right else "left" for c in columns]
     widths = _natural_widths(columns, cells)
-    if widths is None or sum(widths) + 2 * len(widths) - 2 > out.width:
+    if widths is None:
         out.print(_rich_table(columns, justify, cells))
         return
-    out.print(_rich_table(columns, justify, [], widths))
+    if sum(widths) + 2 * len(widths) - 2 <= out.width:
+        out.print(_rich_table(columns, justify, [], widths))
+    else:
+        out.print(Text(_padded_row(columns, widths, justify)[:-1], style="bold"), soft_wrap=True)
     if cells:
         out.file.write("".join(_padded_row(r, widths, justify) for r in cells))
 

@@ -2,6 +2,7 @@
 indentation) give exactly the text of the simple definition, json.dumps(strict(doc), indent=...)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -53,6 +54,8 @@ def test_non_finite_floats_and_numpy_scalars_are_still_strict():
     assert json.loads(render.dumps_json(doc)) == {"a": "NaN", "b": ["Infinity", "-Infinity"], "c": 0.5, "d": [1, 2]}
 
 
+_ANSI = re.compile("\x1b\\[[0-9;]*m")
+
 # Tables: rows padded by print_table when the table fits give exactly rich's own layout of the whole table.
 _cell_text = st.one_of(st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=10),
                        st.text(st.sampled_from(" a\xa0\u3000\u0301\u200b\u2003\t"), max_size=4))  # spaces
@@ -84,20 +87,29 @@ def _console(width, terminal):
 @given(data=st.data(), ncols=st.integers(1, 5), nrows=st.integers(0, 6), width=st.sampled_from([20, 60, 200]),
        terminal=st.booleans(), title=st.sampled_from([None, "a title"]))
 def test_print_table_is_richs_layout(data, ncols, nrows, width, terminal, title):
-    """Any cells (wide and combining characters, spaces at the ends, control characters, empty), fitting
-    the width or not, in a terminal (bold heading) or not."""
+    """Any cells (wide and combining characters, spaces at the ends, control characters, empty), in a
+    terminal (bold heading) or not: a table that fits the width is rich's layout of it, escape codes
+    included; a wider one is rich's layout on a console wide enough for it (no cell folded), the same
+    text but for the heading's escape codes; one with a control or zero-width character, rich's own."""
     columns = data.draw(st.lists(st.text(st.characters(codec="ascii", min_codepoint=33), min_size=1, max_size=8),
                                  min_size=ncols, max_size=ncols, unique=True))
     rows = data.draw(st.lists(st.lists(_table_values, min_size=ncols, max_size=ncols), min_size=nrows,
                               max_size=nrows))
     right = data.draw(st.lists(st.sampled_from(columns), max_size=ncols))
-    fast, reference = _console(width, terminal), _console(width, terminal)
+    widths = render._natural_widths(columns, [[render.human(v) for v in r] for r in rows])
+    wide = widths is not None and sum(widths) + 2 * len(widths) - 2 > width
+    fast = _console(width, terminal)
+    reference = _console(10_000, False) if wide else _console(width, terminal)
     render.print_table(title, columns, rows, right=right, out=fast)
     _rich_reference(title, columns, rows, right, reference)
-    assert fast.file.getvalue() == reference.file.getvalue()
+    got = _ANSI.sub("", fast.file.getvalue()) if wide else fast.file.getvalue()
+    assert got == reference.file.getvalue()
+    if wide and terminal:
+        assert fast.file.getvalue().splitlines()[1 if title else 0].startswith("\x1b[1m")  # a bold heading
 
 
-def test_a_table_that_fits_is_padded_here_and_one_that_does_not_is_richs(monkeypatch):
+
+def test_a_table_is_padded_here_whatever_its_width(monkeypatch):
     padded = []
     real = render._padded_row
     monkeypatch.setattr(render, "_padded_row", lambda *a: padded.append(a[0]) or real(*a))
@@ -108,10 +120,11 @@ def test_a_table_that_fits_is_padded_here_and_one_that_does_not_is_richs(monkeyp
     assert wide.file.getvalue().splitlines() == ["tensor               norm",
                                                  "encoder.attn.weight   1.5",
                                                  "b                     NaN"]
-    render.print_table(None, ["tensor", "norm"], rows, right=["norm"], out=narrow)
-    assert len(padded) == 2 and narrow.file.getvalue().splitlines()[1:3] == ["encode   1.5", "r.attn      "]
+    render.print_table(None, ["tensor", "norm"], rows, right=["norm"], out=narrow)  # wider than 12: as it is
+    assert padded[2:] == [["tensor", "norm"]] + padded[:2]  # the heading too
+    assert narrow.file.getvalue() == wide.file.getvalue()
     render.print_table(None, ["tensor"], [["a\x1b[31mb"]], out=wide)
-    assert len(padded) == 2  # a control character: rich draws it
+    assert len(padded) == 5  # a control character: rich draws it
 
 
 @pytest.mark.parametrize("rows,right", [([["\xa0", ""]], ["0"]), ([["", "0\u0300\u2000"]], []),
