@@ -386,11 +386,15 @@ def _l2_norms(tensors: list[Any]) -> list[float]:
 
 
 def slice_l2_norms(x: Any, axes: tuple[int, ...], xp: ModuleType) -> Any:
-    """‖x‖₂ over ``axes`` with keepdims, in float64 (rescaled by the slice max |x| for float64 inputs)."""
-    x64 = as_float64(x, xp)
+    """‖x‖₂ over ``axes`` with keepdims, in float64 (rescaled by the slice max |x| for float64 inputs).
+    The squares are taken in place in the one float64 array made (x widened, or x scaled): a tensor's
+    worth of float64 less at the peak than squaring into a second array, the same bits."""
     if x.dtype != xp.float64:
-        return xp.sqrt(xp.sum(x64 * x64, axis=axes, keepdims=True))
-    m = xp.max(xp.abs(x64), axis=axes, keepdims=True)
+        sq = as_float64(x, xp)  # a new array (astype copies; complex: the moduli)
+        sq *= sq
+        return xp.sqrt(xp.sum(sq, axis=axes, keepdims=True))
+    m = xp.max(xp.abs(x), axis=axes, keepdims=True)
     safe = xp.where((m > 0) & xp.isfinite(m), m, xp.ones_like(m))
-    scaled = x64 / safe
-    return safe * xp.sqrt(xp.sum(scaled * scaled, axis=axes, keepdims=True))
+    scaled = x / safe
+    scaled *= scaled
+    return safe * xp.sqrt(xp.sum(scaled, axis=axes, keepdims=True))
