@@ -376,7 +376,9 @@ def _render(doc: dict[str, Any], fmt: str) -> None:
                       f"method {doc['method']}", out)
     g = next((m for m in doc["modes"] if m["mode"] == "global-norm"), None)
     series = doc["series"]["global_norm"]
-    for line in ascii_chart(series, g["threshold"] if g else None):
+    # 72 columns of points after a 12-column label; fewer on a narrower terminal, whose lines rich would
+    # otherwise fold (80 columns: each row of the chart broken in two)
+    for line in ascii_chart(series, g["threshold"] if g else None, width=max(16, min(72, out.width - 12))):
         render.print_line(line, out)
     out.print()
     render.print_table("recommended thresholds",

@@ -38,3 +38,27 @@ def test_chart_marks_a_nan_bucket_and_draws_the_threshold():
     assert len(lines) == 8 and any("τ 3" in line for line in lines)
     assert "!" in lines[0]  # the top row
     assert ascii_chart([], 1.0) == [] and ascii_chart([0.0, math.nan], 1.0) == ["(no finite positive values to chart)"]
+
+
+SAMPLE_RUN = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "sample_data" / "run.h5")
+
+
+def test_the_report_chart_fits_a_narrow_terminal(run, monkeypatch):
+    """On 80 (and 50) columns each chart row stays one line (72 columns of points after the label made
+    84, which rich folded in two); piped (200 columns), the chart keeps its 72 columns."""
+    import io
+
+    from rich.console import Console
+
+    from gradtool.cli import render
+
+    for width, points in ((80, 68), (50, 38), (200, 72)):
+        buf = io.StringIO()
+        monkeypatch.setattr(render, "console", lambda stderr=False, w=width, b=buf: Console(
+            file=b, markup=False, highlight=False, emoji=False, width=w, soft_wrap=False, color_system=None))
+        assert run("suggest-threshold", SAMPLE_RUN).exit_code == 0
+        lines = buf.getvalue().splitlines()
+        first = next(i for i, line in enumerate(lines) if "┤" in line)
+        rows = lines[first: first + 8]
+        assert all("┤" in r and len(r) == points + 12 for r in rows)  # no row folded onto a second line
+        assert "┤" not in lines[first + 8]
