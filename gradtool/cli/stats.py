@@ -216,7 +216,7 @@ def _render(records: list[dict[str, Any]], summaries: list, fmt: str, per_tensor
         norms = [r["global_norm"] for r in records]
         finite = [v for v in norms if math.isfinite(v)]
         render.print_line(f"global norm, steps {records[0]['step']}..{records[-1]['step']} (log scale, ! = NaN/Inf):", out)
-        render.print_line(render.sparkline(norms), out)
+        render.print_line(render.sparkline(norms, width=max(8, min(80, out.width))), out)  # one line
         if finite:
             render.print_line(f"min {render.human(min(finite))}  median {render.human(sorted(finite)[len(finite)//2])}"
                               f"  max {render.human(max(finite))}", out)

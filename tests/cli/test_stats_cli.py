@@ -226,3 +226,25 @@ def test_a_cut_history_table_says_which_steps_it_shows(run, history):
     assert out[0] == "6 steps (top 2 by global norm)" and out[2].split()[0] == "3"  # the 100x step
     assert run("stats", history).stdout.splitlines()[0] == "6 steps"
     assert run("stats", history, "--top", "6").stdout.splitlines()[0] == "6 steps"
+
+
+def test_the_history_sparkline_fits_a_narrow_terminal(run, monkeypatch):
+    """400 steps on a 50-column terminal: a sparkline of 50 buckets on one line (80 were folded in two);
+    piped (200 columns), 80 as before."""
+    import io
+    import pathlib
+
+    from rich.console import Console
+
+    from gradtool.cli import render
+
+    sample = str(pathlib.Path(__file__).resolve().parents[2] / "sample_data" / "run.h5")
+    for width, expected in ((50, 50), (200, 80)):
+        buf = io.StringIO()
+        monkeypatch.setattr(render, "console", lambda stderr=False, w=width, b=buf: Console(
+            file=b, markup=False, highlight=False, emoji=False, width=w, soft_wrap=False, color_system=None))
+        assert run("stats", sample).exit_code == 0
+        lines = buf.getvalue().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("min "))
+        assert len(lines[at - 1]) == expected and set(lines[at - 1]) <= set("▁▂▃▄▅▆▇█!")
+        assert "NaN/Inf):" in lines[at - 2]  # the line (or the fold of the line) that introduces it
