@@ -18,7 +18,7 @@ import numpy as np
 
 from .backend import to_device, to_host
 from .core import clipping
-from .core.norms import NormAccumulator, combine_norms, parse_norm_type, tensor_norm
+from .core.norms import NormAccumulator, as_float64, combine_norms, parse_norm_type, tensor_norm
 from .core.kernels import half_kind
 from .core.stats import STREAM_CHUNK
 from .errors import NonFiniteError, UsageError
@@ -241,7 +241,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         # per-tensor modes: the streamed tensors' L2 norms before (scale and report) on two cores where
         # that applies, the same bits as the serial pass that _clip_streamed takes for the others
         streamed = [name for name in chosen if not reader.info(name).fortran
-                    and (spec.axes is None or _slice_length(spec, reader.info(name)) is not None)]
+                    and (spec.axes is None or _slice_layout(spec, reader.info(name)) is not None)]
         norms_before = _norms_in_parallel(reader, streamed, 2.0, spec.nonfinite, None, None)
 
     if writer is not None:
@@ -259,13 +259,14 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
             result.tensors.append(TensorClip(info.name, None, None, False, 0, skipped=why))
             continue
         try:
-            slices = _slice_length(spec, info) if xp is None and not info.fortran else None
-            if xp is None and not info.fortran and (spec.mode != "norm" or spec.axes is None or slices == 0):
+            layout = _slice_layout(spec, info) if xp is None and not info.fortran else None
+            if xp is None and not info.fortran and (spec.mode != "norm" or spec.axes is None
+                                                    or (layout is not None and layout[0] == "all")):
                 logical = None
                 if shared is not None and info.name in shared.tensor_norms:
                     logical = (shared.tensor_norms[info.name], shared.tensor_sizes[info.name])
                 tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical, out_buffer)
-            elif slices and (by_slice := _clip_slices(reader, writer, info, spec, norms_before, slices)):
+            elif layout and (by_slice := _clip_slices(reader, writer, info, spec, norms_before, layout)):
                 tc = by_slice
             elif shared is not None:
                 raise UsageError("sharded steps are clipped on the NumPy backend, without --axes")
@@ -434,56 +435,49 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
     return TensorClip(name, before, after, changed > 0, changed, threshold)
 
 
-def _slice_length(spec: ClipSpec, info: TensorInfo) -> int | None:
-    """For ``--mode norm --axes``: how many elements each slice of ``info`` holds when its axes are the
-    tensor's trailing ones (each slice then lies in consecutive elements in C order, and can be streamed),
-    0 when they are all of its axes (one norm over the whole tensor, as without --axes), None when they
-    are not trailing (or the mode takes no axes, or the tensor is empty)."""
+def _slice_layout(spec: ClipSpec, info: TensorInfo) -> tuple[str, int] | None:
+    """How ``--mode norm --axes`` cuts ``info`` into slices that can be streamed, the tensor seen as
+    (rows, width) in C order: ("rows", width) when the axes are its trailing ones (each slice a row of
+    consecutive elements), ("columns", width) when they are its leading ones and the rest holds at least
+    two elements (each slice a column: NumPy sums such a reduction row after row, which a stream can do
+    in the same order), ("all", 0) when they are all of its axes (one norm over the whole tensor, as
+    without --axes); None otherwise (other axes, another mode, an empty tensor): clipped whole."""
     if spec.mode != "norm" or spec.axes is None or info.size == 0:
         return None
-    ax = clipping.normalize_axes(spec.axes, len(info.shape))
     ndim = len(info.shape)
+    ax = clipping.normalize_axes(spec.axes, ndim)
     if len(ax) == ndim:
-        return 0
-    if ax != tuple(range(ndim - len(ax), ndim)):
-        return None
-    return math.prod(info.shape[ndim - len(ax):])
+        return "all", 0
+    if ax == tuple(range(ndim - len(ax), ndim)):
+        return "rows", math.prod(info.shape[ndim - len(ax):])
+    width = math.prod(info.shape[len(ax):])
+    if ax == tuple(range(len(ax))) and width >= 2:  # one column: a contiguous sum, which NumPy pairs
+        return "columns", width
+    return None
 
 
 def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,
-                 norms_before: dict[str, float], inner: int) -> TensorClip | None:
-    """``clip_by_norm`` over trailing axes, each slice ``inner`` consecutive elements, streamed in two
-    passes over blocks of whole slices (about STREAM_CHUNK elements): A takes the slices' norms by the same
-    ``slice_l2_norms`` on the same slices (so the same bits as on the whole tensor), B scales the clipped
-    slices (elementwise, so the same bits again) and writes them; the norm after is taken over
-    STREAM_CHUNK chunks, as ``tensor_norm`` takes it. Memory: a block or two and one float64 per slice,
-    where the whole-tensor path held the tensor, its float64 copy and their products (800 MB at its peak
-    for the 500 MB GPT-2 set, whose largest tensor is 147 MiB). None, having written nothing, for a tensor
-    without a threshold, or one whose clipped slices' scales are below float32's normal range
-    (``scale_tensor`` then takes the whole float32 tensor through float64): the caller clips it whole."""
+                 norms_before: dict[str, float], layout: tuple[str, int]) -> TensorClip | None:
+    """``clip_by_norm`` over a tensor's trailing or leading axes (:func:`_slice_layout`), streamed in two
+    passes over blocks of whole rows (about STREAM_CHUNK elements): A takes the slices' norms as
+    ``slice_l2_norms`` takes them on the whole tensor (rows: the same function on the same rows; columns:
+    the squares summed row after row, as NumPy sums them, carried from block to block), so the same bits;
+    B scales the clipped slices (elementwise, so the same bits again) and writes them; the norm after is
+    taken over STREAM_CHUNK chunks, as ``tensor_norm`` takes it. Memory: a block or two and one float64
+    per slice, where the whole-tensor path held the tensor, its float64 copy and their products (800 MB
+    at its peak for the 500 MB GPT-2 set, whose largest tensor is 147 MiB). None, having written nothing,
+    for a tensor without a threshold, or one whose clipped slices' scales are below float32's normal
+    range (``scale_tensor`` then takes the whole float32 tensor through float64): it is clipped whole."""
     from .backend import host_namespace
-    from .core.norms import slice_l2_norms
 
     np_xp = host_namespace()
     name, policy, threshold = info.name, spec.nonfinite, spec.threshold_for(info.name)
     if threshold is None:
         return None
     before = norms_before[name] if name in norms_before else _norm_of(reader, info, 2.0, policy, None)
-    block = max(1, STREAM_CHUNK // inner) * inner
-    norms = np.empty(info.size // inner)
-    done = 0
-    step = max(1, NORM_ROWS_ELEMENTS // inner)
-    for chunk in reader.iter_chunks(info, block):
-        x = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
-        n = x.shape[0] // inner
-        rows = x.reshape(n, inner)
-        for i in range(0, n, step):  # a few rows at a time: their float64 copies stay in cache
-            got = slice_l2_norms(rows[i: i + step], (1,), np_xp).reshape(-1)
-            norms[done + i: done + i + got.shape[0]] = got
-        if policy == "error" and not np.isfinite(norms[done: done + n]).all() \
-                and clipping.has_nonfinite(x, xp=np_xp):
-            raise NonFiniteError(f"tensor {name!r} holds NaN/Inf", [name])  # as clip_by_norm refuses it
-        done += n
+    kind, width = layout
+    block = max(1, STREAM_CHUNK // width) * width
+    norms = (_row_norms if kind == "rows" else _column_norms)(reader, info, width, block, policy, np_xp)
     clipped, scale = clipping.slice_clip_scales(norms, float(threshold), np_xp)
     if info.dtype == np.float32 and clipping._subnormal_in_float32(scale, np_xp):
         return None
@@ -497,11 +491,16 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
         done = 0
         for chunk in reader.iter_chunks_ahead(info, block):
             src = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
-            n = src.shape[0] // inner
-            rows = slice(done, done + n)
+            n = src.shape[0] // width
             out, counted = src, None
-            if clipped[rows].any():
-                out, counted = _scale_rows(src.reshape(n, inner), clipped[rows], scale[rows], np_xp)
+            if kind == "columns":
+                if clipped.any():  # each column by its scale, where that column is clipped
+                    x2 = src.reshape(n, width)
+                    out = np_xp.where(clipped[None, :], clipping.scale_tensor(x2, scale[None, :], np_xp), x2)
+                    out = out.reshape(-1)
+            elif clipped[done: done + n].any():
+                rows = slice(done, done + n)
+                out, counted = _scale_rows(src.reshape(n, width), clipped[rows], scale[rows], np_xp)
                 out = out.reshape(-1)
             if src is not chunk or (out is not chunk and counted is None):
                 changed += _changed(chunk, out, np_xp)
@@ -513,6 +512,66 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
 
     _write_or_drain(writer, info, clipped_blocks())
     return TensorClip(name, before, after.result(), changed > 0, changed, threshold)
+
+
+def _row_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, policy: str,
+               np_xp: ModuleType) -> np.ndarray:
+    """Pass A of :func:`_clip_slices` for rows: each row's L2 norm by ``slice_l2_norms``, a few rows at a
+    time (their float64 copies stay in cache). Raises NonFiniteError under "error" for NaN/Inf."""
+    from .core.norms import slice_l2_norms
+
+    norms = np.empty(info.size // width)
+    done = 0
+    step = max(1, NORM_ROWS_ELEMENTS // width)
+    for chunk in reader.iter_chunks(info, block):
+        x = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
+        n = x.shape[0] // width
+        rows = x.reshape(n, width)
+        for i in range(0, n, step):
+            got = slice_l2_norms(rows[i: i + step], (1,), np_xp).reshape(-1)
+            norms[done + i: done + i + got.shape[0]] = got
+        _refuse_nonfinite(policy, norms[done: done + n], x, info.name, np_xp)
+        done += n
+    return norms
+
+
+def _column_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, policy: str,
+                  np_xp: ModuleType) -> np.ndarray:
+    """Pass A of :func:`_clip_slices` for columns: ``slice_l2_norms`` over the leading axes, streamed.
+    NumPy sums a reduction over leading axes row after row into one accumulator (a sum over the single
+    contiguous axis, which it pairs, never comes here: width >= 2), so the squares of each few rows are
+    summed with the running sums added to their first row: the same additions in the same order. A
+    float64 tensor is first scanned for each column's max |x|, by which ``slice_l2_norms`` scales it."""
+    f64 = info.dtype == np.float64
+    safe = None
+    if f64:
+        peak = None
+        for chunk in reader.iter_chunks(info, block):
+            x = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
+            m = np.max(np.abs(x.reshape(-1, width)), axis=0)
+            peak = m if peak is None else np.maximum(peak, m)
+        safe = np.where((peak > 0) & np.isfinite(peak), peak, np.ones_like(peak))
+    acc = None
+    step = max(1, NORM_ROWS_ELEMENTS // width)
+    for chunk in reader.iter_chunks(info, block):
+        x = clipping.zero_nonfinite(chunk, xp=np_xp) if policy == "zero" else chunk
+        rows = x.reshape(-1, width)
+        for i in range(0, rows.shape[0], step):
+            sq = rows[i: i + step] / safe if f64 else as_float64(rows[i: i + step], np_xp)
+            sq *= sq
+            if acc is not None:
+                sq[0] += acc
+            acc = np.add.reduce(sq, axis=0)
+        _refuse_nonfinite(policy, acc, x, info.name, np_xp)
+    assert acc is not None  # info.size > 0
+    return safe * np.sqrt(acc) if f64 else np.sqrt(acc)
+
+
+def _refuse_nonfinite(policy: str, norms: np.ndarray, x: np.ndarray, name: str, np_xp: ModuleType) -> None:
+    """Under the "error" policy, NonFiniteError when ``x`` holds NaN/Inf (as ``clip_by_norm`` refuses such a
+    tensor); looked for only where a norm is not finite."""
+    if policy == "error" and not np.isfinite(norms).all() and clipping.has_nonfinite(x, xp=np_xp):
+        raise NonFiniteError(f"tensor {name!r} holds NaN/Inf", [name])
 
 
 def _write_or_drain(writer: DumpWriter | None, info: TensorInfo, chunks: Iterator[np.ndarray]) -> None:

@@ -1,6 +1,6 @@
-"""clip --mode norm --axes over a tensor's trailing axes, streamed slice by slice (_clip_slices): the same
-files, reports and norms as clipping each tensor whole (the path it replaced, still taken for other axes),
-on slices that cross chunk boundaries, in every format and under every NaN policy."""
+"""clip --mode norm --axes over a tensor's trailing axes (rows) or leading axes (columns), streamed
+(_clip_slices): the same files, reports and norms as clipping each tensor whole (the path it replaced,
+still taken for other axes), on slices that cross chunk boundaries, in every format and NaN policy."""
 
 import dataclasses
 import math
@@ -24,7 +24,7 @@ def _clip(src, out, spec, fmt, whole, monkeypatch):
     """(report, {name: (dtype, shape, bytes)} of the output); ``whole``: every tensor clipped in memory."""
     with monkeypatch.context() as m:
         if whole:
-            m.setattr(clip_module, "_slice_length", lambda spec, info: None)
+            m.setattr(clip_module, "_slice_layout", lambda spec, info: None)
         else:
             calls = []
             real = clip_module._clip_slices
@@ -49,11 +49,12 @@ def _assert_close_norms(a, b):
             assert (u is None and v is None) or (math.isnan(u) and math.isnan(v)) or u == pytest.approx(v, rel=1e-12)
 
 
-_shapes = st.sampled_from([(5,), (3, 7), (7, 3), (4, 5, 6), (2, 3, 4, 5), (1, 33), (33, 1), (0, 4), (6, 0)])
+_shapes = st.sampled_from([(5,), (3, 7), (7, 3), (4, 5, 6), (2, 3, 4, 5), (1, 33), (33, 1), (0, 4), (6, 0),
+                           (300, 2), (40, 3, 2), (129, 5)])
 
 
 @settings(max_examples=60, deadline=None)
-@given(shape=_shapes, axes=st.sampled_from(["-1", "1,2", "-2,-1", "2,3", "0", "0,1", "all"]),
+@given(shape=_shapes, axes=st.sampled_from(["-1", "1,2", "-2,-1", "2,3", "0", "0,1", "1", "0,2", "all"]),
        dtype=st.sampled_from(["float32", "float16", "bfloat16", "float64"]), chunk=st.sampled_from([1, 7, 64, 1000]),
        policy=st.sampled_from(["propagate", "zero"]), nan=st.booleans(), c=st.sampled_from([0.5, 3.0, 1e9]),
        fmt=st.sampled_from(["npz", "safetensors", "hdf5"]), seed=st.integers(0, 3))
@@ -87,9 +88,11 @@ def test_streamed_slices_equal_the_whole_tensor(tmp_path_factory, shape, axes, d
 
 
 @pytest.mark.parametrize("fmt", ["npz", "safetensors", "hdf5"])
-@pytest.mark.parametrize("shape,axes,dtype", [((700, 613), (-1,), np.float32), ((3, 400, 450), (1, 2), np.float32),
-                                              ((613, 700), (1,), np.float16), ((300, 1001), (-1,), np.float64),
-                                              ((2, 300_000), (-1,), ml_dtypes.bfloat16)])
+@pytest.mark.parametrize("shape,axes,dtype", [
+    ((700, 613), (-1,), np.float32), ((3, 400, 450), (1, 2), np.float32), ((613, 700), (1,), np.float16),
+    ((300, 1001), (-1,), np.float64), ((2, 300_000), (-1,), ml_dtypes.bfloat16),  # rows
+    ((700, 613), (0,), np.float32), ((40, 30, 450), (0, 1), np.float32), ((1001, 300), (0,), np.float64),
+    ((613, 700), (0,), np.float16), ((150_001, 2), (0,), ml_dtypes.bfloat16)])  # columns
 @pytest.mark.parametrize("policy", ["propagate", "zero"])
 def test_at_the_real_chunk_size_every_bit_is_the_same(tmp_path, monkeypatch, fmt, shape, axes, dtype, policy):
     """Tensors of 260k-600k elements (slices across the 2^18-element chunks): the same files, the same
