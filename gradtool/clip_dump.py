@@ -1,7 +1,7 @@
 """Clip whole dumps tensor by tensor (the library behind `gradtool clip`).
 
-Memory holds one chunk at a time (one tensor for the whole-tensor cases: --axes that are not a tensor's
-trailing ones, Fortran order, device backends). Global-norm clipping makes two
+Memory holds one chunk at a time (one tensor for the whole-tensor cases: --axes that are neither a
+tensor's leading nor its trailing ones, Fortran order, device backends). Global-norm clipping makes two
 streaming passes: the norms first, then scale-and-write. Every tensor goes through the same library functions a user would call
 (:mod:`gradtool.core.clipping`), so the command and the library cannot disagree.
 """
@@ -199,9 +199,9 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
     On the host (``xp`` None) elementwise clipping streams every tensor through a small buffer: read a
     chunk, clip it with the library function, write it, so memory does not grow with the tensor and an
     unclipped tensor is copied byte for byte. Norm clipping over a tensor's trailing ``axes`` (``-1``,
-    ``1,2`` of a 3-D tensor: each slice consecutive in C order) streams whole slices (:func:`_clip_slices`).
-    Other axes, Fortran-ordered arrays and device backends take the whole tensor at once. The paths use
-    the same library functions on the same slices, and scaling is elementwise, so the bits are the same.
+    ``1,2`` of a 3-D tensor: rows) or leading ones (``0``: columns) streams blocks of whole rows
+    (:func:`_clip_slices`). Other axes, Fortran-ordered arrays and device backends take the whole tensor
+    at once. The paths sum the same squares in the same order and scale elementwise: the same bits.
     """
     spec.validate()
     result = DumpClip(reader.display_path, reader.group, step if step is not None else reader.step, spec)
