@@ -18,7 +18,8 @@ import numpy as np
 
 from .backend import to_device, to_host
 from .core import clipping
-from .core.norms import NormAccumulator, as_float64, combine_norms, parse_norm_type, tensor_norm
+from .core.norms import (NormAccumulator, NormOfPieces, as_float64, combine_norms, parse_norm_type,
+                         tensor_norm)
 from .core.kernels import half_kind
 from .core.stats import STREAM_CHUNK
 from .errors import NonFiniteError, UsageError
@@ -483,7 +484,7 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
         return None
     if not clipped.any() and policy != "zero" and _copied(reader, writer, info):
         return TensorClip(name, before, before, False, 0, threshold)
-    after = _NormOfPieces(info.dtype)
+    after = NormOfPieces(info.dtype, STREAM_CHUNK)
     changed = 0
 
     def clipped_blocks() -> Iterator[np.ndarray]:
@@ -609,38 +610,6 @@ def _scale_rows(x: np.ndarray, clipped: np.ndarray, scale: np.ndarray,
         changed += kernels.compiled_half_scale(x[i].view(np.uint16), float(scale[i]), out[i].view(np.uint16),
                                                kind)[1]
     return out, changed
-
-
-class _NormOfPieces:
-    """The L2 norm of a tensor handed over in pieces of any length, accumulated over STREAM_CHUNK-element
-    chunks as ``tensor_norm`` cuts it (a chunk's Σx² is rounded once: another cut could move the last
-    bit). Whole chunks are taken in place; a chunk split between pieces is gathered in a buffer."""
-
-    def __init__(self, dtype: np.dtype):
-        self._acc = NormAccumulator(2.0)
-        self._buf = np.empty(STREAM_CHUNK, dtype.newbyteorder("="))
-        self._held = 0
-
-    def add(self, piece: np.ndarray) -> None:
-        flat = piece.reshape(-1)
-        while flat.shape[0]:
-            if self._held == 0 and flat.shape[0] >= STREAM_CHUNK:
-                self._acc.update(flat[:STREAM_CHUNK])
-                flat = flat[STREAM_CHUNK:]
-                continue
-            k = min(STREAM_CHUNK - self._held, flat.shape[0])
-            self._buf[self._held: self._held + k] = flat[:k]
-            self._held += k
-            flat = flat[k:]
-            if self._held == STREAM_CHUNK:
-                self._acc.update(self._buf)
-                self._held = 0
-
-    def result(self) -> float:
-        if self._held:
-            self._acc.update(self._buf[: self._held])
-            self._held = 0
-        return self._acc.result()
 
 
 def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,

@@ -186,6 +186,41 @@ _NUMPY_XP: ModuleType | None = None
 _F32 = np.dtype(np.float32)
 
 
+class NormOfPieces:
+    """The L2 norm of a host tensor handed over in pieces of any length (a stream cut at other places than
+    ``chunk``-element boundaries), bit for bit :func:`tensor_norm` of the whole: the elements are
+    accumulated over the same ``chunk``-element chunks (a chunk's Σx² is rounded once, so another cut could
+    move the last bit). Whole chunks inside a piece are taken in place; a chunk split between pieces is
+    gathered in a buffer of ``chunk`` elements."""
+
+    def __init__(self, dtype: Any, chunk: int = CHUNK_ELEMENTS):
+        self._acc = NormAccumulator(2.0)
+        self._chunk = chunk
+        self._buf = np.empty(chunk, np.dtype(dtype).newbyteorder("="))
+        self._held = 0
+
+    def add(self, piece: np.ndarray) -> None:
+        flat, chunk = piece.reshape(-1), self._chunk
+        while flat.shape[0]:
+            if self._held == 0 and flat.shape[0] >= chunk:
+                self._acc.update(flat[:chunk])
+                flat = flat[chunk:]
+                continue
+            k = min(chunk - self._held, flat.shape[0])
+            self._buf[self._held: self._held + k] = flat[:k]
+            self._held += k
+            flat = flat[k:]
+            if self._held == chunk:
+                self._acc.update(self._buf)
+                self._held = 0
+
+    def result(self) -> float:
+        if self._held:
+            self._acc.update(self._buf[: self._held])
+            self._held = 0
+        return self._acc.result()
+
+
 def _numpy_xp() -> ModuleType:
     global _NUMPY_XP
     _NUMPY_XP = host_namespace()

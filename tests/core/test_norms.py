@@ -119,3 +119,43 @@ def test_global_norm_fast_path_for_many_small_tensors():
     assert global_norm(inf) == math.inf
     big = [np.full(10, 1e20, np.float32)] * 20  # float32 squares overflow: the exact path takes over
     assert global_norm(big) == pytest.approx(float(np.float32(1e20)) * math.sqrt(200), rel=1e-12)
+
+
+# NormOfPieces: a stream cut anywhere gives tensor_norm of the whole, bit for bit
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PIECES_X = {dt: (np.random.default_rng(7).standard_normal(2 * CHUNK_ELEMENTS + 12_345) *
+                  np.geomspace(1e-3, 1e3, 2 * CHUNK_ELEMENTS + 12_345)).astype(dt)
+             for dt in (np.float32, np.float16, ml_dtypes.bfloat16, np.float64)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(dtype=st.sampled_from(list(_PIECES_X)), cuts=st.lists(st.integers(0, 2 * CHUNK_ELEMENTS + 12_345),
+                                                             max_size=12))
+def test_norm_of_pieces_is_tensor_norm_of_the_whole(dtype, cuts):
+    from gradtool.core.norms import NormOfPieces
+
+    x = _PIECES_X[dtype]
+    bounds = [0, *sorted(cuts), x.shape[0]]
+    acc = NormOfPieces(x.dtype)
+    for a, b in zip(bounds, bounds[1:]):
+        acc.add(x[a:b])  # empty pieces too
+    assert acc.result() == tensor_norm(x)
+    assert acc.result() == pytest.approx(ref_l2(x), rel=1e-6)
+
+
+def test_norm_of_pieces_with_nan_and_a_small_chunk():
+    from gradtool.core.norms import NormAccumulator, NormOfPieces
+
+    x = np.arange(1000, dtype=np.float32) / 7
+    acc, whole = NormOfPieces(x.dtype, chunk=64), NormAccumulator(2.0)
+    for a in range(0, 1000, 37):
+        acc.add(x[a:a + 37])
+    for a in range(0, 1000, 64):
+        whole.update(x[a:a + 64])
+    assert acc.result() == whole.result()
+    acc = NormOfPieces(x.dtype, chunk=64)
+    acc.add(np.array([1.0, np.nan], np.float32))
+    assert math.isnan(acc.result())
