@@ -77,3 +77,31 @@ def test_npz_index_is_the_same_whatever_was_read_ahead(tmp_path, monkeypatch, lo
                 (k, v.shape, v.dtype) for k, v in arrays.items()]
         for k, v in arrays.items():
             np.testing.assert_array_equal(got[k], v, strict=True)
+
+
+def test_info_finds_tensors_by_an_index_not_a_scan(tmp_path):
+    """reader.info(name) for every tensor of a dump was a scan each: clip of 20,000 tensors spent 11 s
+    there. The index follows the list when it grows or is replaced; a missing name is a KeyError."""
+    p = str(tmp_path / "d.safetensors")
+    save_dump(p, {f"t{i}": np.full(3, i, np.float32) for i in range(50)})
+
+    class Counting(list):
+        scans = 0
+
+        def __iter__(self):
+            Counting.scans += 1
+            return super().__iter__()
+
+    with open_dump(p) as r:
+        r.tensors = Counting(r.tensors)
+        assert [r.info(f"t{i}").name for i in range(50)] == [f"t{i}" for i in range(50)]
+        assert Counting.scans == 1  # one pass to build the index, none per lookup
+        with pytest.raises(KeyError):
+            r.info("nope")
+        extra = base.TensorInfo("extra", (1,), np.dtype(np.float32))
+        r.tensors.append(extra)
+        assert r.info("extra") is extra
+        r.tensors = [extra]
+        assert r.info("extra") is extra
+        with pytest.raises(KeyError):
+            r.info("t0")
