@@ -365,6 +365,28 @@ def main() -> None:
         except ImportError:
             print("(torch not installed: torch baselines skipped)")
 
+        # ... and a dump of that many tensors on disk (a mixture of experts' step): per-tensor costs, not
+        # bandwidth. stats and clip end to end against a raw read; clip was quadratic in the tensor count
+        # until the twenty-fifth session (DumpReader.info scanned the list), which 148 tensors never showed
+        many = os.path.join(tmp, "many.safetensors")
+        gradtool.save_dump(many, {f"t{i:05d}": a for i, a in enumerate(smalls)})
+        raw_read(many)
+        t_raw_many = timeit(lambda: raw_read(many), rep)
+        t_stats_many, _ = run_measured(gradtool_cmd() + ["stats", many, "--format", "json"], rep)
+        out_many = os.path.join(tmp, "many_clipped.safetensors")
+
+        def clip_many() -> float:
+            settle(many, out_many)
+            return run_measured(clip_command(many, out_many, "1e-3", False), 1)[0]
+
+        t_clip_many = float(np.median([clip_many() for _ in range(rep)]))
+        add(f"stats CLI, {len(smalls)} small tensors in one safetensors file (vs raw read)", t_stats_many, t_raw_many,
+            "raw read")
+        add(f"clip --no-fsync CLI, the same {len(smalls)} tensors (vs raw read)", t_clip_many, t_raw_many, "raw read")
+        for f in (many, out_many):
+            if os.path.exists(f):
+                os.remove(f)
+
         # 3. clip --mode global-norm end to end vs cp, in turns, each run from the same state: the source
         # warm (this VM reclaims cold page cache within seconds) and no dirty pages left by the last run
         for fmt in ("npz", "safetensors", "hdf5"):
