@@ -96,13 +96,26 @@ def history_of_run(series: dict[str, Series], norm_key: str, loss_key: str | Non
     by, values = by[keep], values[keep]
 
     def matched(key: str | None) -> list[float | None] | None:
+        """The metric ``key``'s value at each step of ``by`` (None where it has none): the later of a
+        step's values, found by a binary search in its last-per-step values, not a dict of 10^6 floats."""
         if key is None or key not in series:
             return None
         s, t, v = series[key]
         k = t if line_order else s
         o = np.lexsort((t, k))  # in logging order: the later of a step's values wins below
-        found = dict(zip(k[o].tolist(), v[o].tolist()))
-        return [found.get(b) for b in by.tolist()]
+        k, v = k[o], v[o]
+        last = np.ones(len(k), dtype=bool)
+        last[:-1] = k[:-1] != k[1:]
+        k, v = k[last], v[last]
+        if not len(k):
+            return [None] * len(by)
+        at = np.minimum(np.searchsorted(k, by), len(k) - 1)
+        found = k[at] == by
+        out = v[at].tolist()
+        if not found.all():
+            for i in np.flatnonzero(~found).tolist():
+                out[i] = None
+        return out
 
     hist = NormHistory(list(range(len(by))) if line_order else by.tolist(), values.tolist(),
                        matched(loss_key), matched(lr_key), source, norm_key, "mlflow")

@@ -314,6 +314,30 @@ def test_a_resumed_runs_loss_is_the_later_one_whatever_the_row_order():
     assert h.loss == [1.0] * 30
 
 
+_series = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 5), _values), max_size=40)
+
+
+@given(_series.filter(bool), _series, st.booleans())
+def test_loss_matched_to_the_norm_steps_equals_a_dict_reference(norm_points, loss_points, one_step):
+    """Each norm step's loss is the loss logged last at that step (by timestamp, then by row), None where
+    none was logged; with every norm at one step (logged without steps) the match is by timestamp."""
+    def series(points, same_step):
+        steps = np.array([0 if same_step else s for s, _, _ in points], dtype=np.int64)
+        stamps = np.array([T0 + t for _, t, _ in points], dtype=np.int64)
+        return steps, stamps, np.array([v for _, _, v in points], dtype=np.float64)
+
+    norm, loss = series(norm_points, one_step), series(loss_points, one_step)
+    h = history_of_run({"g": norm, "loss": loss}, "g", "loss", None, "x", None)
+    line_order = len(norm_points) > 1 and len(set(norm[0].tolist())) == 1
+    by_key = loss[1] if line_order else loss[0]
+    ref: dict[int, float] = {}
+    for k, _, i in sorted((k, t, i) for i, (k, t) in enumerate(zip(by_key.tolist(), loss[1].tolist()))):
+        ref[k] = loss[2][i].item()  # the later timestamp, then the later row, wins
+    keys = (np.array(sorted(set(norm[1].tolist()))) if line_order else np.array(sorted(set(norm[0].tolist()))))
+    want = [ref.get(k) for k in keys.tolist()]
+    assert [repr(x) for x in h.loss] == [repr(x) for x in want]
+
+
 @pytest.mark.parametrize("row", [("grad_norm", "abc", T0 + 99, "r1", 99, 0),
                                  ("grad_norm", 1.0, T0 + 99, "r1", None, 0),
                                  ("grad_norm", 1.0, "soon", "r1", 99, 0)])
