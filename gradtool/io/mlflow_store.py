@@ -33,10 +33,17 @@ def is_metric_file_text(text: str) -> bool:
 def parse_metric_lines(text: str, source: str) -> Series:
     """The file store's ``<timestamp> <value> [<step>]`` lines as (steps, timestamps, values); a line
     without a step is step 0, as MLflow reads it. A malformed line is an InputError naming it."""
+    fast = _columns_msgspec(text)
+    return fast if fast is not None else parse_metric_lines_plain(text, source)
+
+
+def parse_metric_lines_plain(text: str, source: str) -> Series:
+    """:func:`parse_metric_lines` by the standard library and NumPy alone (without msgspec)."""
     import numpy as np
 
     tokens = text.split()
-    if _three_fields_per_line(text, len(tokens)):  # what MLflow writes: convert the columns at once
+    lines = _lines_of_two_spaces(text.encode("utf-8", "replace"))
+    if lines is not None and len(tokens) == 3 * lines:  # what MLflow writes: convert the columns at once
         try:
             return (np.array(tokens[2::3], dtype=np.int64), np.array(tokens[0::3], dtype=np.int64),
                     np.array(tokens[1::3], dtype=np.float64))
@@ -50,9 +57,12 @@ def parse_metric_lines(text: str, source: str) -> Series:
         try:
             if len(parts) not in (2, 3):
                 raise ValueError
-            stamps.append(int(parts[0]))
+            stamp, step = int(parts[0]), int(parts[2]) if len(parts) == 3 else 0
+            if not (-1 << 63 <= stamp < 1 << 63 and -1 << 63 <= step < 1 << 63):  # no int64: a damaged file
+                raise ValueError
+            stamps.append(stamp)
             values.append(float(parts[1]))
-            steps.append(int(parts[2]) if len(parts) == 3 else 0)
+            steps.append(step)
         except (ValueError, OverflowError):
             raise InputError(f"{source}: line {n} is not an MLflow metric line "
                              f"('<timestamp> <value> [<step>]'): {line[:60]!r}") from None
@@ -60,21 +70,59 @@ def parse_metric_lines(text: str, source: str) -> Series:
             np.array(values, dtype=np.float64))
 
 
-def _three_fields_per_line(text: str, ntokens: int) -> bool:
-    """True when every line of ``text`` is three fields with one space between each (``ntokens`` is the
-    number of whitespace-separated fields in all): the spaces before each line end are counted with NumPy,
-    so a line of two fields and one of four are not taken for two lines of three."""
+def _lines_of_two_spaces(raw: bytes) -> int | None:
+    """The number of lines of ``raw`` (a last line without its line break counted) when each holds
+    exactly two spaces, else None: counted with NumPy, so that with three fields in all per line, a line
+    of two fields and one of four are not taken for two lines of three."""
     import numpy as np
 
-    raw = np.frombuffer(text.encode("utf-8", "replace"), np.uint8)
-    ends = np.flatnonzero(raw == ord("\n"))
-    if raw.size and raw[-1] != ord("\n"):
-        ends = np.append(ends, raw.size)
-    if ntokens != 3 * ends.size:  # blank lines, doubled spaces, a line of two or four fields
-        return False
-    spaces = np.flatnonzero(raw == ord(" "))
-    return spaces.size == 2 * ends.size and np.array_equal(np.searchsorted(spaces, ends),
-                                                           2 * np.arange(1, ends.size + 1))
+    chars = np.frombuffer(raw, np.uint8)
+    ends = np.flatnonzero(chars == ord("\n"))
+    if chars.size and chars[-1] != ord("\n"):
+        ends = np.append(ends, chars.size)
+    spaces = np.flatnonzero(chars == ord(" "))
+    if spaces.size != 2 * ends.size or not np.array_equal(np.searchsorted(spaces, ends),
+                                                          2 * np.arange(1, ends.size + 1)):
+        return None
+    return int(ends.size)
+
+
+def _columns_msgspec(text: str) -> Series | None:
+    """The columns of a file of ``<timestamp> <value> <step>`` lines, every field parsed by msgspec's C
+    JSON number parser (``gradtool[speedups]``; ~2x faster than splitting the text and converting each
+    column, 10^6 lines in ~0.3 s): with its spaces and line breaks turned into commas the text is one JSON
+    array of 3 numbers a line (two spaces a line, counted first, and three numbers a line found, so
+    each number is in its own line and column). Only when the timestamps and steps are JSON integers and
+    the values JSON numbers: their Python ``int``/``float`` are then the same. None (the caller's parse
+    decides) without msgspec, and for anything else: ``nan``/``inf`` values, blank lines, a missing step,
+    an integer ``-0`` value (msgspec gives +0.0, ``float`` -0.0), integers beyond int64."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+    import numpy as np
+
+    from .logs import _NEGATIVE_INTEGER_ZERO
+
+    raw = text.encode("utf-8", "replace")
+    body = raw[:-1] if raw.endswith(b"\n") else raw
+    lines = _lines_of_two_spaces(body) if body else None
+    if lines is None or (b"-" in body and _NEGATIVE_INTEGER_ZERO.search(body)):
+        return None
+    try:
+        numbers = msgspec.json.decode(b"[" + body.replace(b" ", b",").replace(b"\n", b",") + b"]")
+    except msgspec.DecodeError:
+        return None
+    if type(numbers) is not list or len(numbers) != 3 * lines:
+        return None
+    stamps, values, steps = numbers[0::3], numbers[1::3], numbers[2::3]
+    if not (set(map(type, stamps)) == set(map(type, steps)) == {int} and set(map(type, values)) <= {int, float}):
+        return None
+    try:
+        return (np.array(steps, dtype=np.int64), np.array(stamps, dtype=np.int64),
+                np.array(values, dtype=np.float64))
+    except OverflowError:  # an integer beyond int64 (or a value beyond float64): the caller's parse says
+        return None
 
 
 def history_of_run(series: dict[str, Series], norm_key: str, loss_key: str | None, lr_key: str | None,

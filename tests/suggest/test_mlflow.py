@@ -13,12 +13,13 @@ import sqlite3
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gradtool.errors import InputError, UsageError
 from gradtool.io.logs import read_norm_log
-from gradtool.io.mlflow_store import DBL_MAX, history_of_run, parse_metric_lines
+from gradtool.io.mlflow_store import (DBL_MAX, _columns_msgspec, history_of_run, parse_metric_lines,
+                                      parse_metric_lines_plain)
 from tests.damaged import read_flipped
 
 T0 = 1795521146861  # a start time in ms, as MLflow writes them
@@ -368,6 +369,49 @@ def test_a_view_named_metrics_is_not_queried(tmp_path, run):
     con.close()
     r = run("suggest-threshold", str(db))
     assert r.exit_code == 1 and "not an MLflow tracking store" in r.stderr
+
+
+@pytest.mark.parametrize("line", [f"{2**63} 1.0 1", f"{T0} 1.0 {2**63}", f"{T0} 1.0 -{2**63 + 1}"])
+def test_a_step_or_timestamp_beyond_int64_is_an_input_error_naming_the_line(tmp_path, run, line):
+    """Found with the msgspec parse's property test: such a line raised OverflowError (a traceback)."""
+    run_dir = tmp_path / "mlruns" / "0" / "r1"
+    (run_dir / "metrics").mkdir(parents=True)
+    (run_dir / "meta.yaml").write_text("run_id: r1\n")
+    (run_dir / "metrics" / "grad_norm").write_text(f"{T0} 1.0 0\n{line}\n")
+    r = run("suggest-threshold", str(run_dir))
+    assert r.exit_code == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    assert "grad_norm: line 2 is not an MLflow metric line" in r.stderr
+
+
+_odd = st.sampled_from(["-0", "-0.0", "0", "1e3", "1E-5", "01", "1.", ".5", "+1", "nan", "inf", "-inf", "1_0",
+                        "9" * 400, "1e400", str(2**63), str(-2**63), '"1"'])
+_int_token = st.one_of(st.integers(-2**63, 2**63 - 1).map(str), st.integers(0, 10**6).map(str), _odd)
+_value_token = st.one_of(_values.map(repr), st.integers(-10**20, 10**20).map(str), _odd)
+
+
+@given(st.lists(st.tuples(_int_token, _value_token, _int_token), min_size=1, max_size=6), st.booleans(),
+       st.booleans())
+@example([(str(T0), "-0", "1"), (str(T0), "-0.0", "-0")], False, True)  # msgspec reads -0 as +0
+def test_the_msgspec_parse_equals_the_plain_one_when_it_answers(fields, crlf, last_break):
+    """``_columns_msgspec`` (JSON numbers) gives what splitting and ``int``/``float`` give, or None."""
+    end = "\r\n" if crlf else "\n"
+    text = end.join(" ".join(f) for f in fields) + (end if last_break else "")
+    fast = _columns_msgspec(text)
+    try:
+        plain = parse_metric_lines_plain(text, "m")
+    except InputError:
+        assert fast is None
+        return
+    if fast is not None:
+        assert [a.dtype for a in fast] == [a.dtype for a in plain]
+        assert [[repr(x) for x in a.tolist()] for a in fast] == [[repr(x) for x in a.tolist()] for a in plain]
+
+
+def test_the_msgspec_parse_takes_what_mlflow_writes():
+    lines = [f"{T0 + i} {v!r} {i}" for i, v in enumerate([0.5, 2.0, 1e-300, 3.25e10, -0.0])]
+    cols = _columns_msgspec("\n".join(lines) + "\n")
+    assert cols is not None and cols[0].tolist() == list(range(5)) and cols[1][0] == T0
+    assert [repr(v) for v in cols[2].tolist()] == ["0.5", "2.0", "1e-300", "32500000000.0", "-0.0"]
 
 
 @given(st.text(alphabet=st.sampled_from("0123456789 .-+einfa\n\r\tx"), max_size=300))
