@@ -62,11 +62,42 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
 
     chosen = choose_run_with_norm(runs, keys, key, run, source, "Trackio", "a Trackio project")
     try:
-        hist = from_records(records(chosen), source, "trackio", key)
+        hist = _typed_history(con, by, chosen, key, source) or from_records(records(chosen), source, "trackio",
+                                                                            key)
     except InputError as exc:
         raise InputError(f"{source}: run {chosen.label()}: {str(exc).removeprefix(source + ': ')}") from None
     hist.run = chosen
     return hist
+
+
+def _typed_history(con: Any, by: str, r: Run, key: str | None, source: str) -> Any:
+    """The history of run ``r`` with its rows' JSON decoded by msgspec straight into typed rows (see
+    :func:`~gradtool.io.logs._msgspec_typed`; no dict per row: 10^6 rows ~2x faster than
+    :func:`_decoded_at_once` and :func:`~gradtool.io.logs.from_records`), each row's ``step`` beside it as
+    ``_step``. None (the dict path decides, with the same result) when msgspec is not installed or a row
+    does not fit: a key the first rows did not show, a string or NaN token for a number, a row of
+    several lines, a ``_step`` key of its own."""
+    from operator import itemgetter
+
+    from .logs import _msgspec_typed
+
+    rows = con.execute(f"SELECT step, metrics FROM metrics WHERE {by} = ? ORDER BY rowid", (r.where,)).fetchall()
+    joined = _one_per_line(list(map(itemgetter(1), rows)))
+    if joined is None:
+        return None
+    return _msgspec_typed(joined, source, key, "trackio", own_steps=list(map(itemgetter(0), rows)))
+
+
+def _one_per_line(blobs: list[Any]) -> bytes | None:
+    """The rows' JSON (text or bytes) joined by line breaks; None when a row holds a line break (or a
+    carriage return) of its own, or is neither text nor bytes."""
+    try:
+        joined = b"\n".join([b.encode("utf-8", "surrogatepass") if isinstance(b, str) else b for b in blobs])
+    except (TypeError, UnicodeError):  # a value that is neither (a number in a tampered row)
+        return None
+    if joined.count(b"\n") != len(blobs) - 1 or b"\r" in joined:  # a row of several lines
+        return None
+    return joined
 
 
 def _decoded_at_once(blobs: list[Any]) -> list[Any] | None:
@@ -78,11 +109,8 @@ def _decoded_at_once(blobs: list[Any]) -> list[Any] | None:
         import msgspec
     except ImportError:
         return None
-    try:
-        joined = b"\n".join([b.encode("utf-8", "surrogatepass") if isinstance(b, str) else b for b in blobs])
-    except (TypeError, UnicodeError):  # a value that is neither (a number in a tampered row)
-        return None
-    if joined.count(b"\n") != len(blobs) - 1 or b"\r" in joined:  # a row of several lines
+    joined = _one_per_line(blobs)
+    if joined is None:
         return None
     try:
         docs = msgspec.json.Decoder().decode_lines(joined)

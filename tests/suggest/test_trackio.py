@@ -189,7 +189,8 @@ _row = st.tuples(st.integers(0, 40), st.dictionaries(_row_key, _row_value, max_s
 @settings(deadline=None)  # SQLite files written and read: the first example opens sqlite3
 @given(rows=st.lists(_row, min_size=1, max_size=25))
 def test_decoding_rows_at_once_equals_row_by_row(tmp_path_factory, monkeypatch_module, rows):
-    # msgspec's decode_lines (gradtool[speedups]) and json.loads per row give the same history or error
+    # msgspec's typed rows and decode_lines (gradtool[speedups]) and json.loads per row give the same
+    # history or error
     from gradtool.io import trackio_store
 
     db = tmp_path_factory.mktemp("t") / "p.db"
@@ -211,10 +212,79 @@ def test_decoding_rows_at_once_equals_row_by_row(tmp_path_factory, monkeypatch_m
             return type(exc), str(exc)
         return h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr]
 
-    at_once = outcome()
+    fastest = outcome()  # typed rows when they fit, else decoded at once, else row by row
     with monkeypatch_module.context() as m:
+        m.setattr(trackio_store, "_typed_history", lambda *args: None)
+        assert outcome() == fastest
         m.setattr(trackio_store, "_decoded_at_once", lambda blobs: None)
-        assert outcome() == at_once
+        assert outcome() == fastest
+
+
+_fitting_doc = st.fixed_dictionaries(
+    {"train/grad_norm": st.floats(allow_nan=False, allow_infinity=False) | st.integers(-10**6, 10**6)},
+    optional={"train/loss": st.floats(allow_nan=False, allow_infinity=False) | st.none(),
+              "train/global_step": st.integers(0, 40), "grad_norm": st.floats(0, 10), "lr": st.floats(0, 1),
+              "eval/x": st.text(max_size=3), "train/epoch": st.floats(0, 3), "_step": st.integers(0, 40)})
+
+
+@settings(deadline=None)  # SQLite files written and read: the first example opens sqlite3
+@given(rows=st.lists(st.tuples(st.integers(-3, 40), _fitting_doc | st.sampled_from(["", " "])), min_size=1,
+                     max_size=30),
+       key=st.sampled_from([None, "grad_norm", "train/grad_norm"]))
+def test_typed_rows_give_what_dict_rows_give(tmp_path_factory, monkeypatch_module, rows, key):
+    """Rows that fit one type (how the Trainer logs): the typed decode answers, and its history (steps
+    from the row's own step or train/global_step, several trainings, the keys' order in other_keys and
+    notes) is the dict path's."""
+    from gradtool.io import trackio_store
+
+    db = tmp_path_factory.mktemp("t") / "p.db"
+    con = sqlite3.connect(db)
+    con.executescript(_SCHEMA_043)
+    con.executemany("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) VALUES ('r', 't', 'r', ?, ?)",
+                    [(step, json.dumps(doc).encode() if isinstance(doc, dict) else doc) for step, doc in rows])
+    con.commit()
+    con.close()
+    answered = []
+
+    def outcome():
+        try:
+            h = read_norm_log(str(db), key)
+        except (InputError, UsageError) as exc:
+            return type(exc), str(exc)
+        return (h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr], h.key,
+                h.kind, h.other_keys, h.notes)
+
+    with monkeypatch_module.context() as m:
+        typed = trackio_store._typed_history
+        m.setattr(trackio_store, "_typed_history", lambda *a: answered.append(typed(*a)) or answered[-1])
+        fast = outcome()
+        m.setattr(trackio_store, "_typed_history", lambda *args: None)
+        assert outcome() == fast
+    if (len({tuple(sorted(doc)) for _, doc in rows}) == 1 and isinstance(rows[0][1], dict)
+            and "_step" not in rows[0][1] and (key is None or key in rows[0][1])):
+        assert answered and answered[0] is not None  # rows of one set of keys: the typed path read them
+
+
+def test_the_typed_path_reads_the_trainers_rows(tmp_path):
+    db = tmp_path / "p.db"
+    trackio_project(db, [("r1", "one", "2026-01-01T00:00:00+00:00", _points(50), 0)])
+    from gradtool.io import sqlite_logs, trackio_store
+
+    with sqlite_logs._opened(str(db), "p.db") as (con, _, _):
+        h = trackio_store._typed_history(con, "run_id", trackio_store.Run("r1", "one", None, "r1"), None, "p.db")
+    assert h is not None and h.kind == "trackio" and h.key == "train/grad_norm"
+    assert h.steps == [10 * (i + 1) for i in range(50)] and h.norms == [p for _, p in _points(50)]
+    assert h.loss == [3.0 - i / 100 for i in range(50)] and h.lr == [1e-4] * 50
+    with sqlite3.connect(db) as con:  # an empty row (decode_lines skips its line) past the first rows
+        con.execute("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) VALUES ('r1', 't', 'one', "
+                    "99, '')")
+        con.execute("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) SELECT run_id, timestamp, "
+                    "run_name, step + 100, metrics FROM metrics WHERE step < 50")
+    with sqlite_logs._opened(str(db), "p.db") as (con, _, _):
+        assert trackio_store._typed_history(con, "run_id", trackio_store.Run("r1", "one", None, "r1"), None,
+                                            "p.db") is None
+    with pytest.raises(InputError, match="row 51 of Trackio run 'one' .* holds no JSON object"):
+        read_norm_log(str(db))
 
 
 @pytest.fixture(scope="module")
