@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 from ..errors import InputError, UsageError
@@ -214,11 +215,13 @@ def read_sqlite_tables(con: Any, tables: set[str], key: str | None, run: str | N
     chosen = _choose(runs, keys, key, run, source)
 
     def fetch(k: str) -> Series:
+        """The metric's rows, streamed from the cursor into one float64 array (the same conversion
+        ``np.array`` of the fetched rows makes, without holding 10^6 row tuples)."""
         rows = con.execute("SELECT step, timestamp, value, is_nan FROM metrics "
-                           "WHERE run_uuid = ? AND key = ?", (chosen.where, k)).fetchall()
+                           "WHERE run_uuid = ? AND key = ?", (chosen.where, k))
         try:
-            cols = np.array(rows, dtype=np.float64).reshape(-1, 4)
-        except (ValueError, TypeError):
+            cols = np.fromiter(chain.from_iterable(rows), np.float64).reshape(-1, 4)
+        except (ValueError, TypeError, OverflowError):
             cols = None
         if cols is None or not np.isfinite(cols[:, :2]).all() or (np.abs(cols[:, :2]) >= 2.0 ** 63).any():
             raise InputError(f"{source}: metric {k!r} of run {chosen.label()} holds a value, step or "
