@@ -1096,6 +1096,11 @@ _IS = r"[\"']?\s*[:=]?\s*(?:tensor\()?"  # between a name and its value: grad no
 # The text patterns are matched on lowercased lines: re.IGNORECASE made them 3x slower.
 _NORM_NAME = r"(?:grad[ _-]?norm|gnorm|total_norm|l2_norm/grad/global)"  # the last: Composer's
 _TEXT_NORM = re.compile(rf"{_NORM_NAME}{_IS}({_NUMBER}|nan|inf(?:inity)?)")
+# Every name of _NORM_NAME holds "norm" at most this many characters after it starts ("total_norm"), so no
+# match of _TEXT_NORM (no "^", no look-behind) starts earlier before the first "norm" of a line: searched
+# from there, the same match without the pattern tried at every character before (Python's re scans an
+# alternation of names character by character): 1.4 -> 0.4 us on a Megatron line
+_NORM_WORD_AT = 6
 _TEXT_NORM_NAMED = re.compile(  # the same with up to two words before and after the name: see _text_norm
     rf"((?:[a-z]+[ _-]){{0,2}}){_NORM_NAME}((?:[ _-][a-z]+){{0,2}})"
     rf"{_IS}({_NUMBER}|nan|inf(?:inity)?)")
@@ -1253,7 +1258,7 @@ def _text_norm(line: str) -> re.Match[str] | None:
     (``raw_grad_norm: 3.4``) if there is one, else the first not named as clipped (``clipped grad norm:
     1.0`` never exceeds the threshold in use)."""
     if "clip" not in line and "raw" not in line:  # the usual line: the first norm (a pattern 3x faster)
-        m = _TEXT_NORM.search(line)
+        m = _TEXT_NORM.search(line, max(0, line.find("norm") - _NORM_WORD_AT))
         while m is not None and line[max(0, m.start() - 4):m.start()] in ("max_", "max-", "max "):
             m = _TEXT_NORM.search(line, m.end())  # max_grad_norm=1.0, a printed setting: no norm value
         return m

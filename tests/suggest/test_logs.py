@@ -1378,3 +1378,21 @@ def test_a_lightning_csv_logger_directory(tmp_path, run):
     r = run("stats", str(logs / "version_1"))
     assert r.exit_code == 1
     assert "it holds training logs (Lightning's metrics.csv): suggest-threshold reads" in r.stderr
+
+
+_norm_line_piece = st.sampled_from(["grad norm", "grad_norm", "grad-norm", "gradnorm", "gnorm", "total_norm",
+                                    "l2_norm/grad/global", "norm", "no", "rm", "grad", "total", "l2_", "max_",
+                                    " ", ": ", "=", " | ", "1.5", "nan", "inf", "tensor(", "'", "2,345", "e-3"])
+
+
+@given(st.lists(_norm_line_piece, max_size=14).map("".join))
+@example("total_norm: 1.0 | grad norm: 2")
+@example("l2_norm/grad/global: 0.5")
+def test_the_norm_pattern_searched_from_before_the_first_norm_finds_what_a_full_search_finds(line):
+    """_text_norm starts its search _NORM_WORD_AT characters before the line's first "norm": the same
+    match (or none) as searching from the start, whatever the names around it."""
+    from gradtool.io.logs import _NORM_WORD_AT, _TEXT_NORM
+
+    full = _TEXT_NORM.search(line)
+    short = _TEXT_NORM.search(line, max(0, line.find("norm") - _NORM_WORD_AT))
+    assert (full and (full.span(), full.groups())) == (short and (short.span(), short.groups()))
