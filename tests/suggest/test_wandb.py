@@ -10,7 +10,7 @@ import math
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gradtool.errors import InputError, UsageError
@@ -195,3 +195,95 @@ def test_other_trainers_steps_are_the_steps(tmp_path, step_key):
     p = write_log(tmp_path / "run-x.wandb",
                   [history(i, i, {"grad_norm": 1.0 + i % 3, step_key: 50 * (i + 1)}) for i in range(30)])
     assert read_norm_log(str(p)).steps == [50 * (i + 1) for i in range(30)]
+
+
+def _reference_row(record):
+    """history_rows written plainly over proto_fields (the field reader alone): the reference for its
+    indexed fast path. Fields of another wire type than the schema's are left out."""
+    from gradtool.io.wandb_log import _number, proto_fields
+
+    hist = next((v for f, v in proto_fields(record) if f == 2 and isinstance(v, bytes)), None)
+    if hist is None:
+        return None
+    row = {}
+    for f, v in proto_fields(hist):
+        if f == 1 and isinstance(v, bytes):
+            key, nested, value = "", [], b""
+            for g, w in proto_fields(v):
+                if isinstance(w, bytes):
+                    if g == 1:
+                        key = w.decode("utf-8", "replace")
+                    elif g == 2:
+                        nested.append(w.decode("utf-8", "replace"))
+                    elif g == 16:
+                        value = w
+            if (number := _number(value)) is not None:
+                row[key or ".".join(nested)] = number
+        elif f == 2 and isinstance(v, bytes):
+            row["_step"] = next((w for g, w in proto_fields(v) if g == 1 and isinstance(w, int)), 0)
+    return row
+
+
+_item_key = st.one_of(st.sampled_from(["train/grad_norm", "loss", "", "é/ü"]), st.text(max_size=200))
+_item_value = st.one_of(st.floats(), st.integers(-10**20, 10**20), st.text(max_size=150),
+                        st.sampled_from(["x" * 300, [1, 2], {"_type": "histogram"}, None]))
+_raw_field = st.one_of(  # what else an item or a history record may hold: other fields, any wire type
+    st.builds(pb_int, st.integers(1, 20), st.integers(0, 2**64 - 1)),
+    st.builds(pb_bytes, st.integers(1, 20), st.binary(max_size=140)),
+    st.builds(lambda f, b: bytes([f << 3 | 5]) + b, st.integers(1, 15), st.binary(min_size=4, max_size=4)))
+_item = st.one_of(
+    st.builds(lambda k, v: pb_bytes(1, k.encode()) + pb_bytes(16, __import__("json").dumps(v).encode()),
+              _item_key, _item_value),  # as wandb writes it (the fast path)
+    st.lists(st.one_of(st.builds(lambda k: pb_bytes(1, k.encode()), _item_key),
+                       st.builds(lambda k: pb_bytes(2, k.encode()), _item_key),
+                       st.builds(lambda v: pb_bytes(16, str(v).encode()), _item_value), _raw_field),
+             max_size=5).map(b"".join))
+
+
+@given(st.lists(st.one_of(_item.map(lambda it: pb_bytes(1, it)), _raw_field,
+                          st.builds(lambda n: pb_bytes(2, pb_int(1, n)), st.integers(0, 2**63)),
+                          st.builds(lambda b: pb_bytes(2, b), st.binary(max_size=12))), max_size=8),
+       st.integers(0, 2**40), st.booleans())
+@example([pb_bytes(1, pb_bytes(1, b"g") + pb_bytes(16, b"1.5") + pb_int(3, 5))], 1, False)  # a field after
+@example([pb_bytes(1, pb_bytes(1, b"g") + pb_bytes(32, b"1.5"))], 1, False)  # 82 02: field 32, no value
+@example([pb_bytes(1, b"\n\x01g\x82\x01\x031.5"), pb_bytes(2, b"\x08")], 1, False)  # a cut step
+def test_history_rows_equal_the_plain_field_reader(fields, num, history_first):
+    """The indexed fast path of history_rows gives what reading every field gives: items as wandb writes
+    them and otherwise (key after value, nested keys, other fields, long keys and values, lengths of
+    two bytes), steps, and fields of any wire type where the schema has another."""
+    from gradtool.io.wandb_log import history_rows
+
+    hist = pb_bytes(2, b"".join(fields))
+    record = hist + pb_int(1, num) if history_first else pb_int(1, num) + hist
+    try:
+        want = _reference_row(record)
+    except ValueError:
+        with pytest.raises(ValueError):
+            history_rows(record)
+        return
+    assert repr(history_rows(record)) == repr(want)  # repr: NaN equal to NaN, 1 and 1.0 told apart
+
+
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=6))
+def test_any_record_contents_are_read_or_refused_in_one_line(tmp_path_factory, records):
+    """Records with valid framing (so their CRCs pass) and any contents reach the protobuf reader: a
+    history item of the wrong wire type gave TypeError and AttributeError tracebacks."""
+    p = write_log(tmp_path_factory.mktemp("w") / "run-x.wandb",
+                  [history(0, 0, {"grad_norm": 1.0})] + [pb_bytes(2, r) for r in records] + records)
+    try:
+        read_norm_log(str(p))
+    except (InputError, UsageError) as exc:
+        assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("history_body", [pb_int(1, 7), pb_bytes(1, pb_int(1, 5)) + pb_bytes(2, pb_int(1, 3)),
+                                          pb_bytes(2, pb_bytes(1, b"x"))])
+def test_fields_of_another_wire_type_are_left_out(tmp_path, run, history_body):
+    """An item that is a varint, an item's key that is a varint, a step number that is bytes: left out
+    (protobuf's own readers skip them), not a traceback."""
+    recs = [history(i, i, {"train/grad_norm": 1.0 + i % 3, "train/global_step": i}) for i in range(30)]
+    p = write_log(tmp_path / "run-x.wandb", recs + [pb_int(1, 99) + pb_bytes(2, history_body)])
+    h = read_norm_log(str(p))
+    assert h.steps == list(range(30))
+    r = run("suggest-threshold", str(p))
+    assert r.exit_code == 0 and "Traceback" not in r.stderr
