@@ -43,8 +43,7 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
 
     columns = {str(row[1]) for row in con.execute("PRAGMA table_info(metrics)")}
     by = "run_id" if "run_id" in columns else "run_name"
-    runs = [Run(str(rid), str(name), _seconds(first), str(rid)) for rid, name, first in con.execute(
-        f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics GROUP BY {by} ORDER BY MIN(rowid)")]
+    runs = [Run(str(rid), str(name), _seconds(first), str(rid)) for rid, name, first in _runs(con, by)]
 
     def records(r: Run, limit: int = -1) -> list[dict[str, Any]]:
         rows = con.execute(f"SELECT rowid, step, metrics FROM metrics WHERE {by} = ? ORDER BY rowid LIMIT ?",
@@ -68,6 +67,16 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
         raise InputError(f"{source}: run {chosen.label()}: {str(exc).removeprefix(source + ': ')}") from None
     hist.run = chosen
     return hist
+
+
+def _runs(con: Any, by: str) -> list[tuple[Any, Any, Any]]:
+    """(run, its least run name, its first timestamp) of each run of the project, runs in the order they
+    first appear. A project of one run is read by a plain aggregate: grouping sorts every row (10^6 rows:
+    0.5 s against 0.25 s for the distinct runs, which stop at the second, and the aggregate)."""
+    if len(con.execute(f"SELECT DISTINCT {by} FROM metrics LIMIT 2").fetchall()) == 1:
+        return con.execute(f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics").fetchall()
+    return con.execute(f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics GROUP BY {by} "
+                       "ORDER BY MIN(rowid)").fetchall()
 
 
 def _typed_history(con: Any, by: str, r: Run, key: str | None, source: str) -> Any:

@@ -303,3 +303,17 @@ def test_a_run_name_used_again_holds_two_trainings_and_the_last_is_read(tmp_path
     h = read_norm_log(str(db))
     assert h.steps == [10 * (i + 1) for i in range(25)] and set(h.norms) == {3.0}
     assert any("it holds 2 trainings" in n for n in h.notes)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", None, 1]), st.sampled_from(["x", "y", "é"]),
+                          st.sampled_from(["2026-01-02T00:00:00", "2026-01-01T00:00:00", "t"])), max_size=12))
+def test_the_runs_of_a_project_are_those_grouping_gives(rows):
+    """One run read by a plain aggregate, several by grouping: the same (run, name, start) either way."""
+    from gradtool.io.trackio_store import _runs
+
+    con = sqlite3.connect(":memory:")
+    con.execute("CREATE TABLE metrics (run_id, timestamp, run_name, step, metrics)")
+    con.executemany("INSERT INTO metrics VALUES (?, ?, ?, 0, '{}')", [(r, t, n) for r, n, t in rows])
+    assert _runs(con, "run_id") == con.execute(
+        "SELECT run_id, MIN(run_name), MIN(timestamp) FROM metrics GROUP BY run_id ORDER BY MIN(rowid)").fetchall()
