@@ -174,12 +174,14 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _natural_widths(columns: Sequence[str], cells: list[list[str]]) -> list[int] | None:
-    """Each column's width in terminal cells (its widest cell or heading); None when a cell holds a
-    control character, or a character of no width (combining, zero-width: rich crops the cell's trailing
-    whitespace by its count of characters, not of cells): rich draws those its own way."""
+    """Each column's width in terminal cells (its widest cell or heading); None when a cell or a heading
+    holds a control character, or a character of no width (combining, zero-width: rich crops the cell's
+    trailing whitespace by its count of characters, not of cells): rich draws those its own way."""
     from rich.cells import cell_len
 
     widths = [cell_len(c) for c in columns]
+    if any(n < len(c) or _CONTROL.search(c) for n, c in zip(widths, columns)):
+        return None
     for r in cells:
         for i, v in enumerate(r):
             n = cell_len(v)

@@ -136,3 +136,14 @@ def test_trailing_whitespace_and_zero_width_characters_as_rich_draws_them(rows, 
     render.print_table(None, ["0", "00"], rows, right=right, out=fast)
     _rich_reference(None, ["0", "00"], rows, right, reference)
     assert fast.file.getvalue() == reference.file.getvalue()
+
+
+@pytest.mark.parametrize("heading", ["\x7f", "a\x1b", "e\u0301"])
+@pytest.mark.parametrize("right", [False, True])
+def test_a_heading_with_a_control_or_zero_width_character_is_drawn_by_rich(heading, right):
+    """Found by the property test above: under a heading holding DEL, an empty cell was padded by
+    gradtool (to the heading's one cell) where rich pads it to two."""
+    fast, reference = _console(60, False), _console(60, False)
+    render.print_table(None, [heading], [[""]], right=[heading] if right else [], out=fast)
+    _rich_reference(None, [heading], [[""]], [heading] if right else [], reference)
+    assert fast.file.getvalue() == reference.file.getvalue()
