@@ -298,17 +298,34 @@ def test_no_fsync_skips_only_the_flush(run, dump, tmp_path, monkeypatch, flag):
     assert sha(out) == sha(ref)
 
 
-def test_one_dump_is_not_opened_for_a_progress_bar_nobody_sees(run, tmp_path, monkeypatch):
-    """Counting a dump's tensors for the progress bar opened it once more (~0.3 s for 20,000 tensors);
-    stderr that is not a terminal shows no bar: the dump is opened to learn its step, then to clip it."""
-    import gradtool.io.safetensors as st
+@pytest.mark.parametrize("name, metadata, step", [("step_500.npz", None, 500), ("grads.npz", None, 0),
+                                                  ("step_500.npz", {"step": 7}, 7)])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_lone_dumps_step_is_its_metadatas_else_its_names(run, tmp_path, name, metadata, step, dry_run):
+    """Taken when the dump is opened to be clipped (not by an open beforehand): the same steps."""
+    src = str(tmp_path / name)
+    save_dump(src, {"w": np.full(4, 3.0, np.float32)}, metadata=metadata)
+    out = ["--dry-run"] if dry_run else ["-o", str(tmp_path / "out.npz")]
+    r = run("clip", src, *out, "--mode", "global-norm", "--max", "1", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["dumps"][0]["step"] == step
 
-    src = str(tmp_path / "g.safetensors")
-    save_dump(src, {"w": np.ones((3, 4), np.float32), "b": np.ones(4, np.float32)})
+
+@pytest.mark.parametrize("ext, module, cls", [("safetensors", "safetensors", "SafetensorsReader"),
+                                               ("npz", "npz", "NpzReader")])
+def test_one_dump_is_opened_once(run, tmp_path, monkeypatch, ext, module, cls):
+    """Each open of a 20,000-tensor dump indexes it again (~0.15-0.5 s): clip opened it to count its
+    tensors for a progress bar that stderr, not a terminal, never shows; to learn its step; and (npz) to
+    see whether it is compressed. Now once, to clip it, with the step its metadata gives."""
+    import importlib
+
+    mod = importlib.import_module(f"gradtool.io.{module}")
+    src = str(tmp_path / f"g.{ext}")
+    save_dump(src, {"w": np.ones((3, 4), np.float32), "b": np.ones(4, np.float32)}, metadata={"step": 70})
     opened = []
-    real = st.SafetensorsReader.__init__
-    monkeypatch.setattr(st.SafetensorsReader, "__init__",
-                        lambda self, *a, **k: opened.append(a[0]) or real(self, *a, **k))
-    r = run("clip", src, "-o", str(tmp_path / "out.safetensors"), "--mode", "global-norm", "--max", "1",
+    real = getattr(mod, cls).__init__
+    monkeypatch.setattr(getattr(mod, cls), "__init__", lambda self, *a, **k: opened.append(a[0]) or real(self, *a, **k))
+    r = run("clip", src, "-o", str(tmp_path / f"out.{ext}"), "--mode", "global-norm", "--max", "1",
             "--format", "json")
-    assert r.exit_code == 0 and len(opened) == 2
+    assert r.exit_code == 0 and len(opened) == 1, (r.stderr, opened)
+    assert json.loads(r.stdout)["dumps"][0]["step"] == 70
