@@ -265,13 +265,6 @@ def _set_root_meta(writer: Any, meta: dict[str, Any]) -> None:
         writer.set_group_attrs("", meta)
 
 
-def _compressed(ref: Any) -> bool:
-    if ref.format != "npz":
-        return False
-    with ref.open() as r:
-        return bool(getattr(r, "compressed", False))
-
-
 class _output_file:
     """atomic_output for a path, or a temp file copied to stdout for '-'."""
 
