@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, islice
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import InputError, UsageError, listed
 
@@ -802,8 +802,11 @@ def _msgspec_lines(text: str) -> list[Any] | None:
 JSONL_SAMPLE_LINES = 1000
 
 
+_NONFINITE_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}  # Trackio's JSON of them
+
+
 def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "jsonl",
-                   own_steps: list[Any] | None = None) -> NormHistory | None:
+                   own_steps: list[Any] | None = None, nonfinite_words: bool = False) -> NormHistory | None:
     """JSON Lines decoded by msgspec straight into typed rows, without a dict per line: the keys come from
     the first ``JSONL_SAMPLE_LINES`` lines, and a row type with exactly those keys is declared, the norm a
     required float, the step a required int, loss and learning rate optional floats, unknown keys
@@ -811,7 +814,9 @@ def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "j
     NaN tokens) makes it give up: None, and the general path (which sees every key of every line) decides,
     so the result is always the general path's. About 2x faster on a 10^6-line log. ``own_steps``: each
     line's step kept beside it (a Trackio row's), which :func:`from_records` would see under ``_step``
-    after the line's own keys (None when a line logs a ``_step`` of its own, or a step is not an int)."""
+    after the line's own keys (None when a line logs a ``_step`` of its own, or a step is not an int).
+    ``nonfinite_words``: norm, loss and learning rate may be the strings ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"`` (Trackio's JSON of them), read as those floats, as :func:`_num` reads them."""
     try:
         import msgspec
     except ImportError:
@@ -837,7 +842,8 @@ def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "j
     if nkey is None or any(tensor_norm_keys(seen)):  # per-parameter norms: the dict path reads them
         return None
     skey, (lkey, rkey) = _find_key(seen, STEP_KEYS), loss_and_lr_keys(seen)
-    kinds = {nkey: (float,), skey: (int,), lkey: (float | None, None), rkey: (float | None, None)}
+    number: Any = float | Literal["NaN", "Infinity", "-Infinity"] if nonfinite_words else float
+    kinds = {nkey: (number,), skey: (int,), lkey: (number | None, None), rkey: (number | None, None)}
     fields = [(f"f{i}", *kinds.get(k, (msgspec.Raw, msgspec.UNSET))) for i, k in enumerate(keys)]
     try:
         row = msgspec.defstruct("LogRow", fields, rename={f"f{i}": k for i, k in enumerate(keys)},
@@ -869,7 +875,13 @@ def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "j
                 pass
         return own_steps if mine else list(map(attrgetter(f"f{keys.index(k)}"), rows))
 
-    fast = _columns(column(skey, np.int64), column(nkey, np.float64), column(lkey), column(rkey),
+    def numbers(col: list[Any] | None) -> list[Any] | None:
+        """A loss or learning-rate column with its nonfinite words made floats (NumPy parses the norm's)."""
+        if col is None or not nonfinite_words or str not in set(map(type, col)):
+            return col
+        return [_NONFINITE_WORDS[v] if type(v) is str else v for v in col]
+
+    fast = _columns(column(skey, np.int64), column(nkey, np.float64), numbers(column(lkey)), numbers(column(rkey)),
                     types_known=True, lists=False)
     if fast is None:
         return None

@@ -12,6 +12,7 @@ The Hugging Face Trainer's ``report_to="trackio"`` logs ``train/grad_norm``, ``t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from datetime import datetime
 from functools import cache
@@ -45,9 +46,11 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
     by = "run_id" if "run_id" in columns else "run_name"
     runs = [Run(str(rid), str(name), _seconds(first), str(rid)) for rid, name, first in _runs(con, by)]
 
-    def records(r: Run, limit: int = -1) -> list[dict[str, Any]]:
-        rows = con.execute(f"SELECT rowid, step, metrics FROM metrics WHERE {by} = ? ORDER BY rowid LIMIT ?",
+    def rows_of(r: Run, limit: int = -1) -> list[tuple[Any, Any, Any]]:  # (rowid, step, metrics JSON)
+        return con.execute(f"SELECT rowid, step, metrics FROM metrics WHERE {by} = ? ORDER BY rowid LIMIT ?",
                            (r.where, limit)).fetchall()
+
+    def records(r: Run, rows: list[tuple[Any, Any, Any]]) -> list[dict[str, Any]]:
         docs = _decoded_at_once([m for _, _, m in rows])
         if docs is None:
             return [_record(rowid, step, metrics, r, source) for rowid, step, metrics in rows]
@@ -56,13 +59,13 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
 
     @cache
     def keys(r: Run) -> list[str]:  # its metric names (the row's own step, "_step", is none)
-        names = dict.fromkeys(k for rec in records(r, KEY_SAMPLE_ROWS) for k in rec)
+        names = dict.fromkeys(k for rec in records(r, rows_of(r, KEY_SAMPLE_ROWS)) for k in rec)
         return [k for k in names if k != "_step"]
 
     chosen = choose_run_with_norm(runs, keys, key, run, source, "Trackio", "a Trackio project")
+    rows = rows_of(chosen)
     try:
-        hist = _typed_history(con, by, chosen, key, source) or from_records(records(chosen), source, "trackio",
-                                                                            key)
+        hist = _typed_history(rows, key, source) or from_records(records(chosen, rows), source, "trackio", key)
     except InputError as exc:
         raise InputError(f"{source}: run {chosen.label()}: {str(exc).removeprefix(source + ': ')}") from None
     hist.run = chosen
@@ -79,22 +82,24 @@ def _runs(con: Any, by: str) -> list[tuple[Any, Any, Any]]:
                        "ORDER BY MIN(rowid)").fetchall()
 
 
-def _typed_history(con: Any, by: str, r: Run, key: str | None, source: str) -> Any:
-    """The history of run ``r`` with its rows' JSON decoded by msgspec straight into typed rows (see
-    :func:`~gradtool.io.logs._msgspec_typed`; no dict per row: 10^6 rows ~2x faster than
-    :func:`_decoded_at_once` and :func:`~gradtool.io.logs.from_records`), each row's ``step`` beside it as
-    ``_step``. None (the dict path decides, with the same result) when msgspec is not installed or a row
-    does not fit: a key the first rows did not show, a string or NaN token for a number, a row of
-    several lines, a ``_step`` key of its own."""
+def _typed_history(rows: list[tuple[Any, Any, Any]], key: str | None, source: str) -> Any:
+    """The history of a run's ``rows`` (rowid, step, metrics JSON) with the JSON decoded by msgspec
+    straight into typed rows (see :func:`~gradtool.io.logs._msgspec_typed`; no dict per row: 10^6 rows
+    ~2x faster than :func:`_decoded_at_once` and :func:`~gradtool.io.logs.from_records`), each row's
+    ``step`` beside it as ``_step``. None (the dict path decides, with the same result) when msgspec is
+    not installed or a row does not fit: a key the first rows did not show, a string or NaN token for a
+    number, a row of several lines, a ``_step`` key of its own."""
     from operator import itemgetter
 
     from .logs import _msgspec_typed
 
-    rows = con.execute(f"SELECT step, metrics FROM metrics WHERE {by} = ? ORDER BY rowid", (r.where,)).fetchall()
-    joined = _one_per_line(list(map(itemgetter(1), rows)))
+    if importlib.util.find_spec("msgspec") is None:
+        return None
+    joined = _one_per_line(list(map(itemgetter(2), rows)))
     if joined is None:
         return None
-    return _msgspec_typed(joined, source, key, "trackio", own_steps=list(map(itemgetter(0), rows)))
+    return _msgspec_typed(joined, source, key, "trackio", own_steps=list(map(itemgetter(1), rows)),
+                          nonfinite_words=True)
 
 
 def _one_per_line(blobs: list[Any]) -> bytes | None:

@@ -12,7 +12,7 @@ import os
 import sqlite3
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gradtool.errors import InputError, UsageError
@@ -220,23 +220,44 @@ def test_decoding_rows_at_once_equals_row_by_row(tmp_path_factory, monkeypatch_m
         assert outcome() == fastest
 
 
-_fitting_doc = st.fixed_dictionaries(
-    {"train/grad_norm": st.floats(allow_nan=False, allow_infinity=False) | st.integers(-10**6, 10**6)},
-    optional={"train/loss": st.floats(allow_nan=False, allow_infinity=False) | st.none(),
-              "train/global_step": st.integers(0, 40), "grad_norm": st.floats(0, 10), "lr": st.floats(0, 1),
-              "eval/x": st.text(max_size=3), "train/epoch": st.floats(0, 3), "_step": st.integers(0, 40)})
+_words = st.sampled_from(["NaN", "Infinity", "-Infinity"])  # Trackio's JSON of nonfinite values
+_finite = st.floats(allow_nan=False, allow_infinity=False)
+_fitting_values = {"train/grad_norm": _finite | st.integers(-10**6, 10**6) | _words,
+                   "train/loss": _finite | st.none() | _words, "train/learning_rate": st.floats(0, 1) | _words,
+                   "train/global_step": st.integers(0, 40), "grad_norm": st.floats(0, 10), "lr": st.floats(0, 1),
+                   "eval/x": st.text(max_size=3), "train/epoch": st.floats(0, 3), "_step": st.integers(0, 40)}
+
+
+@st.composite
+def _fitting_rows(draw):
+    """Rows of one set of keys (the Trainer's every row), or, now and then, each row its own keys."""
+    optional = [k for k in _fitting_values if k != "train/grad_norm"]
+    shared = draw(st.sets(st.sampled_from(optional)))
+    rows = []
+    for _ in range(draw(st.integers(1, 30))):
+        keys = shared if draw(st.integers(0, 9)) else draw(st.sets(st.sampled_from(optional)))
+        doc = {k: draw(_fitting_values[k]) for k in ["train/grad_norm", *sorted(keys)]}
+        rows.append((draw(st.integers(-3, 40)), doc))
+    return rows
 
 
 @settings(deadline=None)  # SQLite files written and read: the first example opens sqlite3
-@given(rows=st.lists(st.tuples(st.integers(-3, 40), _fitting_doc | st.sampled_from(["", " "])), min_size=1,
-                     max_size=30),
-       key=st.sampled_from([None, "grad_norm", "train/grad_norm"]))
-def test_typed_rows_give_what_dict_rows_give(tmp_path_factory, monkeypatch_module, rows, key):
-    """Rows that fit one type (how the Trainer logs): the typed decode answers, and its history (steps
+@given(rows=_fitting_rows(),
+       key=st.sampled_from([None, "grad_norm", "train/grad_norm"]),
+       empty=st.none() | st.tuples(st.integers(0, 30), st.sampled_from(["", " "])))
+@example(rows=[(1, {"train/grad_norm": "NaN", "train/loss": "Infinity", "train/learning_rate": "-Infinity"}),
+               (2, {"train/grad_norm": "Infinity", "train/loss": 2.0, "train/learning_rate": 0.5})], key=None,
+         empty=None)
+def test_typed_rows_give_what_dict_rows_give(tmp_path_factory, monkeypatch_module, rows, key, empty):
+    """Rows that fit one type (how the Trainer logs, nonfinite values as Trackio's words "NaN",
+    "Infinity", "-Infinity"; ``empty``: a row of no JSON somewhere): the typed decode answers, and its
+    history (steps
     from the row's own step or train/global_step, several trainings, the keys' order in other_keys and
     notes) is the dict path's."""
     from gradtool.io import trackio_store
 
+    if empty is not None:
+        rows = rows[:empty[0]] + [(0, empty[1])] + rows[empty[0]:]
     db = tmp_path_factory.mktemp("t") / "p.db"
     con = sqlite3.connect(db)
     con.executescript(_SCHEMA_043)
@@ -270,8 +291,11 @@ def test_the_typed_path_reads_the_trainers_rows(tmp_path):
     trackio_project(db, [("r1", "one", "2026-01-01T00:00:00+00:00", _points(50), 0)])
     from gradtool.io import sqlite_logs, trackio_store
 
-    with sqlite_logs._opened(str(db), "p.db") as (con, _, _):
-        h = trackio_store._typed_history(con, "run_id", trackio_store.Run("r1", "one", None, "r1"), None, "p.db")
+    def rows():
+        with sqlite_logs._opened(str(db), "p.db") as (con, _, _):
+            return con.execute("SELECT rowid, step, metrics FROM metrics WHERE run_id = 'r1' ORDER BY rowid").fetchall()
+
+    h = trackio_store._typed_history(rows(), None, "p.db")
     assert h is not None and h.kind == "trackio" and h.key == "train/grad_norm"
     assert h.steps == [10 * (i + 1) for i in range(50)] and h.norms == [p for _, p in _points(50)]
     assert h.loss == [3.0 - i / 100 for i in range(50)] and h.lr == [1e-4] * 50
@@ -280,9 +304,7 @@ def test_the_typed_path_reads_the_trainers_rows(tmp_path):
                     "99, '')")
         con.execute("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) SELECT run_id, timestamp, "
                     "run_name, step + 100, metrics FROM metrics WHERE step < 50")
-    with sqlite_logs._opened(str(db), "p.db") as (con, _, _):
-        assert trackio_store._typed_history(con, "run_id", trackio_store.Run("r1", "one", None, "r1"), None,
-                                            "p.db") is None
+    assert trackio_store._typed_history(rows(), None, "p.db") is None
     with pytest.raises(InputError, match="row 51 of Trackio run 'one' .* holds no JSON object"):
         read_norm_log(str(db))
 
