@@ -198,9 +198,9 @@ def test_other_trainers_steps_are_the_steps(tmp_path, step_key):
 
 
 def _reference_row(record):
-    """history_rows written plainly over proto_fields (the field reader alone): the reference for its
-    indexed fast path. Fields of another wire type than the schema's are left out."""
-    from gradtool.io.wandb_log import _number, proto_fields
+    """history_rows written plainly over proto_fields and _item_fields (the field reader alone): the
+    reference for its indexed fast path. Fields of another wire type than the schema's are left out."""
+    from gradtool.io.wandb_log import _item_fields, proto_fields
 
     hist = next((v for f, v in proto_fields(record) if f == 2 and isinstance(v, bytes)), None)
     if hist is None:
@@ -208,17 +208,9 @@ def _reference_row(record):
     row = {}
     for f, v in proto_fields(hist):
         if f == 1 and isinstance(v, bytes):
-            key, nested, value = "", [], b""
-            for g, w in proto_fields(v):
-                if isinstance(w, bytes):
-                    if g == 1:
-                        key = w.decode("utf-8", "replace")
-                    elif g == 2:
-                        nested.append(w.decode("utf-8", "replace"))
-                    elif g == 16:
-                        value = w
-            if (number := _number(value)) is not None:
-                row[key or ".".join(nested)] = number
+            key, number = _item_fields(v)  # an item by the field reader (its wire types: tested below)
+            if number is not None:
+                row[key] = number
         elif f == 2 and isinstance(v, bytes):
             row["_step"] = next((w for g, w in proto_fields(v) if g == 1 and isinstance(w, int)), 0)
     return row
