@@ -34,16 +34,18 @@ def is_metric_file_text(text: str) -> bool:
 def parse_metric_lines(text: str, source: str) -> Series:
     """The file store's ``<timestamp> <value> [<step>]`` lines as (steps, timestamps, values); a line
     without a step is step 0, as MLflow reads it. A malformed line is an InputError naming it."""
-    fast = _columns_msgspec(text)
-    return fast if fast is not None else parse_metric_lines_plain(text, source)
+    raw = text.encode("utf-8", "replace")
+    fast = _columns_msgspec(raw)
+    return fast if fast is not None else parse_metric_lines_plain(text, source, raw)
 
 
-def parse_metric_lines_plain(text: str, source: str) -> Series:
-    """:func:`parse_metric_lines` by the standard library and NumPy alone (without msgspec)."""
+def parse_metric_lines_plain(text: str, source: str, raw: bytes | None = None) -> Series:
+    """:func:`parse_metric_lines` by the standard library and NumPy alone (without msgspec); ``raw``:
+    ``text`` encoded as UTF-8, when the caller has it."""
     import numpy as np
 
     tokens = text.split()
-    lines = _lines_of_two_spaces(text.encode("utf-8", "replace"))
+    lines = _lines_of_two_spaces(text.encode("utf-8", "replace") if raw is None else raw)
     if lines is not None and len(tokens) == 3 * lines:  # what MLflow writes: convert the columns at once
         try:
             return (np.array(tokens[2::3], dtype=np.int64), np.array(tokens[0::3], dtype=np.int64),
@@ -88,15 +90,20 @@ def _lines_of_two_spaces(raw: bytes) -> int | None:
     return int(ends.size)
 
 
-def _columns_msgspec(text: str) -> Series | None:
-    """The columns of a file of ``<timestamp> <value> <step>`` lines, every field parsed by msgspec's C
-    JSON number parser (``gradtool[speedups]``; ~2x faster than splitting the text and converting each
-    column, 10^6 lines in ~0.3 s): with its spaces and line breaks turned into commas the text is one JSON
-    array of 3 numbers a line (two spaces a line, counted first, and three numbers a line found, so
-    each number is in its own line and column). Only when the timestamps and steps are JSON integers and
-    the values JSON numbers: their Python ``int``/``float`` are then the same. None (the caller's parse
-    decides) without msgspec, and for anything else: ``nan``/``inf`` values, blank lines, a missing step,
-    an integer ``-0`` value (msgspec gives +0.0, ``float`` -0.0), integers beyond int64."""
+_NONFINITE_VALUES = {"nan", "inf", "-inf"}  # Python's str() of them, as MLflow writes nonfinite values
+
+
+def _columns_msgspec(raw: bytes) -> Series | None:
+    """The columns of a file of ``<timestamp> <value> <step>`` lines (``raw``: its UTF-8 bytes), every
+    field parsed by msgspec's C JSON number parser (``gradtool[speedups]``; ~2x faster than splitting the
+    text and converting each column, 10^6 lines in ~0.3 s): with its spaces and line breaks turned into
+    commas the text is one JSON array of 3 numbers a line (two spaces a line, counted first, and three
+    numbers a line found, so each number is in its own line and column); ``nan``, ``inf`` and ``-inf``
+    (no JSON) are quoted first and read as ``float`` reads them. Only when the timestamps and steps are
+    JSON integers and the values JSON numbers or those words: their Python ``int``/``float`` are then the
+    same. None (the caller's parse decides) without msgspec, and for anything else: other words, blank
+    lines, a missing step, an integer ``-0`` value (msgspec gives +0.0, ``float`` -0.0), integers beyond
+    int64."""
     try:
         import msgspec
     except ImportError:
@@ -105,19 +112,24 @@ def _columns_msgspec(text: str) -> Series | None:
 
     from .logs import _NEGATIVE_INTEGER_ZERO
 
-    raw = text.encode("utf-8", "replace")
     body = raw[:-1] if raw.endswith(b"\n") else raw
     lines = _lines_of_two_spaces(body) if body else None
     if lines is None or (b"-" in body and _NEGATIVE_INTEGER_ZERO.search(body)):
         return None
+    array = b"[" + body.replace(b" ", b",").replace(b"\n", b",") + b"]"
+    if b"n" in array:  # nan, inf, -inf: quoted (anything else that holds them is no JSON after)
+        array = array.replace(b"-inf", b'"-inf"').replace(b",inf", b',"inf"').replace(b"nan", b'"nan"')
     try:
-        numbers = msgspec.json.decode(b"[" + body.replace(b" ", b",").replace(b"\n", b",") + b"]")
+        numbers = msgspec.json.decode(array)
     except msgspec.DecodeError:
         return None
     if type(numbers) is not list or len(numbers) != 3 * lines:
         return None
     stamps, values, steps = numbers[0::3], numbers[1::3], numbers[2::3]
-    if not (set(map(type, stamps)) == set(map(type, steps)) == {int} and set(map(type, values)) <= {int, float}):
+    kinds = set(map(type, values))
+    if not (set(map(type, stamps)) == set(map(type, steps)) == {int} and kinds <= {int, float, str}):
+        return None
+    if str in kinds and not {v for v in values if type(v) is str} <= _NONFINITE_VALUES:
         return None
     try:
         return (np.array(steps, dtype=np.int64), np.array(stamps, dtype=np.int64),

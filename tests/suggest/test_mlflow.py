@@ -392,11 +392,14 @@ _value_token = st.one_of(_values.map(repr), st.integers(-10**20, 10**20).map(str
 @given(st.lists(st.tuples(_int_token, _value_token, _int_token), min_size=1, max_size=6), st.booleans(),
        st.booleans())
 @example([(str(T0), "-0", "1"), (str(T0), "-0.0", "-0")], False, True)  # msgspec reads -0 as +0
+@example([(str(T0), "nan", "1"), (str(T0), "inf", "2"), (str(T0), "-inf", "3")], False, True)  # quoted
+@example([(str(T0), "-nan", "1"), (str(T0), "infinity", "2")], False, True)  # no JSON once quoted
+@example([(str(T0), '"1"', "1")], False, True)  # a string that is not one of the words
 def test_the_msgspec_parse_equals_the_plain_one_when_it_answers(fields, crlf, last_break):
     """``_columns_msgspec`` (JSON numbers) gives what splitting and ``int``/``float`` give, or None."""
     end = "\r\n" if crlf else "\n"
     text = end.join(" ".join(f) for f in fields) + (end if last_break else "")
-    fast = _columns_msgspec(text)
+    fast = _columns_msgspec(text.encode("utf-8", "replace"))
     try:
         plain = parse_metric_lines_plain(text, "m")
     except InputError:
@@ -408,10 +411,10 @@ def test_the_msgspec_parse_equals_the_plain_one_when_it_answers(fields, crlf, la
 
 
 def test_the_msgspec_parse_takes_what_mlflow_writes():
-    lines = [f"{T0 + i} {v!r} {i}" for i, v in enumerate([0.5, 2.0, 1e-300, 3.25e10, -0.0])]
-    cols = _columns_msgspec("\n".join(lines) + "\n")
-    assert cols is not None and cols[0].tolist() == list(range(5)) and cols[1][0] == T0
-    assert [repr(v) for v in cols[2].tolist()] == ["0.5", "2.0", "1e-300", "32500000000.0", "-0.0"]
+    lines = [f"{T0 + i} {v!r} {i}" for i, v in enumerate([0.5, 2.0, 1e-300, 3.25e10, -0.0, math.nan, -math.inf])]
+    cols = _columns_msgspec(("\n".join(lines) + "\n").encode())
+    assert cols is not None and cols[0].tolist() == list(range(7)) and cols[1][0] == T0
+    assert [repr(v) for v in cols[2].tolist()] == ["0.5", "2.0", "1e-300", "32500000000.0", "-0.0", "nan", "-inf"]
 
 
 @given(st.text(alphabet=st.sampled_from("0123456789 .-+einfa\n\r\tx"), max_size=300))
