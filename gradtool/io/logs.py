@@ -903,9 +903,22 @@ def _concatenated_objects(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def _quoted_nonfinite(text: str) -> str | None:
+    """``text`` with Python's JSON tokens ``NaN``, ``Infinity`` and ``-Infinity`` (``json.dump``'s of
+    nonfinite floats, which msgspec refuses) quoted, for :func:`_msgspec_typed`'s ``nonfinite_words``;
+    None when it holds none. Quotes put inside a string (a key or text naming NaN) leave no valid JSON
+    there, so such a log goes on to the standard decoder, as before. A run that logged one NaN norm among
+    10^6 lines was read 4x slower than one without."""
+    if "NaN" not in text and "Infinity" not in text:
+        return None
+    return text.replace("NaN", '"NaN"').replace("Infinity", '"Infinity"').replace('-"Infinity"', '"-Infinity"')
+
+
 def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
     text = _read_text(path) if text is None else text
     typed = _msgspec_typed(text, path, key)
+    if typed is None and (quoted := _quoted_nonfinite(text)) is not None:
+        typed = _msgspec_typed(quoted, path, key, nonfinite_words=True)
     if typed is not None:
         return typed
     decoded = _msgspec_lines(text)

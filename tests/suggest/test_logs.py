@@ -372,9 +372,9 @@ def test_vectorised_columns_equal_the_general_loop(rows, sort):
 
 # --- the typed msgspec path (keys from a sample, a row type with those keys, unknown keys forbidden) ------
 _any_value = st.one_of(_value, st.booleans(), st.text(max_size=3), st.just([1, 2]), st.just({"a": 1}),
-                       st.integers(2**63, 2**64))
+                       st.integers(2**63, 2**64), st.sampled_from(["NaN", "x NaN", "-Infinity", "Infinity"]))
 _keys = st.sampled_from(["step", "grad_norm", "gnorm", "loss", "learning_rate", "epoch", "eval_loss",
-                         "Grad_Norm"])
+                         "Grad_Norm", "NaN_count", "-Infinity"])
 
 
 @settings(max_examples=200, deadline=None)
@@ -413,6 +413,26 @@ def _assert_arrays_match_lists(h):
     for arr, values in ((loss, h.loss), (lr, h.lr)):
         assert np.ma.getmaskarray(arr).tolist() == [v is None for v in values]
         np.testing.assert_array_equal(arr.filled(np.nan), [np.nan if v is None else v for v in values])
+
+
+def test_typed_jsonl_path_is_taken_for_a_log_with_nan_tokens():
+    """json.dump writes NaN, Infinity, -Infinity bare (msgspec refuses them): quoted, the typed path reads
+    them as the floats the standard decoder gives, rather than the whole log going line by line."""
+    pytest.importorskip("msgspec")
+    from gradtool.io import logs as logs_mod
+
+    lines = [{"step": i, "grad_norm": [1.5, math.nan, math.inf][i % 3], "loss": [2.0, -math.inf][i % 2],
+              "note": "NaN seen" if i == 0 else "ok"} for i in range(30)]
+    text = "\n".join(json.dumps(x) for x in lines)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(logs_mod, "_msgspec_lines", lambda t: pytest.fail("the dict path was used"))
+        m.setattr(logs_mod, "_concatenated_objects", lambda t: pytest.fail("the dict path was used"))
+        with pytest.raises(pytest.fail.Exception):  # "NaN seen" inside a string: no JSON once quoted
+            logs_mod.read_jsonl("x.jsonl", text=text)
+        lines[0]["note"] = "ok"
+        h = logs_mod.read_jsonl("x.jsonl", text="\n".join(json.dumps(x) for x in lines))
+    assert _as_tuple(h) == _as_tuple(_plain_jsonl_history("\n".join(json.dumps(x) for x in lines)))
+    assert [repr(v) for v in h.norms[:3]] == ["1.5", "nan", "inf"] and h.loss[1] == -math.inf
 
 
 def test_typed_jsonl_path_is_taken_for_a_plain_log(tmp_path):
