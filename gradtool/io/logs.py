@@ -802,9 +802,6 @@ def _msgspec_lines(text: str) -> list[Any] | None:
 JSONL_SAMPLE_LINES = 1000
 
 
-_NONFINITE_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}  # Trackio's JSON of them
-
-
 def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "jsonl",
                    own_steps: list[Any] | None = None, nonfinite_words: bool = False) -> NormHistory | None:
     """JSON Lines decoded by msgspec straight into typed rows, without a dict per line: the keys come from
@@ -876,10 +873,11 @@ def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "j
         return own_steps if mine else list(map(attrgetter(f"f{keys.index(k)}"), rows))
 
     def numbers(col: list[Any] | None) -> list[Any] | None:
-        """A loss or learning-rate column with its nonfinite words made floats (NumPy parses the norm's)."""
+        """A loss or learning-rate column with its nonfinite words made floats by :func:`_num` (NumPy
+        parses the norm's)."""
         if col is None or not nonfinite_words or str not in set(map(type, col)):
             return col
-        return [_NONFINITE_WORDS[v] if type(v) is str else v for v in col]
+        return [_num(v) if type(v) is str else v for v in col]
 
     fast = _columns(column(skey, np.int64), column(nkey, np.float64), numbers(column(lkey)), numbers(column(rkey)),
                     types_known=True, lists=False)

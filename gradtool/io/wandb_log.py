@@ -146,13 +146,9 @@ def history_rows(record: bytes) -> dict[str, Any] | None:
                 number = _number(history[i + 7 + k:end])
                 if number is not None:
                     row[history[i + 4:i + 4 + k].decode("utf-8", "replace")] = number
-            else:
-                key, number = _item_fields(history[i + 2:end])
-                if number is not None:
-                    row[key] = number
-            i = end
-            continue
-        f, v, i = _field_at(history, i, n)
+                i = end
+                continue
+        f, v, i = _field_at(history, i, n)  # any other field or layout
         if f == 1 and type(v) is bytes:  # an item
             key, number = _item_fields(v)
             if number is not None:
