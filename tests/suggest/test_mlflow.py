@@ -339,10 +339,46 @@ def test_loss_matched_to_the_norm_steps_equals_a_dict_reference(norm_points, los
     assert [repr(x) for x in h.loss] == [repr(x) for x in want]
 
 
+_rows = st.lists(st.tuples(st.integers(0, 12), _values), max_size=30)
+
+
+@settings(deadline=None, max_examples=60)  # SQLite files written and read
+@given(_rows.filter(bool), _rows, st.booleans(), st.randoms(use_true_random=False))
+def test_an_sqlite_store_reads_as_its_series_with_timestamps(tmp_path_factory, norm_rows, loss_rows,
+                                                             one_step, rnd):
+    """The store's rows read as history_of_run of their full (step, timestamp, value) series, the
+    reference: the timestamps are left out only where they order nothing (distinct steps), and read when
+    a step repeats or the norm was logged without steps (the loss then matched by timestamp). Rows go in
+    shuffled; each (step, timestamp) of a metric is distinct, as a real run's are."""
+    db = tmp_path_factory.mktemp("store") / "mlflow.db"
+    con = sqlite3.connect(db)
+    con.executescript(_SCHEMA)
+    con.execute("INSERT INTO runs (run_uuid, name, start_time, lifecycle_stage) VALUES ('r1', 'x', ?, "
+                "'active')", (T0,))
+    series = {}
+    for key, rows in (("grad_norm", norm_rows), ("loss", loss_rows)):
+        stamps = rnd.sample(range(1000), len(rows))
+        full = [(0 if one_step else s, T0 + t, v) for (s, v), t in zip(rows, stamps)]
+        series[key] = tuple(np.array(c, dtype=d) for c, d in zip(zip(*full), (np.int64, np.int64, float))) \
+            if full else (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        rnd.shuffle(full)
+        con.executemany("INSERT INTO metrics VALUES (?, ?, ?, 'r1', ?, ?)",
+                        [(key, 0.0 if math.isnan(v) else math.copysign(DBL_MAX, v) if math.isinf(v) else v,
+                          t, s, int(math.isnan(v))) for s, t, v in full])
+    con.commit()
+    con.close()
+    h = read_norm_log(str(db))
+    ref = history_of_run(series, "grad_norm", "loss" if loss_rows else None, None, "x", None)
+    assert (h.steps, h.line_order) == (ref.steps, ref.line_order)
+    assert [repr(v) for v in h.norms] == [repr(v) for v in ref.norms]
+    assert [repr(v) for v in h.loss or []] == [repr(v) for v in ref.loss or []]
+
+
 @pytest.mark.parametrize("row", [("grad_norm", "abc", T0 + 99, "r1", 99, 0),
                                  ("grad_norm", 1.0, T0 + 99, "r1", None, 0),
-                                 ("grad_norm", 1.0, "soon", "r1", 99, 0)])
+                                 ("grad_norm", 1.0, "soon", "r1", 29, 0)])
 def test_a_tampered_metrics_row_is_an_input_error(tmp_path, run, row):
+    """(A timestamp is read when it orders something: the tampered one is at a step logged twice.)"""
     db = tmp_path / "mlflow.db"
     sql_store(db, [("r1", "x", T0, "active", hf_metrics(30))])
     con = sqlite3.connect(db)
