@@ -162,17 +162,25 @@ def write_mlflow_run(root: str, norms: np.ndarray) -> str:
 
 
 def write_mlflow_db(path: str, norms: np.ndarray) -> None:
-    """An MLflow SQLite store (the two tables gradtool reads) of one run logging ``norms`` and a loss."""
+    """An MLflow SQLite store (the tables gradtool reads, with MLflow's indexes on them) of one run logging
+    ``norms`` and a loss."""
     import sqlite3
 
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE runs (run_uuid, name, start_time, lifecycle_stage)")
     con.execute('CREATE TABLE metrics ("key", value, timestamp, run_uuid, step, is_nan, '
                 'PRIMARY KEY ("key", timestamp, step, run_uuid, value, is_nan))')
+    con.execute('CREATE TABLE latest_metrics ("key", value, timestamp, step, is_nan, run_uuid, '
+                'PRIMARY KEY ("key", run_uuid))')
     con.execute("INSERT INTO runs VALUES ('r0', 'bench', 1795521146861, 'active')")
     for key, values in (("grad_norm", norms), ("loss", np.full(len(norms), 2.0))):
         con.executemany("INSERT INTO metrics VALUES (?, ?, ?, 'r0', ?, 0)",
                         ((key, float(v), 1795521146861 + i, i) for i, v in enumerate(values)))
+        con.execute("INSERT INTO latest_metrics VALUES (?, ?, ?, ?, 0, 'r0')",
+                    (key, float(values[-1]), 1795521146861 + len(values) - 1, len(values) - 1))
+    for table, columns in (("metrics", "run_uuid"), ("latest_metrics", "run_uuid"),
+                           ("metrics", "run_uuid, key, step")):  # MLflow's migrations make these
+        con.execute(f"CREATE INDEX index_{table}_{columns.replace(', ', '_')} ON {table} ({columns})")
     con.commit()
     con.close()
 
