@@ -286,25 +286,32 @@ def test_typed_rows_give_what_dict_rows_give(tmp_path_factory, monkeypatch_modul
         assert answered and answered[0] is not None  # rows of one set of keys: the typed path read them
 
 
-def test_the_typed_path_reads_the_trainers_rows(tmp_path):
+@pytest.mark.parametrize("fetch_rows", [1 << 16, 7, 1])
+def test_the_typed_path_reads_the_trainers_rows(tmp_path, monkeypatch, fetch_rows):
+    """The same history whatever the rows' grouping into fetches (``FETCH_ROWS``: 50 rows in one, in
+    pieces of 7 with a last piece of 1, one by one)."""
     db = tmp_path / "p.db"
     trackio_project(db, [("r1", "one", "2026-01-01T00:00:00+00:00", _points(50), 0)])
     from gradtool.io import sqlite_logs, trackio_store
 
-    def rows():
-        with sqlite_logs._opened(str(db), "p.db") as (con, _, _):
-            return con.execute("SELECT rowid, step, metrics FROM metrics WHERE run_id = 'r1' ORDER BY rowid").fetchall()
+    monkeypatch.setattr(trackio_store, "FETCH_ROWS", fetch_rows)
 
-    h = trackio_store._typed_history(rows(), None, "p.db")
+    def typed():
+        with sqlite_logs._opened(str(db), "p.db") as (con, _, _):
+            return trackio_store._typed_history(
+                con.execute("SELECT step, metrics FROM metrics WHERE run_id = 'r1' ORDER BY rowid"), None, "p.db")
+
+    h = typed()
     assert h is not None and h.kind == "trackio" and h.key == "train/grad_norm"
     assert h.steps == [10 * (i + 1) for i in range(50)] and h.norms == [p for _, p in _points(50)]
     assert h.loss == [3.0 - i / 100 for i in range(50)] and h.lr == [1e-4] * 50
+    assert read_norm_log(str(db)).norms == h.norms
     with sqlite3.connect(db) as con:  # an empty row (decode_lines skips its line) past the first rows
         con.execute("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) VALUES ('r1', 't', 'one', "
                     "99, '')")
         con.execute("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) SELECT run_id, timestamp, "
                     "run_name, step + 100, metrics FROM metrics WHERE step < 50")
-    assert trackio_store._typed_history(rows(), None, "p.db") is None
+    assert typed() is None
     with pytest.raises(InputError, match="row 51 of Trackio run 'one' .* holds no JSON object"):
         read_norm_log(str(db))
 
