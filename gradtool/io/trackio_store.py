@@ -115,9 +115,12 @@ def _one_per_line(blobs: list[Any]) -> bytes | None:
     """The rows' JSON (text or bytes) joined by line breaks; None when a row holds a line break (or a
     carriage return) of its own, or is neither text nor bytes."""
     try:
-        joined = b"\n".join([b.encode("utf-8", "surrogatepass") if isinstance(b, str) else b for b in blobs])
-    except (TypeError, UnicodeError):  # a value that is neither (a number in a tampered row)
-        return None
+        joined = b"\n".join(blobs)  # rows of bytes: joined without a list of them made first
+    except TypeError:  # text (older trackio), or a value that is neither (a number in a tampered row)
+        try:
+            joined = b"\n".join([b.encode("utf-8", "surrogatepass") if isinstance(b, str) else b for b in blobs])
+        except (TypeError, UnicodeError):
+            return None
     if joined.count(b"\n") != len(blobs) - 1 or b"\r" in joined:  # a row of several lines
         return None
     return joined
