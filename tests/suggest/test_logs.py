@@ -1142,7 +1142,7 @@ _finite = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False)
 def test_text_log_reads_back_what_was_printed(records, blocks, noise):
     # Megatron's one line per step, or OLMo's block under a step line, with noise lines between: the
     # steps, norms, losses and learning rates printed (repr: exact) are the ones read, in step order
-    from gradtool.io.logs import read_text_log
+    from gradtool.io.text_logs import read_text_log
 
     out = []
     for step, norm, loss, lr in sorted(records):  # in step order, as a training prints them
@@ -1178,27 +1178,29 @@ _TEXT_PIECES = st.one_of(_TEXT_FIELD.map("".join), st.sampled_from([" ", " | ", 
 def test_text_log_word_checks_skip_only_lines_the_patterns_cannot_match(lines):
     # the text reader runs a pattern on a line only if the line holds one of the pattern's words: 2-3x
     # faster on logs full of other lines; the matches are those of every pattern on every line
-    from gradtool.io import logs
+    from gradtool.io import text_logs
 
     def same(a, b):
         return (a and (a.re, a.span())) == (b and (b.re, b.span()))
 
     for line in lines:
-        step = (logs._TEXT_STEP.search(line) or logs._MMENGINE_STEP.search(line)
-                or logs._LLMC_STEP.match(line) or logs._BATCH_HEADER.search(line))
-        if step is not None and step.re is logs._MMENGINE_STEP:
+        step = (text_logs._TEXT_STEP.search(line) or text_logs._MMENGINE_STEP.search(line)
+                or text_logs._LLMC_STEP.match(line) or text_logs._BATCH_HEADER.search(line))
+        if step is not None and step.re is text_logs._MMENGINE_STEP:
             epoch, i, per_epoch, it = step.groups()
             want = int(it) if it else (int(epoch) - 1) * int(per_epoch) + int(i)
-            assert logs._text_step(line, True) == want
+            assert text_logs._text_step(line, True) == want
         else:
-            assert logs._text_step(line, True) == (step and int(step.group(1)))
+            assert text_logs._text_step(line, True) == (step and int(step.group(1)))
         if "norm" not in line:  # the reader's check before _text_norm
-            assert logs._TEXT_NORM.search(line) is None and logs._TEXT_NORM_NAMED.search(line) is None
-            assert logs._BARE_NORM.search(line) is None
+            assert text_logs._TEXT_NORM.search(line) is None
+            assert text_logs._TEXT_NORM_NAMED.search(line) is None
+            assert text_logs._BARE_NORM.search(line) is None
         record: dict = {}
-        logs._text_loss_and_lr(record, line, True)
-        lo = logs._TEXT_LOSS.search(line) or (logs._LLMC_LOSS.search(line) if line.startswith("s:") else None)
-        lr = logs._TEXT_LR.search(line)
+        text_logs._text_loss_and_lr(record, line, True)
+        lo = text_logs._TEXT_LOSS.search(line) or (
+            text_logs._LLMC_LOSS.search(line) if line.startswith("s:") else None)
+        lr = text_logs._TEXT_LR.search(line)
         assert repr(record.get("loss")) == repr(lo and float(lo.group(1).replace(",", "")))  # nan == nan
         assert repr(record.get("learning_rate")) == repr(lr and float(lr.group(1).replace(",", "")))
 
@@ -1411,7 +1413,7 @@ _norm_line_piece = st.sampled_from(["grad norm", "grad_norm", "grad-norm", "grad
 def test_the_norm_pattern_searched_from_before_the_first_norm_finds_what_a_full_search_finds(line):
     """_text_norm starts its search _NORM_WORD_AT characters before the line's first "norm": the same
     match (or none) as searching from the start, whatever the names around it."""
-    from gradtool.io.logs import _NORM_WORD_AT, _TEXT_NORM
+    from gradtool.io.text_logs import _NORM_WORD_AT, _TEXT_NORM
 
     full = _TEXT_NORM.search(line)
     short = _TEXT_NORM.search(line, max(0, line.find("norm") - _NORM_WORD_AT))

@@ -1,0 +1,267 @@
+"""Console logs as gradient-norm histories: text lines (Megatron-LM's ``iteration 100/ 1000 | ... | grad
+norm: 1.234 |``, torchtitan, OLMo, Composer, MMEngine, fairseq, nanoGPT-derived loops, llm.c) and lines
+that end in a dict of metrics (the Hugging Face Trainer's console, fairseq's JSON format). Read with
+patterns on lowercased lines, never evaluated. :func:`~gradtool.io.logs.read_norm_log` tells these from
+the structured logs (:mod:`~gradtool.io.logs`) and hands them here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ..errors import InputError
+from .logs import (STEP_KEYS, NormHistory, _clip_words, _find_key, _find_norm_key, _last_training, _noted,
+                   _num, _read_text, from_records)
+
+_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # 1,234 at the end of a value
+_IS = r"[\"']?\s*[:=]?\s*(?:tensor\()?"  # between a name and its value: grad norm: 1.2, grad_norm=1.2,
+# "grad_norm": 1.2, and a PyTorch tensor printed with print(), str() or %s: tensor(1.2345, device='cuda:0')
+# The text patterns are matched on lowercased lines: re.IGNORECASE made them 3x slower.
+_NORM_NAME = r"(?:grad[ _-]?norm|gnorm|total_norm|l2_norm/grad/global)"  # the last: Composer's
+_TEXT_NORM = re.compile(rf"{_NORM_NAME}{_IS}({_NUMBER}|nan|inf(?:inity)?)")
+# Every name of _NORM_NAME holds "norm" at most this many characters after it starts ("total_norm"), so no
+# match of _TEXT_NORM (no "^", no look-behind) starts earlier before the first "norm" of a line: searched
+# from there, the same match without the pattern tried at every character before (Python's re scans an
+# alternation of names character by character): 1.4 -> 0.4 us on a Megatron line
+_NORM_WORD_AT = 6
+_TEXT_NORM_NAMED = re.compile(  # the same with up to two words before and after the name: see _text_norm
+    rf"((?:[a-z]+[ _-]){{0,2}}){_NORM_NAME}((?:[ _-][a-z]+){{0,2}})"
+    rf"{_IS}({_NUMBER}|nan|inf(?:inity)?)")
+_TEXT_STEP = re.compile(rf"(?:iteration|iter|step|global_step|num_updates){_IS}(\d+)")
+# MMEngine's (OpenMMLab's): Epoch(train)  [2][ 50/270] (the 50th of epoch 2), Iter(train) [ 50/1000]
+_MMENGINE_STEP = re.compile(
+    r"epoch\(train\)\s*\[(\d+)\]\[\s*(\d+)/(\d+)\]|iter\(train\)\s*\[\s*(\d+)/\d+\]")
+_LLMC_STEP = re.compile(r"s:(\d+)")  # llm.c's main.log: "s:100 trl:3.2 lr:0.0006 norm:0.45"
+_LLMC_LOSS = re.compile(rf"\strl:({_NUMBER}|nan|inf)")  # its train loss; a "trl" among _TEXT_LOSS's names: 2x
+# "norm" alone, after a separator or a value: nanoGPT-derived loops' "| norm: 1.23 |", llm.c's "| norm 1.2
+# (+0.1z)|" and its main.log's "lr:0.0006 norm:0.45"; not "param norm", "layer_norm" (read only from a log
+# without a gradient norm of _TEXT_NORM's names)
+_BARE_NORM = re.compile(rf"(?:^|[|,;\t]|(?<=[\d)%\]]) )\s*norm{_IS}({_NUMBER}|nan|inf(?:inity)?)")
+_BATCH_HEADER = re.compile(r"(?:^|\s)\[batch=(\d+)(?:/\d+)?\]:?\s*$")  # Composer's console, in batches
+_TEXT_LOSS = re.compile(rf"(?:lm loss|loss/train/total|loss){_IS}({_NUMBER}|nan|inf)")  # Composer's 2nd
+_TEXT_LR = re.compile(rf"(?:learning rate|lr-[a-z]+/group0|lr)(?:\s*\([^()]*\))?{_IS}({_NUMBER})")
+
+
+def read_text_log(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
+    """Megatron-style lines: ``iteration 100/ 1000 | ... | lm loss: 2.3 | grad norm: 1.234 | ...``; also
+    torchtitan's ``step: 10  loss: 8.1  grad_norm: 1.2`` (terminal colour codes are dropped first), and
+    blocks of one metric per line under a step line, OLMo's console::
+
+        [step=100/3000,epoch=0]
+            train/CE loss=3.21
+            optim/total grad norm=0.4212
+
+    and Composer's (LLM Foundry's), whose step line is ``[batch=100/3000]:`` and norm line
+    ``Train l2_norm/grad/global: 0.4212``. A log with none of the gradient-norm names is read for a norm
+    named "norm" alone, as nanoGPT-derived loops (``step 10 | loss: 3.2 | lr 6e-4 | norm: 0.41 |``) and
+    llm.c (``step 10/74 | loss 3.2 (+0.1z)| norm 0.41 (-0.2z)|``; its main.log ``s:10 trl:3.2 lr:0.0006
+    norm:0.41``) print it; the history says so.
+
+    A norm line without a step of its own takes the step line before it (once). Norm lines still without
+    a step are left out when most have one (a warning that names the norm); when most have none, the
+    steps are the lines' order. Either is said in the history's notes."""
+    text = _read_text(path) if text is None else text
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    lines = text.lower().splitlines()  # names in any case; float() reads 1.0e-04, nan, inf
+    llmc = text.startswith("s:") or "\ns:" in text  # llm.c's main.log (s:100 trl:3.2 ...): checked once
+    lines, notes = _without_fairseq_epoch_ends(text, lines)
+    records, bare = _text_records(lines, False, llmc), False
+    if not records:  # nanoGPT-derived loops and llm.c name the gradient norm "norm"
+        records, bare = _text_records(lines, True, llmc), True
+    if not records:
+        raise InputError(f"{path}: no 'grad norm: X' values found in this text log")
+    hist = _noted(_text_history(records, path), notes)
+    if bare:
+        hist.key = "norm"
+        hist.notes.append(f"{path}: no 'grad norm' in this log: the norm is read from 'norm' (the gradient "
+                          "norm of nanoGPT-derived loops and llm.c)")
+    return hist
+
+
+# fairseq's logger "train": an epoch's summary (its interval lines' is "train_inner"); as text
+# "... | train | epoch 001 | loss 9.1 | ... | gnorm 2.9 | ...", as JSON "... | train | {...}"
+_FAIRSEQ_EPOCH_END = "| train | "
+
+
+def is_fairseq(text: str) -> bool:
+    """True for fairseq's console (``fairseq-train``'s log, simple or JSON format): its interval lines
+    come from its logger "train_inner"."""
+    return "| train_inner | " in text
+
+
+def _without_fairseq_epoch_ends(text: str, lines: list[str]) -> tuple[list[str], list[str]]:
+    """``lines`` of the log ``text`` without fairseq's end-of-epoch "train" lines (its epoch's means, no
+    step's values), and what to say of the log (:func:`_fairseq_notes`); for another log, both as given
+    and nothing to say."""
+    if not is_fairseq(text):
+        return lines, []
+    kept = [line for line in lines if _FAIRSEQ_EPOCH_END not in line]
+    return kept, _fairseq_notes(len(lines) - len(kept))
+
+
+def _fairseq_notes(epoch_ends: int) -> list[str]:
+    """What to say of a fairseq log (``fairseq-train``'s console, simple or JSON format): its ``gnorm``
+    is a mean over each ``--log-interval`` (fairseq averages the norm it logs in "train_inner"), and its
+    ``epoch_ends`` end-of-epoch "train" lines, the means over whole epochs, were left out."""
+    notes = [("fairseq's gnorm is the mean over each logging interval (--log-interval; its TensorBoard and "
+              "W&B logs too): a spike inside one is averaged into it, so clip rates are understated; "
+              "--log-interval 1 logs every update's norm")]
+    if epoch_ends:
+        notes.append(f"{epoch_ends} end-of-epoch 'train' line(s) left out: each gives the epoch's mean norm, "
+                     "not a step's")
+    return notes
+
+
+def _text_records(lines: list[str], bare: bool, llmc: bool) -> list[dict[str, Any]]:
+    """The records (step, grad_norm, loss, learning_rate) of a text log's lowercased ``lines``: see
+    :func:`read_text_log`; ``bare``: the norm named just "norm" (:data:`_BARE_NORM`); ``llmc``: lines
+    may be llm.c's ``s:100 trl:3.2 ...``."""
+    records: list[dict[str, Any]] = []
+    block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
+    for line in lines:
+        # each pattern needs its word: a line without it (a chatty log's warnings, OLMo's other
+        # metrics) runs no pattern (2-3x faster)
+        m = None if "norm" not in line else _BARE_NORM.search(line) if bare else _text_norm(line)
+        s = _text_step(line, llmc)
+        if m is None:
+            if s is not None:
+                block = {"step": s}
+            elif block is not None:
+                _text_loss_and_lr(block, line, llmc)
+            continue
+        if s is not None:  # a record on one line
+            r: dict[str, Any] = {"step": s}
+            block = None
+        elif block is not None and "grad_norm" not in block:
+            r = block
+        else:
+            r, block = {}, None
+        r["grad_norm"] = float(m.group(m.re.groups).replace(",", ""))  # the value is the last group
+        _text_loss_and_lr(r, line.replace(m.group(0), ""), llmc)
+        records.append(r)
+    return records
+
+
+def _text_history(records: list[dict[str, Any]], path: str) -> NormHistory:
+    """The history of a text log's ``records``: by their steps, or by their order when most have none."""
+    n, with_step = len(records), sum("step" in r for r in records)
+    if with_step * 2 >= n:  # most give their step: the others (a warning naming the norm) are left out
+        hist = from_records([r for r in records if "step" in r], path, "text", "grad_norm")
+        if with_step < n:
+            hist.notes.append(f"{path}: {n - with_step} of {n} gradient-norm lines have no step number and "
+                              "are left out")
+        return hist
+    for r in records:
+        r.pop("step", None)
+    hist = from_records(records, path, "text", "grad_norm")
+    hist.line_order = True
+    hist.notes.append(f"{path}: {n - with_step} of {n} gradient-norm lines have no step number: steps are "
+                      "the order of those lines (0, 1, 2, ...), not training steps")
+    return hist
+
+
+def _text_step(line: str, llmc: bool = False) -> int | None:
+    """The step number of ``line`` (lowercased), if it has one: ``iteration 100/ 1000``, ``step: 10``,
+    ``[step=100/3000]``, ``num_updates 100``, MMEngine's ``Iter(train) [100/1000]`` and ``Epoch(train)
+    [2][100/270]`` (step 370: its epochs are counted from 1), Composer's ``[batch=100/3000]:`` or llm.c's
+    ``s:100``."""
+    if ("iter" in line or "step" in line or "num_updates" in line) and (s := _TEXT_STEP.search(line)):
+        return int(s.group(1))
+    if "(train)" in line and (s := _MMENGINE_STEP.search(line)):
+        epoch, i, per_epoch, it = s.groups()
+        return int(it) if it is not None else (int(epoch) - 1) * int(per_epoch) + int(i)
+    if llmc and line.startswith("s:") and (s := _LLMC_STEP.match(line)):
+        return int(s.group(1))
+    return int(s.group(1)) if "[batch=" in line and (s := _BATCH_HEADER.search(line)) else None
+
+
+def _text_norm(line: str) -> re.Match[str] | None:
+    """The gradient norm on ``line`` (lowercased): the one named as taken before clipping
+    (``raw_grad_norm: 3.4``) if there is one, else the first not named as clipped (``clipped grad norm:
+    1.0`` never exceeds the threshold in use)."""
+    if "clip" not in line and "raw" not in line:  # the usual line: the first norm (a pattern 3x faster)
+        m = _TEXT_NORM.search(line, max(0, line.find("norm") - _NORM_WORD_AT))
+        while m is not None and line[max(0, m.start() - 4):m.start()] in ("max_", "max-", "max "):
+            m = _TEXT_NORM.search(line, m.end())  # max_grad_norm=1.0, a printed setting: no norm value
+        return m
+    found = [(m, _clip_words(m.group(1) + m.group(2))) for m in _TEXT_NORM_NAMED.finditer(line)
+             if "max" not in re.split(r"[^a-z]+", m.group(1))]  # not a max_grad_norm setting
+    return (next((m for m, c in found if c == "before"), None)
+            or next((m for m, c in found if c != "after"), None))
+
+
+def _text_loss_and_lr(record: dict[str, Any], line: str, llmc: bool = False) -> None:
+    """The loss and learning rate on ``line`` (lowercased) into ``record``, unless it has them (the first
+    one counts: OLMo prints its cross-entropy loss before its Z loss)."""
+    if "loss" not in record and (lo := _TEXT_LOSS.search(line) if "loss" in line else
+                                 _LLMC_LOSS.search(line) if llmc and line.startswith("s:") else None):
+        record["loss"] = float(lo.group(1).replace(",", ""))
+    if "learning_rate" not in record and ("learning rate" in line or "lr" in line) and (
+            lr := _TEXT_LR.search(line)):
+        record["learning_rate"] = float(lr.group(1).replace(",", ""))
+
+
+_DICT_TAIL = re.compile(r"\{[^{}]*\}\s*$")  # a line that ends in a flat {...} of metrics
+_DICT_PAIR = re.compile(r"""(['"])([^'"]*)\1\s*:\s*(?:(['"])([^'"]*)\3|([^,}'"\s][^,}]*))""")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours and cursor moves
+_VALUE_IN_CELL = re.compile(r"[:=]\s*[-+]?\d|[\x00-\x08\x0b-\x1f]")  # "grad_norm: 1.2", ANSI colours
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _csv_header_like(first: str, key: str | None) -> bool:
+    """True when ``first`` reads as a CSV/TSV header naming a gradient-norm column: a text log line with
+    commas in it ("10:00:00,000 ... grad_norm: 1.2 ... tps: 1,234") holds its values in its cells."""
+    cells = re.split(r"[,\t]", first)
+    nkey = _find_norm_key(cells, key)
+    return (nkey is not None and _VALUE_IN_CELL.search(nkey) is None
+            and _TEXT_NORM.search(nkey.lower()) is None)  # "grad_norm tensor(1.2, device='cuda:0')"
+
+
+def read_dict_lines(path: str, key: str | None = None, text: str | None = None) -> NormHistory | None:
+    """Lines that end in a dict of metrics, the way trainers print them to the console: the Hugging Face
+    Trainer's ``{'loss': 2.31, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.1}`` (a Python
+    repr: single quotes, bare ``nan``) and fairseq's ``... | train_inner | {"num_updates": "100",
+    "gnorm": "3.4", ...}``. The pairs are read with a pattern, never evaluated. None when no such line
+    holds a gradient norm. Without a step key (the Trainer prints none) the steps are the lines' order,
+    and the history says so."""
+    text = _read_text(path) if text is None else text
+    records: list[dict[str, Any]] = []
+    lines, fairseq_notes = _without_fairseq_epoch_ends(text, text.splitlines())
+    for line in lines:
+        m = _DICT_TAIL.search(line)
+        if m is None:
+            continue
+        pairs = _DICT_PAIR.findall(m.group())  # a bare tensor(1.2, device='cuda:0'): transformers 4.38's norm
+        records.append({k: quoted if q else bare.strip().removeprefix("tensor(")
+                        for _, k, q, quoted, bare in pairs})
+    keys = dict.fromkeys(k for r in records for k in r)
+    if not records or (nkey := _find_norm_key(keys, key)) is None:
+        return None
+    notes = []
+    if _find_key(keys, STEP_KEYS) is None and "epoch" in keys:  # the Trainer's: no step, but its epoch
+        with_norm = [r for r in records if _num(r.get(nkey)) is not None]
+        epochs = [_num(r.get("epoch")) for r in with_norm]
+        if with_norm and None not in epochs:
+            cut, notes = _last_training(epochs, "epoch")  # the epoch starting over: another training
+            records = with_norm[cut:]
+    hist = _noted(from_records(records, path, "console", key), notes + fairseq_notes)
+    if not hist.steps:
+        return None  # no number where the norm should be: not this kind of log
+    if _find_key(keys, STEP_KEYS) is None:
+        hist.line_order = True
+        # the Trainer's console (transformers' ProgressCallback prints floats as f"{v:.4g}" strings)
+        better = ("; the Trainer's trainer_state.json (in each checkpoint-*/ of its output directory) has "
+                  "the steps, and every digit" if "epoch" in keys else "")
+        hist.notes.append(f"{path}: the log gives no step numbers: steps are the order of its lines "
+                          f"(0, 1, 2, ...), not training steps{better}")
+    return hist
