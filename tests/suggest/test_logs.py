@@ -1418,3 +1418,94 @@ def test_the_norm_pattern_searched_from_before_the_first_norm_finds_what_a_full_
     full = _TEXT_NORM.search(line)
     short = _TEXT_NORM.search(line, max(0, line.find("norm") - _NORM_WORD_AT))
     assert (full and (full.span(), full.groups())) == (short and (short.span(), short.groups()))
+
+
+# ---- text lines read by a template of the line (text_logs._LineTemplate) ----------------------------------
+_TEMPLATE_NAMES = ["iteration", "step", "iter", "global_step", "grad norm", "grad_norm", "gnorm",
+                   "total_norm", "l2_norm/grad/global", "lm loss", "loss", "loss scale", "learning rate", "lr",
+                   "lr-adamw/group0", "consumed samples", "elapsed time per iteration (ms)", "max_grad_norm",
+                   "clipped grad norm", "tokens", "epoch", "fp16", "tensor(", "e"]
+_TEMPLATE_SEPARATORS = [" | ", "  ", " ", ", ", "|", " |", ",", "] [", "/ "]
+_TEMPLATE_VALUES = st.one_of(
+    st.integers(-10**7, 10**7).map(str),
+    st.floats(allow_nan=False, allow_infinity=False, width=32).map(repr),
+    st.floats(min_value=-1e9, max_value=1e9).map(lambda v: f"{v:.3e}"),
+    st.floats(min_value=0, max_value=1e7).map(lambda v: f"{v:,.0f}"),
+    st.sampled_from(["nan", "inf", "-inf", "infinity", "NaN", "1.", ".5", "1.2.3", "1e", "-", "x", "",
+                     "0012", "+3", "1,23", "12,345,6", "1e5x", "5e-3", "2E+04", "1,234"]))
+
+
+@st.composite
+def _template_logs(draw):
+    """A log of lines printed from one format (names, separators; a number per field, padded to a width
+    or not), with some lines of another format or none among them."""
+    fields = draw(st.lists(st.tuples(st.sampled_from(_TEMPLATE_NAMES),
+                                     st.sampled_from(["", ": ", "=", " ", ":"]), st.integers(0, 9)),
+                           min_size=1, max_size=7))
+    seps = draw(st.lists(st.sampled_from(_TEMPLATE_SEPARATORS), min_size=len(fields), max_size=len(fields)))
+    lead = draw(st.sampled_from(["", " ", "[rank0]: "]))
+    lines = []
+    for _ in range(draw(st.integers(1, 12))):
+        kind = draw(st.sampled_from(["format"] * 6 + ["other", "step line", "blank"]))
+        if kind == "format":
+            values = draw(st.lists(_TEMPLATE_VALUES, min_size=len(fields), max_size=len(fields)))
+            pads = draw(st.lists(st.booleans(), min_size=len(fields), max_size=len(fields)))
+            lines.append(lead + "".join(f"{n}{i}{v.rjust(w) if pad else v}{sep}" for (n, i, w), v, pad, sep
+                                        in zip(fields, values, pads, seps)))
+        elif kind == "other":
+            lines.append(draw(st.sampled_from(["grad norm: 2.5", "step 3 loss 1.0", "saving checkpoint",
+                                               "iteration 7 | grad norm: nan |", "lm loss: 4.5"])))
+        elif kind == "step line":
+            lines.append(f"[step={draw(st.integers(0, 99))}/99]")
+        else:
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _text_outcome(text):
+    from gradtool.io.text_logs import read_text_log
+
+    try:
+        h = read_text_log("x.log", text=text)
+    except (InputError, UsageError) as exc:
+        return type(exc), str(exc)
+    return (h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr], h.key,
+            h.kind, h.line_order, h.other_keys, h.notes)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_template_logs())
+@example(" iteration        1/      10 | lm loss: 2.000000E+00 | grad norm: 1.038 |\n"
+         " iteration       10/      10 | lm loss: 1.900000E+00 | grad norm: nan |\n"
+         " iteration       11/      10 | lm loss: 1.900000E+00 | grad norm: infinity |\n")
+@example("step 1, tokens 12,345 , grad_norm 1.5\nstep 2, tokens 1 ,2 , grad_norm 1.5\n")
+@example("step 1 | loss 1,23 | grad norm: 1\nstep 2 | loss 12,345 | grad norm: 1\n")  # 1 then 12345
+@example("step 1 | lr-adamw/group0: 1e-4 | grad norm: 1\nstep 2 | lr-adamw/group1: 1e-4 | grad norm: 2\n")
+def test_lines_read_by_a_template_are_read_as_the_patterns_read_them(text):
+    """A line of the same text as an earlier norm line's, but for its numbers, is read by one match of
+    a template made from that line: the history (steps, norms, loss, learning rate, notes) is the one
+    the patterns give line by line, whatever the numbers (signs, exponents, thousands commas, nan, inf,
+    padding) and the other lines among them."""
+    from gradtool.io import text_logs
+
+    fast = _text_outcome(text)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(text_logs._LineTemplate, "of", classmethod(lambda cls, line, match: None))
+        slow = _text_outcome(text)
+    assert fast == slow
+
+
+def test_a_megatron_log_is_read_by_its_template(monkeypatch):
+    """The lines of a Megatron log are read by one template (the first line's): no line goes to the
+    patterns after the first, a NaN norm included."""
+    from gradtool.io import text_logs
+
+    lines = [f" iteration {i:8d}/ 1000 | consumed samples: {8 * i} | learning rate: 1.000E-04 | lm loss: "
+             f"{2 + 1 / i:.6E} | loss scale: 1.0 | grad norm: {'nan' if i == 7 else f'{1 + i / 100:.3f}'} |"
+             for i in range(1, 1001)]
+    calls = []
+    norm = text_logs._text_norm
+    monkeypatch.setattr(text_logs, "_text_norm", lambda line: calls.append(line) or norm(line))
+    h = text_logs.read_text_log("x.log", text="\n".join(lines))
+    assert len(calls) == 1 and h.steps == list(range(1, 1001)) and math.isnan(h.norms[6])
+    assert h.norms[:2] == [1.01, 1.02] and h.loss[0] == 3.0 and h.lr == [1e-4] * 1000
