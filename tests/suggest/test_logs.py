@@ -1422,17 +1422,17 @@ def test_the_norm_pattern_searched_from_before_the_first_norm_finds_what_a_full_
 
 # ---- text lines read by a template of the line (text_logs._LineTemplate) ----------------------------------
 _TEMPLATE_NAMES = ["iteration", "step", "iter", "global_step", "grad norm", "grad_norm", "gnorm",
-                   "total_norm", "l2_norm/grad/global", "lm loss", "loss", "loss scale", "learning rate", "lr",
-                   "lr-adamw/group0", "consumed samples", "elapsed time per iteration (ms)", "max_grad_norm",
-                   "clipped grad norm", "tokens", "epoch", "fp16", "tensor(", "e"]
+                   "total_norm", "l2_norm/grad/global", "lm loss", "loss", "loss scale", "learning rate",
+                   "lr", "lr-adamw/group0", "consumed samples", "elapsed time per iteration (ms)",
+                   "max_grad_norm", "clipped grad norm", "tokens", "epoch", "fp16", "tensor(", "e"]
 _TEMPLATE_SEPARATORS = [" | ", "  ", " ", ", ", "|", " |", ",", "] [", "/ "]
 _TEMPLATE_VALUES = st.one_of(
     st.integers(-10**7, 10**7).map(str),
     st.floats(allow_nan=False, allow_infinity=False, width=32).map(repr),
     st.floats(min_value=-1e9, max_value=1e9).map(lambda v: f"{v:.3e}"),
     st.floats(min_value=0, max_value=1e7).map(lambda v: f"{v:,.0f}"),
-    st.sampled_from(["nan", "inf", "-inf", "infinity", "NaN", "1.", ".5", "1.2.3", "1e", "-", "x", "",
-                     "0012", "+3", "1,23", "12,345,6", "1e5x", "5e-3", "2E+04", "1,234"]))
+    st.sampled_from(["nan", "inf", "-inf", "infinity", "NaN", "1.", ".5", "1.2.3", "1e", "-", "x", "", "0012",
+                     "+3", "1,23", "12,345,6", "1e5x", "5e-3", "2E+04", "1,234"]))
 
 
 @st.composite
