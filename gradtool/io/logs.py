@@ -952,7 +952,7 @@ def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> No
 
 def read_csv(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
     text = _read_text(path) if text is None else text
-    first = text.split("\n", 1)[0]
+    first = _first_line(text)
     delim = "\t" if first.count("\t") > first.count(",") else ","
     try:
         header = next(csv.reader([first.rstrip("\r")], delimiter=delim), [])
@@ -1191,14 +1191,17 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
     if wandb_log.is_wandb_log(head):  # wandb/run-<date>-<id>/run-<id>.wandb
         return wandb_log.read_wandb_file(path, key, source, run)
     text = _read_text(path, source)
-    stripped = text.lstrip()
-    if not stripped:
+    at = _SPACES.match(text).end()  # type: ignore[union-attr]  # the first character that is no space
+    if at == len(text):
         raise InputError(f"{source}: empty log")
-    if mlflow_store.is_metric_file_text(stripped):  # mlruns/<experiment>/<run>/metrics/grad_norm
+    first = _first_line(text, at)  # (found, not split off: text.lstrip() and .split() copy a 50 MB log)
+    if mlflow_store.is_metric_file_text(first):  # mlruns/<experiment>/<run>/metrics/grad_norm
         return mlflow_store.read_metric_file(path, text, key, source)
     # a JSON array opens with [ then { (or is empty); "[rank0]: step: 1 ...", "[2024-01-01 ...] INFO" are text
-    if stripped.startswith("{") or (stripped.startswith("[") and stripped[1:].lstrip()[:1] in ("{", "]", "")):
-        if stripped.startswith("{"):
+    opening = text[at]
+    if opening == "{" or (opening == "[" and _next_character(text, at + 1) in ("{", "]", "")):
+        stripped = text[at:]
+        if opening == "{":
             error: Exception | None = None
             try:
                 doc = json.loads(text)
@@ -1208,7 +1211,6 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
                 return from_records(doc["log_history"], source, "trainer_state", key)
             if isinstance(doc, dict):
                 return from_records([doc], source, "jsonl", key)
-            first = stripped.split("\n", 1)[0]
             if "'" in first and not _is_json(first):  # {'loss': ...} lines: Python reprs, not JSON
                 if (console := read_dict_lines(source, key, text)) is not None:
                     return console
@@ -1223,7 +1225,6 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
     csv_name = base.endswith((".csv", ".tsv"))
     if not csv_name and "{" in text and (console := read_dict_lines(source, key, text)):
         return console
-    first = stripped.split("\n", 1)[0]
     if csv_name or (("," in first or "\t" in first) and "{" not in first and _csv_header_like(first, key)):
         if run is None:
             return read_csv(source, key, text)
@@ -1232,6 +1233,21 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
         hist.run = chosen
         return hist
     return read_text_log(source, key, text)
+
+
+_SPACES = re.compile(r"\s*")
+
+
+def _next_character(text: str, start: int) -> str:
+    """The first character of ``text`` from ``start`` on that is no space ("" when there is none)."""
+    at = _SPACES.match(text, start).end()  # type: ignore[union-attr]
+    return text[at:at + 1]
+
+
+def _first_line(text: str, start: int = 0) -> str:
+    """The line of ``text`` that starts at ``start``, without its line break (a copy of that line only)."""
+    end = text.find("\n", start)
+    return text[start:] if end < 0 else text[start:end]
 
 
 def _export_run_column(header_line: str, run: str, key: str | None, source: str) -> tuple[str, Any]:

@@ -35,10 +35,10 @@ def _logging_order(keys: Any, stamps: Any) -> Any:
     return np.argsort(keys, kind="stable") if stamps is None else np.lexsort((stamps, keys))
 
 
-def is_metric_file_text(text: str) -> bool:
-    """True when ``text`` opens with a line of MLflow's file store (``1700000000000 1.25 10``)."""
-    first = text.lstrip("\r\n").split("\n", 1)[0].rstrip("\r")
-    return bool(_METRIC_LINE.fullmatch(first))
+def is_metric_file_text(first: str) -> bool:
+    """True when ``first``, the first line of a text that is not blank, is a line of MLflow's file store
+    (``1700000000000 1.25 10``)."""
+    return bool(_METRIC_LINE.fullmatch(first.rstrip("\r")))
 
 
 def parse_metric_lines(text: str, source: str) -> Series:

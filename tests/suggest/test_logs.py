@@ -1509,3 +1509,20 @@ def test_a_megatron_log_is_read_by_its_template(monkeypatch):
     h = text_logs.read_text_log("x.log", text="\n".join(lines))
     assert len(calls) == 1 and h.steps == list(range(1, 1001)) and math.isnan(h.norms[6])
     assert h.norms[:2] == [1.01, 1.02] and h.loss[0] == 3.0 and h.lr == [1e-4] * 1000
+
+
+_FIRST_LINE_CASES = [('[ \n {"step": 1, "grad_norm": 1.5}, {"step": 2, "grad_norm": 2.5}]', "json"),
+                     ('{"step": 1, "grad_norm": 1.5}\n{"step": 2, "grad_norm": 2.5}\n', "jsonl"),
+                     ("[rank0]: step 1 | grad_norm: 1.5\n[rank0]: step 2 | grad_norm: 2.5\n", "text"),
+                     ("1795521146861 1.5 1\r\n1795521146862 2.5 2\r\n", "mlflow")]
+
+
+@pytest.mark.parametrize("lead, body, kind", [("", "step,grad_norm\n1,1.5\n2,2.5\n", "csv")] + [
+    (lead, body, kind) for lead in ("", "\n\n", " \t\r\n  ") for body, kind in _FIRST_LINE_CASES])
+def test_a_log_is_told_by_its_first_line_after_blank_space(tmp_path, lead, body, kind):
+    """The first character that is no space and the first line are found in place (not by copying the
+    text stripped and split): blank lines and spaces before them change nothing."""
+    p = tmp_path / ("grad_norm" if kind == "mlflow" else "log.txt")  # an MLflow metric file's name
+    p.write_text(lead + body, encoding="utf-8")
+    h = read_norm_log(str(p))
+    assert h.kind == kind and h.norms == [1.5, 2.5] and h.steps == [1, 2]
