@@ -288,8 +288,6 @@ def _run_history(chosen: Run, keys: list[str], key: str | None, source: str,
     MLFlowLogger), each read by ``fetch(metric, with_stamps)``: the timestamps may be left out (None) when
     the steps are distinct, unless ``with_stamps`` asks for them (a norm logged without steps matches the
     loss by timestamp)."""
-    import numpy as np
-
     from .logs import _with_others, loss_and_lr_keys, tensor_norms_from
 
     nkey = _norm_key(keys, key, source, chosen)

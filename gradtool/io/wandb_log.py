@@ -7,8 +7,8 @@ blocks of records ``[crc32 u32][length u16][type u8][data]``, a record's data sp
 FIRST/MIDDLE/LAST parts; each whole record is a protobuf ``wandb_internal.Record``. Only its history
 records are read (``Record.history`` = 2: ``HistoryRecord.item`` = 1 of ``HistoryItem{key = 1, nested_key
 = 2, value_json = 16}``, ``HistoryRecord.step`` = 2 of ``HistoryStep{num = 1}``), with a protobuf wire
-decoder of a few lines: no wandb or protobuf import. The Hugging Face Trainer logs ``train/grad_norm``,
-``train/loss``, ``train/learning_rate`` and ``train/global_step`` there.
+decoder (:mod:`~gradtool.io.protowire`): no wandb or protobuf import. The Hugging Face Trainer logs
+``train/grad_norm``, ``train/loss``, ``train/learning_rate`` and ``train/global_step`` there.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import InputError
 from .detect import WANDB_MAGIC
+from .protowire import _tag_at, _varint, proto_fields
 from .runs import Run, choose_run, walk
 
 BLOCK = 32768
@@ -81,36 +82,6 @@ def log_records(path: str, source: str) -> Iterator[bytes]:
             block, at = f.read(BLOCK), 0
 
 
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    """(value, where the next byte is) of the varint at ``buf[i]``; one and two bytes without a loop."""
-    if i + 1 < len(buf):
-        b = buf[i]
-        if b < 0x80:
-            return b, i + 1
-        c = buf[i + 1]
-        if c < 0x80:
-            return (b & 0x7F) | c << 7, i + 2
-    value = shift = 0
-    while True:
-        if i >= len(buf) or shift > 63:
-            raise ValueError("truncated varint")
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-
-
-def proto_fields(buf: bytes) -> Iterator[tuple[int, Any]]:
-    """(field number, value) of a protobuf message: an int for varints, bytes for length-delimited
-    fields; fixed-width fields as their raw bytes. ValueError on malformed data."""
-    i, n = 0, len(buf)
-    while i < n:
-        f, v, i = _field_at(buf, i, n)
-        yield f, v
-
-
 _NUMBER_STARTS = frozenset(b"-0123456789NI")  # what a JSON number, NaN, Infinity, -Infinity start with
 
 
@@ -148,7 +119,8 @@ def history_rows(record: bytes) -> dict[str, Any] | None:
                     row[history[i + 4:i + 4 + k].decode("utf-8", "replace")] = number
                 i = end
                 continue
-        f, v, i = _field_at(history, i, n)  # any other field or layout
+        t, v, i = _tag_at(history, i, n)  # any other field or layout
+        f = t >> 3
         if f == 1 and type(v) is bytes:  # an item
             key, number = _item_fields(v)
             if number is not None:
@@ -187,41 +159,10 @@ def _first_message(buf: bytes, field: int) -> bytes | None:
     read and checked, those after not); None when it has none."""
     i, n = 0, len(buf)
     while i < n:
-        f, v, i = _field_at(buf, i, n)
-        if f == field and type(v) is bytes:
+        t, v, i = _tag_at(buf, i, n)
+        if t >> 3 == field and type(v) is bytes:
             return v
     return None
-
-
-def _field_at(buf: bytes, i: int, n: int) -> tuple[int, Any, int]:
-    """(field number, value, where the next field starts) of the field at ``i`` of the message ``buf``
-    (``n`` bytes): see :func:`proto_fields`."""
-    tag = buf[i]
-    if tag < 0x80:
-        i += 1
-    else:
-        tag, i = _varint(buf, i)
-    wire = tag & 7
-    if wire == 2:
-        if i >= n:
-            raise ValueError("truncated field")
-        length = buf[i]
-        if length < 0x80:
-            i += 1
-        else:
-            length, i = _varint(buf, i)
-        if i + length > n:
-            raise ValueError("truncated field")
-        return tag >> 3, buf[i:i + length], i + length
-    if wire == 0:
-        value, i = _varint(buf, i)
-        return tag >> 3, value, i
-    if wire in (1, 5):
-        width = 8 if wire == 1 else 4
-        if i + width > n:
-            raise ValueError("truncated field")
-        return tag >> 3, buf[i:i + width], i + width
-    raise ValueError(f"wire type {wire}")
 
 
 def run_header(path: str, records: int = 64) -> tuple[str | None, str | None, float | None]:
