@@ -215,6 +215,22 @@ def write_wandb_log(path: str, norms: np.ndarray) -> None:
                                                   "train/global_step": i}) for i, v in enumerate(norms)])
 
 
+def write_tensorboard_log(path: str, norms: np.ndarray) -> str:
+    """A TensorBoard run directory of one event file as ``SummaryWriter.add_scalar`` writes it: one event
+    per scalar (grad_norm, loss, learning rate at each step), written by the tests' encoder
+    (tests/tensorboard_encoder.py: TFRecord framing, event.proto's wire format)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    from tests import tensorboard_encoder as enc
+
+    os.makedirs(path)
+    with open(os.path.join(path, "events.out.tfevents.1795521146.bench"), "wb") as f:
+        f.write(enc.record(enc.file_version_event()))
+        for i, v in enumerate(norms):
+            for tag, x in (("train/grad_norm", float(v)), ("train/loss", 2.0), ("train/learning_rate", 1e-4)):
+                f.write(enc.record(enc.summary_event(i, [enc.scalar_value(tag, x)], 1795521146.0 + i)))
+    return path
+
+
 def write_megatron_log(path: str, norms: np.ndarray) -> None:
     """A Megatron-LM console log: one ``iteration N/ M | ... | grad norm: X |`` line per value (the
     text reader's ~10 µs a line: a fifth of the other logs' count keeps the row short)."""
@@ -623,7 +639,9 @@ def main() -> None:
                 ("a Trackio project of 10^6 rows", lambda p: write_trackio_db(p, norms),
                  os.path.join(tmp, "bench.db")),
                 ("a Megatron text log of 2x10^5 lines", lambda p: write_megatron_log(p, norms[:200_000]),
-                 os.path.join(tmp, "train.log"))):
+                 os.path.join(tmp, "train.log")),
+                ("a TensorBoard event file of 10^5 steps (3x10^5 scalar events)",
+                 lambda p: write_tensorboard_log(p, norms[:100_000]), os.path.join(tmp, "tb"))):
             target = make(path) or path
             t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", target, "--format", "value"], 1)
             rows.append((f"suggest-threshold on {what}", f"{t_sug:.2f} s", f"{t_jsonl} (10^6-line JSONL)", "-"))

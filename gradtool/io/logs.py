@@ -4,7 +4,7 @@ Read: Hugging Face ``trainer_state.json`` (its ``log_history``; a run directory 
 ``checkpoint-*/trainer_state.json`` is merged by step), CSV/TSV with a header (Lightning ``metrics.csv``,
 W&B exports), JSON Lines, Megatron/fairseq-style text logs (``grad norm: 1.234``), console lines that end
 in a dict of metrics (the Hugging Face Trainer's, fairseq's JSON log format), and TensorBoard event
-files (extra ``gradtool[tensorboard]``), MLflow's stores (:mod:`~gradtool.io.mlflow_store`), W&B run logs
+files (:mod:`~gradtool.io.tensorboard_log`), MLflow's stores (:mod:`~gradtool.io.mlflow_store`), W&B run logs
 (:mod:`~gradtool.io.wandb_log`); gzip, bzip2 or xz-compressed, with or without a byte-order mark. The
 non-standard tokens ``NaN``/``Infinity`` are accepted. The norm key is found automatically (see
 ``NORM_KEYS``) or named with ``key``.
@@ -1114,22 +1114,17 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
 
 
 def read_tensorboard(path: str, key: str | None = None) -> NormHistory:
-    try:
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    except ImportError:
-        raise UsageError("reading TensorBoard event files needs the extra: pip install 'gradtool[tensorboard]'") from None
-    acc = EventAccumulator(path, size_guidance={"scalars": 0})
-    try:
-        acc.Reload()
-    except Exception as exc:
-        raise InputError(f"{path}: cannot read TensorBoard events ({exc})") from None
-    tags = acc.Tags().get("scalars", [])
+    """The scalars of a TensorBoard event file, or of a run directory of them (see
+    :mod:`~gradtool.io.tensorboard_log`: read without tensorboard, as its ``EventAccumulator`` keeps them)."""
+    from .tensorboard_log import scalar_series
+
+    series = scalar_series(path)
+    tags = list(series)
     nkey = _find_norm_key(tags, key)
     if nkey is None:
         raise InputError(f"{path}: no gradient-norm scalar among {', '.join(tags[:20])}; name it with --key"
                          + why_no_norm(tags))
-    return from_metric_series(tags, nkey, lambda tag: ((ev.step, ev.value) for ev in acc.Scalars(tag)),
-                              path, "tensorboard")
+    return from_metric_series(tags, nkey, series.__getitem__, path, "tensorboard")
 
 
 def from_metric_series(keys: Iterable[str], nkey: str, series: Any, source: str, kind: str) -> NormHistory:

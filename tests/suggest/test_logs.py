@@ -194,18 +194,7 @@ def test_a_log_with_nothing_logged_yet_says_so(tmp_path, name, content, said):
             read_norm_log(str(p), key)
 
 
-def test_tensorboard_needs_extra(tmp_path):
-    import importlib.util
-
-    if importlib.util.find_spec("tensorboard") is not None:
-        pytest.skip("tensorboard installed")
-    p = tmp_path / "events.out.tfevents.123.host"
-    p.write_bytes(b"\0" * 10)
-    with pytest.raises(UsageError, match=r"gradtool\[tensorboard\]"):
-        read_norm_log(str(p))
-
-
-def test_tensorboard_events_with_the_extra(tmp_path):
+def test_tensorboard_events_written_by_tensorboard(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter

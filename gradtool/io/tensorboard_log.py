@@ -1,0 +1,316 @@
+"""TensorBoard event files as gradient-norm histories, read with the standard library and NumPy.
+
+An event file (``events.out.tfevents.<time>.<host>...``, written by ``torch.utils.tensorboard``'s
+``SummaryWriter``, Lightning's default logger, the Hugging Face Trainer, Megatron-LM) is a sequence of
+TFRecords: a little-endian uint64 length, its masked CRC-32C, the data, the data's masked CRC-32C. Each
+record is an ``Event`` protobuf (tensorboard's ``event.proto``): ``wall_time`` = 1 (double), ``step`` = 2
+(int64) and one of ``file_version`` = 3, ``summary`` = 5, ``session_log`` = 7 (and others: graphs, run
+metadata); a ``Summary`` holds repeated ``value`` = 1, each a ``tag`` = 1 and one of ``simple_value`` = 2
+(a float32: what ``add_scalar`` writes) and other kinds (histograms, images, tensors).
+
+What TensorBoard's ``EventAccumulator`` keeps of a run's scalars is kept here (tested against it): each
+tag's ``simple_value`` scalars in the order read, a run directory's event files in name order, and the
+events a restart orphaned purged as it purges them. TensorBoard reads records with a CRC-32C computed
+byte by byte in Python (~30 us an event); here the CRCs of all records are computed together with NumPy,
+a byte position at a time across records, and the events are read by the protobuf field reader of
+:mod:`~gradtool.io.protowire`. A record cut off at the end of a file (a run still writing, or
+killed) ends it, as in TensorBoard; a damaged record before that is an InputError naming the byte, where
+TensorBoard would stop reading the file there without a word.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+from ..errors import InputError
+from .protowire import FIXED32, LENGTH_DELIMITED, VARINT, _tag_at, _varint
+
+_EVENT_WHAT = frozenset((3, 4, 5, 6, 7, 8, 9))  # Event's oneof "what": file_version, graph_def, summary, ...
+_FILE_VERSION, _SUMMARY, _SESSION_LOG = 3, 5, 7
+_VALUE_KINDS = frozenset((3, 4, 5, 6, 8))  # Summary.Value's oneof "value" besides simple_value = 2: histo...
+_START = 1  # SessionLog.SessionStatus.START
+_FLOAT = struct.Struct("<f")
+_LONG_RECORD = 4096  # records longer than this have their CRC computed one by one
+_CRC_BATCH = 1 << 16
+WINDOW = 8 << 20  # bytes of an event file read at a time
+
+
+def is_event_file_name(name: str) -> bool:
+    """True for the name of a TensorBoard event file (TensorBoard's ``IsSummaryEventsFile``)."""
+    return "tfevents" in name and not name.endswith(".profile-empty")
+
+
+def event_files(path: str) -> list[str]:
+    """The event files to read for ``path``: itself when it is a file, else the event files directly in
+    the directory ``path``, in name order (the order TensorBoard loads them in: a resumed run's later)."""
+    if not os.path.isdir(path):
+        return [path]
+    return [os.path.join(path, n) for n in sorted(os.listdir(path))
+            if is_event_file_name(n) and os.path.isfile(os.path.join(path, n))]
+
+
+def scalar_series(path: str) -> dict[str, list[tuple[int, float]]]:
+    """Every tag's ``simple_value`` scalars of the run at ``path`` (an event file, or a directory of
+    them) as (step, value) pairs in the order read, tags in the order first seen, after TensorBoard's
+    purges: with ``file_version`` 2 or later (every writer since TensorFlow 1.0) a ``SessionLog.START``
+    event at step s drops every scalar at step s or later; without it, an event with a summary whose step
+    is before the latest step seen drops the scalars of its tags at its step or later."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    state = _Purges()
+    for f in event_files(path):
+        for step, kind, what in _events(f):
+            if kind != _SUMMARY or not state.by_session_log:  # (a summary can purge only by its step)
+                state.apply(series, step, kind, what)
+            if kind == _SUMMARY:
+                for tag, value in what:
+                    if value is not None:
+                        if (points := series.get(tag)) is None:
+                            points = series[tag] = []
+                        points.append((step, value))
+    return series
+
+
+class _Purges:
+    """The state TensorBoard's ``EventAccumulator`` keeps to find orphaned events (``purge_orphaned_data``),
+    carried from file to file of a run."""
+
+    def __init__(self) -> None:
+        self.file_version: float | None = None
+        self.by_session_log = False  # file_version 2 or later: only SessionLog.START purges
+        self.most_recent_step = -1
+
+    def apply(self, series: dict[str, list[tuple[int, float]]], step: int, kind: int, what: Any) -> None:
+        """Drop the scalars the event (``step``, oneof ``kind`` with ``what``: see :func:`_event`) orphans,
+        before its own values are added (``EventAccumulator._MaybePurgeOrphanedData``)."""
+        if kind == _FILE_VERSION:
+            try:
+                self.file_version = float(what.split("brain.Event:")[-1])
+            except ValueError:
+                self.file_version = -1.0
+            self.by_session_log = bool(self.file_version and self.file_version >= 2)
+        if self.by_session_log:
+            if kind == _SESSION_LOG and what == _START:
+                _drop_from(series, "", step)
+        elif step < self.most_recent_step and kind == _SUMMARY:
+            for tag, _ in what:
+                _drop_from(series, tag, step)
+        else:
+            self.most_recent_step = step
+
+
+def _drop_from(series: dict[str, list[tuple[int, float]]], tag: str, step: int) -> None:
+    """Keep the scalars of ``tag`` logged before ``step`` (a tag emptied stays, as TensorBoard's does);
+    the empty tag stands for every tag, as it does in TensorBoard's ``Reservoir.FilterItems``."""
+    for t in (tag,) if tag else list(series):
+        if t in series:
+            series[t] = [p for p in series[t] if p[0] < step]
+
+
+def _events(path: str) -> Iterator[tuple[int, int, Any]]:
+    """The events of the event file ``path``, as :func:`_event` reads them, read ``WINDOW`` bytes at a
+    time (memory: a window and the longest record, whatever the file's size). The length of every record
+    is checked against its CRC (a damaged length would misplace every record after it), the data of the
+    events read for scalars (summaries, session logs, file versions) against theirs; a record cut off at
+    the end of the file ends it."""
+    try:
+        with open(path, "rb") as f:
+            buf, offset, eof = b"", 0, False  # offset: where in the file buf starts
+            while True:
+                starts, lengths, end = _framing(buf)
+                yield from _checked_events(buf, starts, lengths, offset, path)
+                rest = buf[end:]
+                if len(rest) >= 12 and not _length_is_intact(rest):
+                    raise InputError(f"{path}: damaged TensorBoard event file (bad record length at byte "
+                                     f"{offset + end})")
+                if eof:
+                    return
+                need = 16 + struct.unpack_from("<Q", rest)[0] - len(rest) if len(rest) >= 12 else 0
+                chunk = f.read(max(WINDOW, need))
+                eof = not chunk
+                offset += end
+                buf = rest + chunk
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _checked_events(buf: bytes, starts: list[int], lengths: list[int], offset: int,
+                    path: str) -> list[tuple[int, int, Any]]:
+    """The events of the whole records at ``starts`` of ``buf`` (at byte ``offset`` of the file), their
+    lengths checked against their CRCs, and the data of those read for scalars against theirs."""
+    import numpy as np
+
+    if not starts:
+        return []
+    raw = np.frombuffer(buf, np.uint8)
+    heads = np.asarray(starts, np.int64) - 12
+    stored = raw[heads[:, None] + np.arange(8, 12)].copy().view("<u4").ravel()
+    bad = np.flatnonzero(_masked_crc32c(raw, heads, np.full(heads.size, 8, np.int64)) != stored)
+    if bad.size:
+        raise InputError(f"{path}: damaged TensorBoard event file (bad record length at byte "
+                         f"{offset + int(heads[bad[0]])})")
+    events = []
+    for start, length in zip(starts, lengths):
+        try:
+            events.append(_event(buf[start:start + length]))
+        except ValueError as exc:  # UnicodeDecodeError included
+            raise InputError(f"{path}: damaged TensorBoard event (record at byte {offset + start - 12}: "
+                             f"{exc})") from None
+    used = [n for n, (_, kind, _) in enumerate(events) if kind in (_FILE_VERSION, _SUMMARY, _SESSION_LOG)]
+    if used:
+        at = np.asarray(starts, np.int64)[used]
+        size = np.asarray(lengths, np.int64)[used]
+        stored = raw[(at + size)[:, None] + np.arange(4)].copy().view("<u4").ravel()
+        bad = np.flatnonzero(_masked_crc32c(raw, at, size) != stored)
+        if bad.size:
+            raise InputError(f"{path}: damaged TensorBoard event file (bad record at byte "
+                             f"{offset + int(at[bad[0]]) - 12})")
+    return events
+
+
+def _length_is_intact(record: bytes) -> bool:
+    """True when the length field of the record that ``record`` starts with matches its CRC."""
+    import numpy as np
+
+    raw = np.frombuffer(record[:12], np.uint8)
+    crc = _masked_crc32c(raw, np.zeros(1, np.int64), np.full(1, 8, np.int64))
+    return int(crc[0]) == struct.unpack_from("<I", record, 8)[0]
+
+
+def _framing(data: bytes) -> tuple[list[int], list[int], int]:
+    """Where each whole record's data starts in ``data``, its length (from its length field, not yet
+    checked), and where the records end: a record cut off there is left out."""
+    starts, lengths = [], []
+    pos, n = 0, len(data)
+    unpack = struct.Struct("<Q").unpack_from
+    while pos + 12 <= n:
+        (length,) = unpack(data, pos)
+        end = pos + 12 + length
+        if end + 4 > n:
+            break
+        starts.append(pos + 12)
+        lengths.append(length)
+        pos = end + 4
+    return starts, lengths, pos
+
+
+def _event(buf: bytes) -> tuple[int, int, Any]:
+    """(step, the field number of the member of the oneof ``what`` the ``Event`` message ``buf`` holds or
+    0, that member): a summary as its values (see :func:`_summary_values`), a session log as its status,
+    a file version as its text, others as their bytes. Read as protobuf parses it: the last value of a
+    scalar field wins, a field of another wire type than the schema's is an unknown field, a message given
+    twice is merged (parsing the pieces concatenated), a oneof holds the member given last, a string must
+    be UTF-8. ValueError (UnicodeDecodeError) on malformed data."""
+    n = len(buf)
+    if n > 12 and buf[0] == 0x09 and buf[9] == 0x10:  # wall_time, step, and then a summary to the end?
+        step, i = _varint(buf, 10)  # (as writers lay out a scalar's event)
+        if step < 1 << 63 and i < n and buf[i] == 0x2A:
+            size, j = _varint(buf, i + 1)
+            if j + size == n:
+                return step, _SUMMARY, _summary_values(buf[j:])
+    step, kind, parts = 0, 0, []
+    i = 0
+    while i < n:
+        t, v, i = _tag_at(buf, i, n)
+        f = t >> 3
+        if t == 2 << 3 | VARINT:
+            v &= (1 << 64) - 1
+            step = v - (1 << 64) if v >> 63 else v  # int64
+        elif f in _EVENT_WHAT and t & 7 == LENGTH_DELIMITED:
+            if f == kind and f in (_SUMMARY, _SESSION_LOG, 6, 8):  # a message member given again: merged
+                parts.append(v)
+            else:
+                kind, parts = f, [v]
+    what = b"".join(parts)
+    if kind == _SUMMARY:
+        return step, kind, _summary_values(what)
+    if kind == _SESSION_LOG:
+        return step, kind, _session_status(what)
+    if kind == _FILE_VERSION:
+        return step, kind, what.decode("utf-8")
+    return step, kind, what
+
+
+def _summary_values(summary: bytes) -> list[tuple[str, float | None]]:
+    """(tag, ``simple_value`` or None for a value of another kind or none) of each value of a ``Summary``."""
+    out = []
+    i, n = 0, len(summary)
+    while i < n:
+        if summary[i] == 0x0A and i + 3 < n and (size := summary[i + 1]) < 0x80 and summary[i + 2] == 0x0A \
+                and (k := summary[i + 3]) == size - 7 and i + 2 + size <= n and summary[i + 4 + k] == 0x15:
+            # a value laid out as writers write a scalar's: 0a L 0a K <tag> 15 <float32>, L and K < 128
+            out.append((summary[i + 4:i + 4 + k].decode("utf-8"), _FLOAT.unpack_from(summary, i + 5 + k)[0]))
+            i += 2 + size
+            continue
+        t, v, i = _tag_at(summary, i, n)
+        if t != 1 << 3 | LENGTH_DELIMITED:
+            continue
+        tag, scalar = b"", None
+        j, m = 0, len(v)
+        while j < m:
+            u, w, j = _tag_at(v, j, m)
+            if u == 1 << 3 | LENGTH_DELIMITED:
+                tag = w
+            elif u == 2 << 3 | FIXED32:
+                scalar = w
+            elif u >> 3 in _VALUE_KINDS and u & 7 == LENGTH_DELIMITED:  # another kind: the oneof's now
+                scalar = None
+        out.append((tag.decode("utf-8"), None if scalar is None else struct.unpack("<f", scalar)[0]))
+    return out
+
+
+def _session_status(session_log: bytes) -> int:
+    """``SessionLog.status`` (field 1, an enum: 0 when absent)."""
+    status, i, n = 0, 0, len(session_log)
+    while i < n:
+        t, v, i = _tag_at(session_log, i, n)
+        if t == 1 << 3 | VARINT:
+            status = v & 0xFFFFFFFF  # an enum: int32
+    return status
+
+
+@cache
+def _crc32c_table() -> Any:
+    """The byte table of CRC-32C (Castagnoli, reflected polynomial 0x82F63B78)."""
+    import numpy as np
+
+    t = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        t = np.where(t & 1, (t >> 1) ^ np.uint32(0x82F63B78), t >> 1).astype(np.uint32)
+    return t
+
+
+def _masked_crc32c(raw: Any, starts: Any, lengths: Any) -> Any:
+    """The masked CRC-32C (TFRecord's: the CRC rotated right by 15 bits plus 0xA282EAD8) of each piece
+    ``raw[start:start + length]`` of the byte array ``raw``. The pieces are taken shortest first,
+    ``_CRC_BATCH`` at a time, and their CRCs advanced together one byte position after another (a
+    piece shorter than the position keeps its CRC); pieces longer than ``_LONG_RECORD`` one by one."""
+    import numpy as np
+
+    table = _crc32c_table()
+    crc = np.full(len(starts), 0xFFFFFFFF, np.uint32)
+    order = np.argsort(lengths, kind="stable")
+    short = order[lengths[order] <= _LONG_RECORD]
+    for b in range(0, len(short), _CRC_BATCH):
+        rows = short[b:b + _CRC_BATCH]
+        at, size, c = starts[rows], lengths[rows], crc[rows]
+        for j in range(int(size[-1]) if len(rows) else 0):
+            k = int(np.searchsorted(size, j, side="right"))  # the rows at least j + 1 bytes long
+            c[k:] = table[(c[k:] ^ raw[at[k:] + j]) & 0xFF] ^ (c[k:] >> 8)
+        crc[rows] = c
+    for r in order[lengths[order] > _LONG_RECORD].tolist():
+        crc[r] = _crc32c_one(raw[starts[r]:starts[r] + lengths[r]].tobytes(), table)
+    crc ^= np.uint32(0xFFFFFFFF)
+    return ((crc >> 15) | (crc << 17)) + np.uint32(0xA282EAD8)
+
+
+def _crc32c_one(data: bytes, table: Any) -> int:
+    """The CRC-32C register after ``data`` (started at 0xFFFFFFFF, not yet inverted), byte by byte."""
+    t = table.tolist()
+    c = 0xFFFFFFFF
+    for byte in data:
+        c = t[(c ^ byte) & 0xFF] ^ (c >> 8)
+    return c
