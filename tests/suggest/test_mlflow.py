@@ -358,8 +358,8 @@ def test_an_sqlite_store_reads_as_its_series_with_timestamps(tmp_path_factory, n
     series = {}
     for key, rows in (("grad_norm", norm_rows), ("loss", loss_rows)):
         stamps = rnd.sample(range(1000), len(rows))
-        full = [(0 if one_step else s, T0 + t, math.copysign(math.inf, v) if abs(v) == DBL_MAX else v)
-                for (s, v), t in zip(rows, stamps)]  # +-DBL_MAX is MLflow's +-Inf
+        full = [(0 if one_step else s, T0 + t, math.copysign(math.inf, v) if abs(v) == DBL_MAX else v + 0.0)
+                for (s, v), t in zip(rows, stamps)]  # +-DBL_MAX is MLflow's +-Inf; SQLite keeps no -0.0
         series[key] = tuple(np.array(c, dtype=d) for c, d in zip(zip(*full), (np.int64, np.int64, float))) \
             if full else (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
         rnd.shuffle(full)
