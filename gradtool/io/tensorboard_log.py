@@ -12,7 +12,8 @@ What TensorBoard's ``EventAccumulator`` keeps of a run's scalars is kept here (t
 tag's ``simple_value`` scalars in the order read, a run directory's event files in name order, and the
 events a restart orphaned purged as it purges them. TensorBoard reads records with a CRC-32C computed
 byte by byte in Python (~30 us an event); here the CRCs of all records are computed together with NumPy,
-a byte position at a time across records, and the events are read by the protobuf field reader of
+a byte position at a time across records; the records of one scalar's event as ``add_scalar`` writes
+them are found and read together with NumPy too, and the other events by the protobuf field reader of
 :mod:`~gradtool.io.protowire`. A record cut off at the end of a file (a run still writing, or
 killed) ends it, as in TensorBoard; a damaged record before that is an InputError naming the byte, where
 TensorBoard would stop reading the file there without a word.
@@ -37,6 +38,7 @@ _FLOAT = struct.Struct("<f")
 _LONG_RECORD = 4096  # records longer than this have their CRC computed one by one
 _CRC_BATCH = 1 << 16
 WINDOW = 8 << 20  # bytes of an event file read at a time
+_TAGS_COMPARED = 64  # tags of one length found by comparison in a window; records of more, one by one
 
 
 def is_event_file_name(name: str) -> bool:
@@ -59,19 +61,34 @@ def scalar_series(path: str) -> dict[str, list[tuple[int, float]]]:
     purges: with ``file_version`` 2 or later (every writer since TensorFlow 1.0) a ``SessionLog.START``
     event at step s drops every scalar at step s or later; without it, an event with a summary whose step
     is before the latest step seen drops the scalars of its tags at its step or later."""
+    import numpy as np
+
     series: dict[str, list[tuple[int, float]]] = {}
     state = _Purges()
     for f in event_files(path):
-        for step, kind, what in _events(f):
-            if kind != _SUMMARY or not state.by_session_log:  # (a summary can purge only by its step)
-                state.apply(series, step, kind, what)
-            if kind == _SUMMARY:
-                for tag, value in what:
-                    if value is not None:
-                        if (points := series.get(tag)) is None:
-                            points = series[tag] = []
-                        points.append((step, value))
+        for scalars, others in _events(f):
+            at = 0  # the scalar records between two other events are added together
+            for index, event in [*others, (None, None)]:
+                end = scalars.size if index is None else int(np.searchsorted(scalars.index, index))
+                if end > at:
+                    scalars.add_to(series, state, at, end)
+                    at = end
+                if event is not None:
+                    _add_event(series, state, *event)
     return series
+
+
+def _add_event(series: dict[str, list[tuple[int, float]]], state: _Purges, step: int, kind: int,
+               what: Any) -> None:
+    """One event (see :func:`_event`): the purges it makes, then its scalars."""
+    if kind != _SUMMARY or not state.by_session_log:  # (a summary can purge only by its step)
+        state.apply(series, step, kind, what)
+    if kind == _SUMMARY:
+        for tag, value in what:
+            if value is not None:
+                if (points := series.get(tag)) is None:
+                    points = series[tag] = []
+                points.append((step, value))
 
 
 class _Purges:
@@ -110,18 +127,20 @@ def _drop_from(series: dict[str, list[tuple[int, float]]], tag: str, step: int) 
             series[t] = [p for p in series[t] if p[0] < step]
 
 
-def _events(path: str) -> Iterator[tuple[int, int, Any]]:
-    """The events of the event file ``path``, as :func:`_event` reads them, read ``WINDOW`` bytes at a
-    time (memory: a window and the longest record, whatever the file's size). The length of every record
-    is checked against its CRC (a damaged length would misplace every record after it), the data of the
-    events read for scalars (summaries, session logs, file versions) against theirs; a record cut off at
-    the end of the file ends it."""
+def _events(path: str) -> Iterator[tuple[_ScalarRecords, list[tuple[int, tuple[int, int, Any]]]]]:
+    """The events of the event file ``path``, read ``WINDOW`` bytes at a time (memory: a window and the
+    longest record, whatever the file's size): for each window, its scalar records (see
+    :class:`_ScalarRecords`) and its other events (record index, event as :func:`_event` reads it). The
+    length of every record is checked against its CRC (a damaged length would misplace every record after
+    it), the data of the events read for scalars (summaries, session logs, file versions) against theirs;
+    a record cut off at the end of the file ends it."""
     try:
         with open(path, "rb") as f:
             buf, offset, eof = b"", 0, False  # offset: where in the file buf starts
             while True:
                 starts, lengths, end = _framing(buf)
-                yield from _checked_events(buf, starts, lengths, offset, path)
+                if starts:
+                    yield _checked_events(buf, starts, lengths, offset, path)
                 rest = buf[end:]
                 if len(rest) >= 12 and not _length_is_intact(rest):
                     raise InputError(f"{path}: damaged TensorBoard event file (bad record length at byte "
@@ -138,37 +157,113 @@ def _events(path: str) -> Iterator[tuple[int, int, Any]]:
 
 
 def _checked_events(buf: bytes, starts: list[int], lengths: list[int], offset: int,
-                    path: str) -> list[tuple[int, int, Any]]:
-    """The events of the whole records at ``starts`` of ``buf`` (at byte ``offset`` of the file), their
-    lengths checked against their CRCs, and the data of those read for scalars against theirs."""
+                    path: str) -> tuple[_ScalarRecords, list[tuple[int, tuple[int, int, Any]]]]:
+    """The events of the whole records at ``starts`` of ``buf`` (at byte ``offset`` of the file): the
+    scalar records found by :func:`_scalar_records`, the others read one by one. Their lengths are checked
+    against their CRCs, and the data of those read for scalars against theirs."""
     import numpy as np
 
-    if not starts:
-        return []
     raw = np.frombuffer(buf, np.uint8)
-    heads = np.asarray(starts, np.int64) - 12
-    stored = raw[heads[:, None] + np.arange(8, 12)].copy().view("<u4").ravel()
-    bad = np.flatnonzero(_masked_crc32c(raw, heads, np.full(heads.size, 8, np.int64)) != stored)
+    at, size = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
+    stored = raw[(at - 4)[:, None] + np.arange(4)].copy().view("<u4").ravel()
+    bad = np.flatnonzero(_masked_crc32c(raw, at - 12, np.full(at.size, 8, np.int64)) != stored)
     if bad.size:
         raise InputError(f"{path}: damaged TensorBoard event file (bad record length at byte "
-                         f"{offset + int(heads[bad[0]])})")
-    events = []
-    for start, length in zip(starts, lengths):
+                         f"{offset + int(at[bad[0]]) - 12})")
+    scalars = _scalar_records(raw, at, size)
+    others = []
+    for n in np.flatnonzero(~scalars.found).tolist():
+        start, length = starts[n], lengths[n]
         try:
-            events.append(_event(buf[start:start + length]))
+            others.append((n, _event(buf[start:start + length])))
         except ValueError as exc:  # UnicodeDecodeError included
             raise InputError(f"{path}: damaged TensorBoard event (record at byte {offset + start - 12}: "
                              f"{exc})") from None
-    used = [n for n, (_, kind, _) in enumerate(events) if kind in (_FILE_VERSION, _SUMMARY, _SESSION_LOG)]
-    if used:
-        at = np.asarray(starts, np.int64)[used]
-        size = np.asarray(lengths, np.int64)[used]
-        stored = raw[(at + size)[:, None] + np.arange(4)].copy().view("<u4").ravel()
-        bad = np.flatnonzero(_masked_crc32c(raw, at, size) != stored)
-        if bad.size:
-            raise InputError(f"{path}: damaged TensorBoard event file (bad record at byte "
-                             f"{offset + int(at[bad[0]]) - 12})")
-    return events
+    used = scalars.found.copy()
+    used[[n for n, (_, kind, _) in others if kind in (_FILE_VERSION, _SUMMARY, _SESSION_LOG)]] = True
+    stored = raw[(at + size)[used][:, None] + np.arange(4)].copy().view("<u4").ravel()
+    bad = np.flatnonzero(_masked_crc32c(raw, at[used], size[used]) != stored)
+    if bad.size:
+        raise InputError(f"{path}: damaged TensorBoard event file (bad record at byte "
+                         f"{offset + int(at[used][bad[0]]) - 12})")
+    return scalars, others
+
+
+class _ScalarRecords:
+    """The records of a window laid out as writers write one scalar's event (``add_scalar``), read
+    together: ``found`` marks them among the window's records; ``index`` (their record numbers),
+    ``steps``, ``values`` (float32 widened) and ``tags`` (numbers into ``names``) describe them."""
+
+    def __init__(self, found: Any, steps: Any, values: Any, tags: Any, names: list[str]) -> None:
+        import numpy as np
+
+        self.found, self.index = found, np.flatnonzero(found)
+        self.steps, self.values, self.tags, self.names = steps, values, tags, names
+        self.size = self.index.size
+
+    def add_to(self, series: dict[str, list[tuple[int, float]]], state: _Purges, a: int, b: int) -> None:
+        """Add the scalars ``a:b`` (consecutive events of the file but for records of no event) to
+        ``series``, as their events would be one by one: together, tag by tag in the order the tags first
+        come, when no summary can purge (``file_version`` 2 or later); else one by one."""
+        import numpy as np
+
+        if not state.by_session_log:
+            for i in range(a, b):
+                _add_event(series, state, int(self.steps[i]), _SUMMARY,
+                           [(self.names[self.tags[i]], float(self.values[i]))])
+            return
+        tags = self.tags[a:b]
+        steps, values = self.steps[a:b], self.values[a:b]
+        kinds, first = np.unique(tags, return_index=True)
+        for t in kinds[np.argsort(first)].tolist():
+            sel = np.flatnonzero(tags == t) if kinds.size > 1 else slice(None)
+            series.setdefault(self.names[t], []).extend(zip(steps[sel].tolist(), values[sel].tolist()))
+
+
+def _scalar_records(raw: Any, at: Any, size: Any) -> _ScalarRecords:
+    """The records (data at ``at``, ``size`` bytes, in the byte array ``raw``) that hold exactly one
+    scalar's event as ``SummaryWriter.add_scalar`` writes it, found and read with NumPy: ``09 <wall_time>
+    10 <step: a varint of 1-4 bytes> 2a L 0a L-2 0a K <tag: K bytes of UTF-8> 15 <float32>``, each length
+    a byte < 128 and the last field ending the record. Protobuf reads such a record as an ``Event`` of that
+    step holding one ``Summary`` of one value, that tag's ``simple_value``."""
+    import numpy as np
+
+    last = raw.size - 1
+
+    def byte(where: Any) -> Any:
+        return raw[np.minimum(where, last)].astype(np.int64)
+
+    c = [byte(at + 10 + k) for k in range(4)]  # the step's varint
+    width = np.where(c[0] < 128, 1, np.where(c[1] < 128, 2, np.where(c[2] < 128, 3,
+                                                                    np.where(c[3] < 128, 4, 0))))
+    steps = c[0] & 127
+    for k in (1, 2, 3):
+        steps = steps + np.where(width > k, (c[k] & 127) << (7 * k), 0)
+    p = at + 10 + width
+    outer, value, k = byte(p + 1), byte(p + 3), byte(p + 5)
+    found = ((size >= 22) & (byte(at) == 0x09) & (byte(at + 9) == 0x10) & (width > 0) & (byte(p) == 0x2A)
+             & (outer < 128) & (p + 2 + outer == at + size) & (byte(p + 2) == 0x0A) & (value == outer - 2)
+             & (byte(p + 4) == 0x0A) & (k == value - 7) & (k >= 0) & (byte(p + 6 + k) == 0x15))
+    tags = np.zeros(at.size, np.int64)
+    names: list[str] = []
+    for width_k in np.unique(k[found]).tolist():  # the tags, by their length
+        rows = np.flatnonzero(found & (k == width_k))
+        text = raw[(p[rows] + 6)[:, None] + np.arange(width_k)]
+        left = np.ones(rows.size, bool)  # rows whose tag is not known yet
+        for _ in range(_TAGS_COMPARED):  # a run logs a few tags: each found by comparing rows with it
+            if not (todo := np.flatnonzero(left)).size:
+                break
+            same = todo[(text[todo] == text[todo[0]]).all(axis=1)]
+            left[same] = False
+            try:
+                tags[rows[same]] = len(names)
+                names.append(text[todo[0]].tobytes().decode("utf-8"))
+            except UnicodeDecodeError:  # read one by one: the error is said there
+                found[rows[same]] = False
+        found[rows[left]] = False  # more tags of this length than that: read one by one
+    where = (p + 7 + k)[found]
+    values = raw[where[:, None] + np.arange(4)].copy().view("<f4").ravel().astype(np.float64)
+    return _ScalarRecords(found, steps[found], values, tags[found], names)
 
 
 def _length_is_intact(record: bytes) -> bool:

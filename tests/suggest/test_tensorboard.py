@@ -20,7 +20,7 @@ from gradtool.io.logs import read_norm_log
 from gradtool.io.tensorboard_log import scalar_series
 from tests import tensorboard_encoder as enc
 
-_TAGS = ["train/grad_norm", "train/loss", "lr", "hist", ""]
+_TAGS = ["train/grad_norm", "train/loss", "train/acc1", "lr", "xy", "hist", ""]  # some of one length
 
 
 def _accumulated(path):
@@ -65,12 +65,20 @@ _event = st.one_of(
 @example([[enc.summary_event(5, [enc.scalar_value("lr", 1.0), enc.scalar_value("train/loss", 1.0)]),
            enc.summary_event(9, [enc.scalar_value("lr", 2.0), enc.scalar_value("train/loss", 2.0)]),
            enc.summary_event(7, [enc.scalar_value("lr", 3.0)])]], True, 1)  # no version: lr's 9 dropped
+@example([[enc.file_version_event(), enc.summary_event(200, [enc.scalar_value("train/loss", 1.0)]),
+           enc.summary_event(70000, [enc.scalar_value("lr", 2.0)]),
+           enc.summary_event(2**27, [enc.scalar_value("train/loss", 3.0)])]], False, 8 << 20)  # tags in order
+@example([[enc.file_version_event(), enc.summary_event(1, [enc.scalar_value("lr", 1.0)]),
+           enc.summary_event(2, [enc.scalar_value("xy", 2.0)]),
+           enc.summary_event(3, [enc.scalar_value("lr", 3.0)])]], False, 8 << 20)  # 2 tags of a length
 def test_the_scalars_are_what_tensorboards_accumulator_keeps(tmp_path_factory, files, cut_last, window):
     """Scalars of one to three event files of a run directory (read in name order, the purge state
     carried from one to the next), any of these events: summaries of scalar, histogram and kind-less
     values, session logs (START purges with file_version 2), file versions (2, 1, malformed: the
     out-of-order purge), graphs, messages given twice, fields out of order or of another wire type; the
-    last record cut off or not; the files read ``window`` bytes at a time (records across windows)."""
+    last record cut off or not; the files read ``window`` bytes at a time (records across windows); the
+    scalar records read together (with one or two tags of a length found in a window, the others one by
+    one)."""
     pytest.importorskip("tensorboard")
     d = tmp_path_factory.mktemp("run")
     for n, events in enumerate(files):
@@ -80,6 +88,7 @@ def test_the_scalars_are_what_tensorboards_accumulator_keeps(tmp_path_factory, f
             p.write_bytes(p.read_bytes()[:-3])
     with pytest.MonkeyPatch.context() as m:
         m.setattr(tensorboard_log, "WINDOW", window)
+        m.setattr(tensorboard_log, "_TAGS_COMPARED", 1 + window % 2)  # (records of further tags: one by one)
         ours = scalar_series(str(d))
     assert list(ours) == list(_accumulated(d))
     assert {k: [(s, repr(v)) for s, v in pts] for k, pts in ours.items()} == \
