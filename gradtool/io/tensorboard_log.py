@@ -38,6 +38,8 @@ _FLOAT = struct.Struct("<f")
 _LONG_RECORD = 4096  # records longer than this have their CRC computed one by one
 _CRC_BATCH = 1 << 16
 WINDOW = 8 << 20  # bytes of an event file read at a time
+_GUESS_AFTER = 16  # records read one by one before the next are guessed to repeat the last ones' lengths
+_GUESS_RECORDS = 1 << 15  # records guessed and checked at a time
 _TAGS_COMPARED = 64  # tags of one length found by comparison in a window; records of more, one by one
 
 
@@ -277,8 +279,11 @@ def _length_is_intact(record: bytes) -> bool:
 
 def _framing(data: bytes) -> tuple[list[int], list[int], int]:
     """Where each whole record's data starts in ``data``, its length (from its length field, not yet
-    checked), and where the records end: a record cut off there is left out."""
-    starts, lengths = [], []
+    checked), and where the records end: a record cut off there is left out. Record by record; when the
+    last lengths repeat with a short period (a writer logging the same tags step after step), the next
+    records are guessed to go on so and checked together (:func:`_records_as_before`)."""
+    starts: list[int] = []
+    lengths: list[int] = []
     pos, n = 0, len(data)
     unpack = struct.Struct("<Q").unpack_from
     while pos + 12 <= n:
@@ -289,7 +294,41 @@ def _framing(data: bytes) -> tuple[list[int], list[int], int]:
         starts.append(pos + 12)
         lengths.append(length)
         pos = end + 4
+        if len(lengths) % _GUESS_AFTER == 0:
+            pos = _records_as_before(data, pos, starts, lengths)
     return starts, lengths, pos
+
+
+def _records_as_before(data: bytes, pos: int, starts: list[int], lengths: list[int]) -> int:
+    """Frame the records from ``pos`` on as repeating the period of the last lengths (of 1 to 8 records),
+    as long as each record's length field says so; their starts and lengths appended. Where the record
+    after those starts. Exact: a record is taken only when its length field, where the records before
+    put it, holds the length guessed, which is what reading them one by one finds."""
+    import numpy as np
+
+    last = lengths[-_GUESS_AFTER:]
+    period = next((q for q in range(1, 9) if last[q:] == last[:-q]), 0)
+    if not period:
+        return pos
+    cycle = np.asarray(lengths[-period:], np.int64)
+    raw = np.frombuffer(data, np.uint8)
+    while True:
+        count = min(_GUESS_RECORDS, (len(data) - pos) // int(cycle.min() + 16))
+        if count < 1:
+            return pos
+        size = np.resize(cycle, count)
+        at = pos + np.concatenate(([0], np.cumsum(size[:-1] + 16)))
+        ok = at + size + 16 <= len(data)
+        field = raw[np.minimum(at, len(data) - 8)[:, None] + np.arange(8)].copy().view("<u8").ravel()
+        ok &= field == size.astype(np.uint64)
+        took = count if ok.all() else int(np.argmin(ok))
+        starts.extend((at[:took] + 12).tolist())
+        lengths.extend(size[:took].tolist())
+        if took:
+            pos = int(at[took - 1] + size[took - 1] + 16)
+            cycle = np.roll(cycle, -took)
+        if took < count:
+            return pos
 
 
 def _event(buf: bytes) -> tuple[int, int, Any]:

@@ -7,6 +7,7 @@ generated events, written by an encoder of this test's own (tests/tensorboard_en
 from __future__ import annotations
 
 import importlib.util
+import struct
 import sys
 
 import numpy as np
@@ -214,3 +215,35 @@ def test_steps_logged_again_after_a_restart_drop_the_later_ones(tmp_path):
                      + [enc.summary_event(s, [enc.scalar_value("grad_norm", 2.0)]) for s in range(6, 9)])
     h = read_norm_log(str(p))
     assert h.steps == list(range(1, 9)) and h.norms == [1.0] * 5 + [2.0] * 3
+
+
+def _framed(data):
+    """The records' (data start, length) read one by one: the reference of tensorboard_log._framing."""
+    out, pos = [], 0
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        if pos + 16 + length > len(data):
+            break
+        out.append((pos + 12, length))
+        pos += 16 + length
+    return out, pos
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 40), min_size=1, max_size=4), st.integers(1, 40)),
+                max_size=8), st.binary(max_size=30), st.sampled_from([1, 2, 16]),
+       st.sampled_from([1, 3, 1 << 15]))
+@example([([5, 9, 7], 40), ([5, 9, 8], 20)], b"", 16, 1 << 15)
+@example([([5, 30], 10)], struct.pack("<Q", 5) + bytes(4) + b"x" * 5 + bytes(4)
+         + struct.pack("<Q", 30) + bytes(4) + b"y" * 30, 16, 1 << 15)  # the last one's CRC cut off
+def test_records_framed_by_guessing_their_lengths_are_those_read_one_by_one(runs, tail, after, at_once):
+    """Runs of records whose lengths repeat a short cycle (the same tags step after step), then another
+    cycle, then anything (a cut record, garbage): framing that guesses the next lengths from the last ones
+    and checks them together finds the records reading them one by one finds."""
+    data = b"".join(struct.pack("<Q", n) + bytes(4) + bytes([n % 251]) * n + bytes(4)
+                    for cycle, reps in runs for _ in range(reps) for n in cycle) + tail
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tensorboard_log, "_GUESS_AFTER", after)
+        m.setattr(tensorboard_log, "_GUESS_RECORDS", at_once)
+        starts, lengths, end = tensorboard_log._framing(data)
+    assert (list(zip(starts, lengths)), end) == _framed(data)
