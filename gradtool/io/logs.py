@@ -1124,7 +1124,49 @@ def read_tensorboard(path: str, key: str | None = None) -> NormHistory:
     if nkey is None:
         raise InputError(f"{path}: no gradient-norm scalar among {', '.join(tags[:20])}; name it with --key"
                          + why_no_norm(tags))
-    return from_metric_series(tags, nkey, series.__getitem__, path, "tensorboard")
+    return from_metric_arrays(tags, nkey, series.__getitem__, path, "tensorboard")
+
+
+def from_metric_arrays(keys: Iterable[str], nkey: str, arrays_of: Callable[[str], tuple[Any, Any]],
+                       source: str, kind: str) -> NormHistory:
+    """:func:`from_metric_series` of metrics given as arrays (``arrays_of(name)``: steps as int64, values
+    as float64, in logging order): the same history, built with NumPy when the log holds no per-parameter
+    norms and some norm, not from a dict per step: each metric's last value at each step, the loss and
+    learning rate at the norm's steps (None where not logged)."""
+    import numpy as np
+
+    keys = list(keys)
+    l2, mx = tensor_norm_keys(keys, nkey)
+    lkey, rkey = loss_and_lr_keys(keys)
+    if l2 or mx or not len(arrays_of(nkey)[0]) or nkey in (lkey, rkey):
+        return from_metric_series(keys, nkey, lambda name: zip(*(a.tolist() for a in arrays_of(name))),
+                                  source, kind)
+
+    def last_at_each_step(name: str) -> tuple[Any, Any]:
+        steps, values = arrays_of(name)
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+        last = np.ones(len(steps), dtype=bool)
+        last[:-1] = steps[:-1] != steps[1:]
+        return steps[last], values[last]
+
+    steps, norms = last_at_each_step(nkey)
+
+    def at_norm_steps(name: str | None) -> list[float | None] | None:
+        if name is None or not len(arrays_of(name)[0]):  # (a metric of no values is no key of the records)
+            return None
+        s, v = last_at_each_step(name)
+        at = np.minimum(np.searchsorted(s, steps), len(s) - 1)
+        out = v[at].tolist()
+        for i in np.flatnonzero(s[at] != steps).tolist():
+            out[i] = None
+        return out
+
+    fast = _columns(steps, norms, at_norm_steps(lkey), at_norm_steps(rkey), types_known=True, lists=False)
+    if fast is None:
+        return from_metric_series(keys, nkey, lambda name: zip(*(a.tolist() for a in arrays_of(name))),
+                                  source, kind)
+    return _noted(NormHistory(*fast[:4], source, nkey, kind, fast[4]), fast[5])
 
 
 def from_metric_series(keys: Iterable[str], nkey: str, series: Any, source: str, kind: str) -> NormHistory:

@@ -57,15 +57,16 @@ def event_files(path: str) -> list[str]:
             if is_event_file_name(n) and os.path.isfile(os.path.join(path, n))]
 
 
-def scalar_series(path: str) -> dict[str, list[tuple[int, float]]]:
+def scalar_series(path: str) -> dict[str, tuple[Any, Any]]:
     """Every tag's ``simple_value`` scalars of the run at ``path`` (an event file, or a directory of
-    them) as (step, value) pairs in the order read, tags in the order first seen, after TensorBoard's
+    them) as arrays of steps (int64) and values (float64) in the order read, tags in the order first
+    seen, after TensorBoard's
     purges: with ``file_version`` 2 or later (every writer since TensorFlow 1.0) a ``SessionLog.START``
     event at step s drops every scalar at step s or later; without it, an event with a summary whose step
     is before the latest step seen drops the scalars of its tags at its step or later."""
     import numpy as np
 
-    series: dict[str, list[tuple[int, float]]] = {}
+    series: dict[str, _Points] = {}
     state = _Purges()
     for f in event_files(path):
         for scalars, others in _events(f):
@@ -77,11 +78,43 @@ def scalar_series(path: str) -> dict[str, list[tuple[int, float]]]:
                     at = end
                 if event is not None:
                     _add_event(series, state, *event)
-    return series
+    return {tag: points.arrays() for tag, points in series.items()}
 
 
-def _add_event(series: dict[str, list[tuple[int, float]]], state: _Purges, step: int, kind: int,
-               what: Any) -> None:
+class _Points:
+    """A tag's scalars as they are read: pieces of step and value arrays, and the points added one by one
+    since the last piece (as lists)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[Any, Any]] = []
+        self.steps: list[int] = []
+        self.values: list[float] = []
+
+    def _close(self) -> None:
+        import numpy as np
+
+        if self.steps:
+            self.pieces.append((np.array(self.steps, np.int64), np.array(self.values, np.float64)))
+            self.steps, self.values = [], []
+
+    def extend(self, steps: Any, values: Any) -> None:
+        self._close()
+        self.pieces.append((steps, values))
+
+    def keep_before(self, step: int) -> None:
+        self._close()
+        self.pieces = [(s[s < step], v[s < step]) for s, v in self.pieces]
+
+    def arrays(self) -> tuple[Any, Any]:
+        import numpy as np
+
+        self._close()
+        if not self.pieces:
+            return np.zeros(0, np.int64), np.zeros(0, np.float64)
+        return np.concatenate([s for s, _ in self.pieces]), np.concatenate([v for _, v in self.pieces])
+
+
+def _add_event(series: dict[str, _Points], state: _Purges, step: int, kind: int, what: Any) -> None:
     """One event (see :func:`_event`): the purges it makes, then its scalars."""
     if kind != _SUMMARY or not state.by_session_log:  # (a summary can purge only by its step)
         state.apply(series, step, kind, what)
@@ -89,8 +122,9 @@ def _add_event(series: dict[str, list[tuple[int, float]]], state: _Purges, step:
         for tag, value in what:
             if value is not None:
                 if (points := series.get(tag)) is None:
-                    points = series[tag] = []
-                points.append((step, value))
+                    points = series[tag] = _Points()
+                points.steps.append(step)
+                points.values.append(value)
 
 
 class _Purges:
@@ -102,7 +136,7 @@ class _Purges:
         self.by_session_log = False  # file_version 2 or later: only SessionLog.START purges
         self.most_recent_step = -1
 
-    def apply(self, series: dict[str, list[tuple[int, float]]], step: int, kind: int, what: Any) -> None:
+    def apply(self, series: dict[str, _Points], step: int, kind: int, what: Any) -> None:
         """Drop the scalars the event (``step``, oneof ``kind`` with ``what``: see :func:`_event`) orphans,
         before its own values are added (``EventAccumulator._MaybePurgeOrphanedData``)."""
         if kind == _FILE_VERSION:
@@ -121,12 +155,12 @@ class _Purges:
             self.most_recent_step = step
 
 
-def _drop_from(series: dict[str, list[tuple[int, float]]], tag: str, step: int) -> None:
+def _drop_from(series: dict[str, _Points], tag: str, step: int) -> None:
     """Keep the scalars of ``tag`` logged before ``step`` (a tag emptied stays, as TensorBoard's does);
     the empty tag stands for every tag, as it does in TensorBoard's ``Reservoir.FilterItems``."""
     for t in (tag,) if tag else list(series):
         if t in series:
-            series[t] = [p for p in series[t] if p[0] < step]
+            series[t].keep_before(step)
 
 
 def _events(path: str) -> Iterator[tuple[_ScalarRecords, list[tuple[int, tuple[int, int, Any]]]]]:
@@ -203,7 +237,7 @@ class _ScalarRecords:
         self.steps, self.values, self.tags, self.names = steps, values, tags, names
         self.size = self.index.size
 
-    def add_to(self, series: dict[str, list[tuple[int, float]]], state: _Purges, a: int, b: int) -> None:
+    def add_to(self, series: dict[str, _Points], state: _Purges, a: int, b: int) -> None:
         """Add the scalars ``a:b`` (consecutive events of the file but for records of no event) to
         ``series``, as their events would be one by one: together, tag by tag in the order the tags first
         come, when no summary can purge (``file_version`` 2 or later); else one by one."""
@@ -219,7 +253,7 @@ class _ScalarRecords:
         kinds, first = np.unique(tags, return_index=True)
         for t in kinds[np.argsort(first)].tolist():
             sel = np.flatnonzero(tags == t) if kinds.size > 1 else slice(None)
-            series.setdefault(self.names[t], []).extend(zip(steps[sel].tolist(), values[sel].tolist()))
+            series.setdefault(self.names[t], _Points()).extend(steps[sel], values[sel])
 
 
 def _scalar_records(raw: Any, at: Any, size: Any) -> _ScalarRecords:

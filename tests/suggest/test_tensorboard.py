@@ -15,13 +15,19 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gradtool.errors import InputError
+from gradtool.errors import InputError, UsageError
 from gradtool.io import tensorboard_log
 from gradtool.io.logs import read_norm_log
 from gradtool.io.tensorboard_log import scalar_series
 from tests import tensorboard_encoder as enc
 
 _TAGS = ["train/grad_norm", "train/loss", "train/acc1", "lr", "xy", "hist", ""]  # some of one length
+
+
+def _points(series):
+    """scalar_series' arrays as (step, repr(value)) pairs per tag."""
+    return {k: [(s, repr(v)) for s, v in zip(steps.tolist(), values.tolist())]
+            for k, (steps, values) in series.items()}
 
 
 def _accumulated(path):
@@ -92,8 +98,7 @@ def test_the_scalars_are_what_tensorboards_accumulator_keeps(tmp_path_factory, f
         m.setattr(tensorboard_log, "_TAGS_COMPARED", 1 + window % 2)  # (records of further tags: one by one)
         ours = scalar_series(str(d))
     assert list(ours) == list(_accumulated(d))
-    assert {k: [(s, repr(v)) for s, v in pts] for k, pts in ours.items()} == \
-        {k: [(s, repr(v)) for s, v in pts] for k, pts in _accumulated(d).items()}
+    assert _points(ours) == {k: [(s, repr(v)) for s, v in pts] for k, pts in _accumulated(d).items()}
 
 
 def test_a_run_read_without_tensorboard(tmp_path, monkeypatch):
@@ -149,7 +154,7 @@ def test_a_record_cut_off_at_the_end_ends_the_file(tmp_path, monkeypatch, keep, 
     data = p.read_bytes()
     size = len(enc.record(enc.summary_event(0, [enc.scalar_value("train/grad_norm", 1.5)])))
     p.write_bytes(data[:len(data) - size + keep] if keep >= 0 else data[:keep])
-    assert scalar_series(str(p))["train/grad_norm"] == [(s, 1.5) for s in range(9)]
+    assert _points(scalar_series(str(p)))["train/grad_norm"] == [(s, "1.5") for s in range(9)]
 
 
 @settings(deadline=None)
@@ -179,7 +184,8 @@ def test_any_bytes_are_read_or_an_input_error(tmp_path_factory, tail):
     except InputError as exc:
         assert str(exc).startswith(str(p))
     else:
-        assert all(isinstance(v, float) and isinstance(s, int) for pts in series.values() for s, v in pts)
+        assert all(s.dtype == np.int64 and v.dtype == np.float64 and s.size == v.size
+                   for s, v in series.values())
 
 
 @settings(deadline=None)
@@ -202,7 +208,7 @@ def test_any_event_bytes_in_a_good_record_are_read_or_an_input_error(tmp_path_fa
     except Exception:  # protobuf's DecodeError, through EventAccumulator.Reload
         theirs = None
     if ours is not None:
-        assert theirs is not None and {k: [(s, repr(v)) for s, v in pts] for k, pts in ours.items()} == \
+        assert theirs is not None and _points(ours) == \
             {k: [(s, repr(v)) for s, v in pts] for k, pts in theirs.items()}
 
 
@@ -247,3 +253,36 @@ def test_records_framed_by_guessing_their_lengths_are_those_read_one_by_one(runs
         m.setattr(tensorboard_log, "_GUESS_RECORDS", at_once)
         starts, lengths, end = tensorboard_log._framing(data)
     assert (list(zip(starts, lengths)), end) == _framed(data)
+
+
+_points_of = st.lists(st.tuples(st.integers(-5, 30), st.floats(width=32)), max_size=25)
+
+
+@settings(deadline=None)
+@given(st.dictionaries(st.sampled_from(["train/grad_norm", "train/loss", "train/learning_rate", "eval/loss",
+                                        "grad_2.0_norm/w"]), _points_of),
+       st.sampled_from(["train/grad_norm", "train/loss"]))
+@example({"train/grad_norm": [(3, 1.0), (1, 2.0), (3, 4.0)], "train/loss": [(3, 5.0), (2, 6.0)]},
+         "train/grad_norm")
+def test_a_history_from_metric_arrays_is_the_one_from_their_pairs(metrics, nkey):
+    """from_metric_arrays (NumPy: each metric's last value per step, loss and learning rate at the norm's
+    steps) gives the history from_metric_series gives from the same (step, value) pairs by a dict per
+    step: steps, norms, loss, learning rate, notes, whatever the steps (repeated, unsorted, negative),
+    values (NaN, Inf), metrics missing or empty, per-parameter norms among them."""
+    from gradtool.io.logs import from_metric_arrays, from_metric_series
+
+    metrics.setdefault(nkey, [])
+    arrays = {k: (np.array([s for s, _ in p], np.int64), np.array([v for _, v in p], np.float64))
+              for k, p in metrics.items()}
+
+    def outcome(build):
+        try:
+            h = build()
+        except (InputError, UsageError) as exc:
+            return type(exc), str(exc)
+        return (h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr],
+                h.key, h.kind, h.line_order, h.other_keys, h.notes, h.tensor_norms)
+
+    fast = outcome(lambda: from_metric_arrays(list(metrics), nkey, arrays.__getitem__, "x", "tensorboard"))
+    slow = outcome(lambda: from_metric_series(list(metrics), nkey, lambda k: metrics[k], "x", "tensorboard"))
+    assert fast == slow
