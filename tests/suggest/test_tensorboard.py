@@ -157,17 +157,28 @@ def test_a_record_cut_off_at_the_end_ends_the_file(tmp_path, monkeypatch, keep, 
     assert _points(scalar_series(str(p)))["train/grad_norm"] == [(s, "1.5") for s in range(9)]
 
 
+_pieces = st.one_of(st.lists(st.binary(max_size=200), max_size=40),
+                    st.builds(lambda first, edits: [bytes(first)] + [
+                        bytes(first[:j % len(first)]) + bytes([b]) + bytes(first[j % len(first) + 1:])
+                        for j, b in edits],  # pieces of one length that differ from the first in a byte
+                              st.binary(min_size=1, max_size=60),
+                              st.lists(st.tuples(st.integers(0, 99), st.integers(0, 255)), max_size=30)))
+
+
 @settings(deadline=None)
-@given(st.lists(st.binary(max_size=200), max_size=40), st.sampled_from([1, 3, 1 << 16]))
-@example([b"x" * 5000, b"", b"123456789"], 2)  # one longer than _LONG_RECORD; the CRC-32C check value
-def test_the_crcs_of_many_pieces_are_each_ones(pieces, batch):
+@given(_pieces, st.sampled_from([1, 3, 1 << 16]), st.sampled_from([1, 8]))
+@example([b"x" * 5000, b"", b"123456789"], 2, 8)  # one longer than _LONG_RECORD; the CRC-32C check value
+@example([b"\x00" * 12, b"\x00" * 11 + b"\x01", b"\x01" + b"\x00" * 11], 1 << 16, 1)
+def test_the_crcs_of_many_pieces_are_each_ones(pieces, batch, same):
     """The masked CRC-32C of many pieces at once (a byte position at a time across them, shortest first,
-    in batches) equals the byte-by-byte CRC of each, whatever the lengths and batches."""
+    in batches; pieces of one length from the first one's CRC and the bytes where they differ) equals the
+    byte-by-byte CRC of each, whatever the lengths and batches."""
     raw = np.frombuffer(b"".join(pieces) or b"\0", np.uint8)
     starts = np.cumsum([0] + [len(p) for p in pieces[:-1]]).astype(np.int64)
     lengths = np.array([len(p) for p in pieces], np.int64)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(tensorboard_log, "_CRC_BATCH", batch)
+        m.setattr(tensorboard_log, "_SAME_LENGTH_AT_LEAST", same)
         got = tensorboard_log._masked_crc32c(raw, starts, lengths).tolist() if pieces else []
     assert got == [enc.masked_crc32c(p) for p in pieces]
     assert enc.crc32c(b"123456789") == 0xE3069283  # the standard check value of CRC-32C
@@ -281,7 +292,8 @@ def test_a_history_from_metric_arrays_is_the_one_from_their_pairs(metrics, nkey)
         except (InputError, UsageError) as exc:
             return type(exc), str(exc)
         return (h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr],
-                h.key, h.kind, h.line_order, h.other_keys, h.notes, h.tensor_norms)
+                h.key, h.kind, h.line_order, h.other_keys, h.notes,
+                {k: [repr(x) for x in v] for k, v in h.tensor_norms.items()})
 
     fast = outcome(lambda: from_metric_arrays(list(metrics), nkey, arrays.__getitem__, "x", "tensorboard"))
     slow = outcome(lambda: from_metric_series(list(metrics), nkey, lambda k: metrics[k], "x", "tensorboard"))
