@@ -2,12 +2,14 @@
 (tensorflow's record_writer: length, masked CRC-32C of it, data, masked CRC-32C of the data) and the
 protobuf wire format of tensorboard's event.proto/summary.proto, written field by field so that tests can
 also write what protobuf parses but writers do not (fields repeated or out of order, unknown fields).
-Checked against tensorboard's own protobuf classes in tests/suggest/test_tensorboard.py. Used there and
-by benchmarks/bench.py."""
+What it writes is read by tensorboard's own EventAccumulator in tests/suggest/test_tensorboard.py (the
+reference of gradtool's reader). Used there and by benchmarks/bench.py."""
 
 from __future__ import annotations
 
 import struct
+
+from tests.protobuf_encoder import pb_bytes, pb_double, pb_float, pb_int
 
 
 def _table() -> list[int]:
@@ -33,32 +35,6 @@ def crc32c(data: bytes) -> int:
 def masked_crc32c(data: bytes) -> int:
     c = crc32c(data)
     return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # negative int64: ten bytes, as protobuf writes them
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def pb_bytes(field: int, payload: bytes) -> bytes:
-    return varint(field << 3 | 2) + varint(len(payload)) + payload
-
-
-def pb_int(field: int, n: int) -> bytes:
-    return varint(field << 3) + varint(n)
-
-
-def pb_float(field: int, x: float) -> bytes:
-    return varint(field << 3 | 5) + struct.pack("<f", x)
-
-
-def pb_double(field: int, x: float) -> bytes:
-    return varint(field << 3 | 1) + struct.pack("<d", x)
 
 
 def scalar_value(tag: str, x: float) -> bytes:

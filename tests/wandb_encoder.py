@@ -9,24 +9,9 @@ import json
 import struct
 import zlib
 
+from tests.protobuf_encoder import pb_bytes, pb_int
+
 BLOCK = 32768
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def pb_bytes(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
-
-
-def pb_int(field: int, n: int) -> bytes:
-    return _varint(field << 3) + _varint(n)
 
 
 def history(num: int, step: int, items: dict) -> bytes:
