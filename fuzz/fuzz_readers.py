@@ -48,6 +48,12 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
     out.append(("csv", b"step,loss,grad_norm\n1,2.0,1.5\n2,1.9,1.4\n"))
     out.append(("jsonl", b'{"step": 1, "gnorm": 1.0}\n{"step": 2, "gnorm": 2.0}\n'))
     out.append(("log", b"iteration 10/100 | lm loss: 2.0 | grad norm: 1.25 |\n"))
+    from tests import tensorboard_encoder as enc  # TensorBoard events: framing, CRCs, protobuf, purges
+
+    out.append(("tfevents", b"".join(enc.record(e) for e in [
+        enc.file_version_event(), enc.summary_event(1, [enc.scalar_value("train/grad_norm", 1.5)]),
+        enc.summary_event(2, [enc.scalar_value("train/grad_norm", 2.5), enc.histogram_value("w")]),
+        enc.session_log_event(2, 1), enc.summary_event(2, [enc.scalar_value("train/grad_norm", 3.5)])])))
     return out
 
 
@@ -59,7 +65,7 @@ def check(data: bytes, ext: str, tmp: str) -> None:
     with open(p, "wb") as f:
         f.write(data)
     try:
-        if ext in ("json", "csv", "jsonl", "log"):
+        if ext in ("json", "csv", "jsonl", "log", "tfevents"):
             from gradtool.io.logs import read_norm_log
 
             read_norm_log(p)
