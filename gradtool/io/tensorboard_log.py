@@ -169,8 +169,8 @@ def _events(path: str) -> Iterator[tuple[_ScalarRecords, list[tuple[int, tuple[i
     longest record, whatever the file's size): for each window, its scalar records (see
     :class:`_ScalarRecords`) and its other events (record index, event as :func:`_event` reads it). The
     length of every record is checked against its CRC (a damaged length would misplace every record after
-    it), the data of the events read for scalars (summaries, session logs, file versions) against theirs;
-    a record cut off at the end of the file ends it."""
+    it), the data of the events scalars are read from against theirs (see :func:`_checked_events`); a
+    record cut off at the end of the file ends it."""
     try:
         with open(path, "rb") as f:
             buf, offset, eof = b"", 0, False  # offset: where in the file buf starts
@@ -197,7 +197,10 @@ def _checked_events(buf: bytes, starts: list[int], lengths: list[int], offset: i
                     path: str) -> tuple[_ScalarRecords, list[tuple[int, tuple[int, int, Any]]]]:
     """The events of the whole records at ``starts`` of ``buf`` (at byte ``offset`` of the file): the
     scalar records found by :func:`_scalar_records`, the others read one by one. Their lengths are checked
-    against their CRCs, and the data of those read for scalars against theirs."""
+    against their CRCs, and the data of those that give scalars, file versions and session logs against
+    theirs (not that of summaries without a scalar: images and histograms, up to megabytes each, whose
+    CRC is computed in Python; only their steps and tags count, and only in logs older than
+    ``file_version`` 2)."""
     import numpy as np
 
     raw = np.frombuffer(buf, np.uint8)
@@ -216,8 +219,9 @@ def _checked_events(buf: bytes, starts: list[int], lengths: list[int], offset: i
         except ValueError as exc:  # UnicodeDecodeError included
             raise InputError(f"{path}: damaged TensorBoard event (record at byte {offset + start - 12}: "
                              f"{exc})") from None
-    used = scalars.found.copy()
-    used[[n for n, (_, kind, _) in others if kind in (_FILE_VERSION, _SUMMARY, _SESSION_LOG)]] = True
+    used = scalars.found.copy()  # (a summary of images or histograms alone, often long, is not checked)
+    used[[n for n, (_, kind, what) in others if kind in (_FILE_VERSION, _SESSION_LOG) or (
+        kind == _SUMMARY and any(value is not None for _, value in what))]] = True
     stored = raw[(at + size)[used][:, None] + np.arange(4)].copy().view("<u4").ravel()
     bad = np.flatnonzero(_masked_crc32c(raw, at[used], size[used]) != stored)
     if bad.size:

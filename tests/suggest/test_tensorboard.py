@@ -298,3 +298,24 @@ def test_a_history_from_metric_arrays_is_the_one_from_their_pairs(metrics, nkey)
     fast = outcome(lambda: from_metric_arrays(list(metrics), nkey, arrays.__getitem__, "x", "tensorboard"))
     slow = outcome(lambda: from_metric_series(list(metrics), nkey, lambda k: metrics[k], "x", "tensorboard"))
     assert fast == slow
+
+
+def test_only_the_records_scalars_come_from_have_their_data_checked(tmp_path):
+    """A summary of a histogram alone (images and histograms: up to megabytes each, a CRC computed in
+    Python) is not checked: a flipped bit in it leaves the scalars read; one in a summary that holds a
+    scalar beside a histogram is an error."""
+    p = tmp_path / "events.out.tfevents.1.host"
+    big = enc.summary_event(2, [enc.histogram_value("w" * 50_000)])
+    mixed = enc.summary_event(3, [enc.histogram_value("w"), enc.scalar_value("train/grad_norm", 3.0)])
+    events = [enc.file_version_event(), enc.summary_event(1, [enc.scalar_value("train/grad_norm", 1.0)]), big,
+              mixed]
+    data = bytearray(b"".join(enc.record(e) for e in events))
+    at_big = len(enc.record(events[0])) + len(enc.record(events[1]))
+    data[at_big + 12 + 30_000] ^= 0x01  # in the histogram's tag
+    p.write_bytes(bytes(data))
+    assert _points(scalar_series(str(p)))["train/grad_norm"] == [(1, "1.0"), (3, "3.0")]
+    at_mixed = at_big + len(enc.record(big))
+    data[at_mixed + 12 + len(mixed) - 3] ^= 0x01  # in the scalar
+    p.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=rf"bad record at byte {at_mixed}\)"):
+        scalar_series(str(p))
