@@ -256,7 +256,8 @@ def read_sqlite_tables(con: Any, tables: set[str], key: str | None, run: str | N
     def fetch(k: str, with_stamps: bool = False) -> Series:
         """The metric's (steps, timestamps, values). Without ``with_stamps`` the timestamps are read only
         when a step repeats (a resumed run): each column costs ~0.1 s per 10^6 rows, and distinct steps
-        need no timestamp to order them. NaN (``is_nan``) comes as the word SQLite hands to ``float``."""
+        need no timestamp to order them. A NaN (``is_nan``) comes as the text 'nan', which ``fromiter``
+        reads as NaN."""
         if not with_stamps:
             cols, values = rows_of(k, "step, CASE WHEN is_nan THEN 'nan' ELSE value END", 2)
             steps = cols[:, 0].astype(np.int64)
