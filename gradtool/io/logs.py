@@ -1127,6 +1127,32 @@ def read_tensorboard(path: str, key: str | None = None) -> NormHistory:
     return from_metric_arrays(tags, nkey, series.__getitem__, path, "tensorboard")
 
 
+def last_per_key(keys: Any, values: Any, order: Any) -> tuple[Any, Any]:
+    """The distinct ``keys`` (steps, or timestamps) in increasing order and each one's last value, "last"
+    in ``order`` (indices that sort ``keys``, a key's values in logging order): a step logged twice keeps
+    its later value."""
+    import numpy as np
+
+    keys, values = keys[order], values[order]
+    last = np.ones(len(keys), dtype=bool)
+    last[:-1] = keys[:-1] != keys[1:]
+    return keys[last], values[last]
+
+
+def values_at(keys: Any, values: Any, wanted: Any) -> list[float | None]:
+    """The value of each of the ``wanted`` keys among the distinct, increasing ``keys`` (None where it has
+    none), found by a binary search, not by a dict of 10^6 floats."""
+    import numpy as np
+
+    if not len(keys):
+        return [None] * len(wanted)
+    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    out = values[at].tolist()
+    for i in np.flatnonzero(keys[at] != wanted).tolist():
+        out[i] = None
+    return out
+
+
 def from_metric_arrays(keys: Iterable[str], nkey: str, arrays_of: Callable[[str], tuple[Any, Any]],
                        source: str, kind: str) -> NormHistory:
     """:func:`from_metric_series` of metrics given as arrays (``arrays_of(name)``: steps as int64, values
@@ -1144,23 +1170,14 @@ def from_metric_arrays(keys: Iterable[str], nkey: str, arrays_of: Callable[[str]
 
     def last_at_each_step(name: str) -> tuple[Any, Any]:
         steps, values = arrays_of(name)
-        order = np.argsort(steps, kind="stable")
-        steps, values = steps[order], values[order]
-        last = np.ones(len(steps), dtype=bool)
-        last[:-1] = steps[:-1] != steps[1:]
-        return steps[last], values[last]
+        return last_per_key(steps, values, np.argsort(steps, kind="stable"))
 
     steps, norms = last_at_each_step(nkey)
 
     def at_norm_steps(name: str | None) -> list[float | None] | None:
         if name is None or not len(arrays_of(name)[0]):  # (a metric of no values is no key of the records)
             return None
-        s, v = last_at_each_step(name)
-        at = np.minimum(np.searchsorted(s, steps), len(s) - 1)
-        out = v[at].tolist()
-        for i in np.flatnonzero(s[at] != steps).tolist():
-            out[i] = None
-        return out
+        return values_at(*last_at_each_step(name), steps)
 
     fast = _columns(steps, norms, at_norm_steps(lkey), at_norm_steps(rkey), types_known=True, lists=False)
     if fast is None:

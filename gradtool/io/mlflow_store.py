@@ -154,40 +154,21 @@ def history_of_run(series: dict[str, Series], norm_key: str, loss_key: str | Non
     value logged last. When every value has the same step (``mlflow.log_metric`` without ``step``), the
     steps are the order of logging and loss/learning rate are matched by timestamp instead (their series
     then need their timestamps; elsewhere a series of distinct steps may come without them)."""
-    import numpy as np
-
-    from .logs import NormHistory
+    from .logs import NormHistory, last_per_key, values_at
 
     steps, stamps, values = series[norm_key]
     line_order = _logged_without_steps(steps)
     by = stamps if line_order else steps
-    order = _logging_order(by, stamps)
-    by, values = by[order], values[order]
-    keep = np.ones(len(by), dtype=bool)
-    keep[:-1] = by[:-1] != by[1:]
-    by, values = by[keep], values[keep]
+    by, values = last_per_key(by, values, _logging_order(by, stamps))
 
     def matched(key: str | None) -> list[float | None] | None:
         """The metric ``key``'s value at each step of ``by`` (None where it has none): the later of a
-        step's values, found by a binary search in its last-per-step values, not a dict of 10^6 floats."""
+        step's values."""
         if key is None or key not in series:
             return None
         s, t, v = series[key]
         k = t if line_order else s
-        o = _logging_order(k, t)  # the later of a step's values wins below
-        k, v = k[o], v[o]
-        last = np.ones(len(k), dtype=bool)
-        last[:-1] = k[:-1] != k[1:]
-        k, v = k[last], v[last]
-        if not len(k):
-            return [None] * len(by)
-        at = np.minimum(np.searchsorted(k, by), len(k) - 1)
-        found = k[at] == by
-        out = v[at].tolist()
-        if not found.all():
-            for i in np.flatnonzero(~found).tolist():
-                out[i] = None
-        return out
+        return values_at(*last_per_key(k, v, _logging_order(k, t)), by)
 
     hist = NormHistory(list(range(len(by))) if line_order else by.tolist(), values.tolist(),
                        matched(loss_key), matched(lr_key), source, norm_key, "mlflow")
