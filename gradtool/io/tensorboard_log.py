@@ -182,9 +182,9 @@ def _events(path: str) -> Iterator[tuple[_ScalarRecords, list[tuple[int, tuple[i
                 if len(rest) >= 12 and not _length_is_intact(rest):
                     raise InputError(f"{path}: damaged TensorBoard event file (bad record length at byte "
                                      f"{offset + end})")
-                if eof:
-                    return
                 need = 16 + struct.unpack_from("<Q", rest)[0] - len(rest) if len(rest) >= 12 else 0
+                if eof or need > os.fstat(f.fileno()).st_size - f.tell():  # the file ends before it would
+                    return
                 chunk = f.read(max(WINDOW, need))
                 eof = not chunk
                 offset += end

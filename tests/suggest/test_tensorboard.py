@@ -319,3 +319,15 @@ def test_only_the_records_scalars_come_from_have_their_data_checked(tmp_path):
     p.write_bytes(bytes(data))
     with pytest.raises(InputError, match=rf"bad record at byte {at_mixed}\)"):
         scalar_series(str(p))
+
+
+@pytest.mark.parametrize("length", [2**62, 2**64 - 1, 10**9])
+def test_a_record_longer_than_the_rest_of_the_file_ends_it_unread(tmp_path, length):
+    """A length field whose CRC holds (a hostile file's, or a record cut off) but which says more bytes
+    than the file has left: the records before it are read, and the rest of the file is not read into
+    memory to find the end of it (it was a MemoryError/OverflowError traceback in reading up to it)."""
+    p = _file_of(tmp_path, 5)
+    head = struct.pack("<Q", length)
+    with open(p, "ab") as f:
+        f.write(head + struct.pack("<I", enc.masked_crc32c(head)) + b"x" * 100)
+    assert _points(scalar_series(str(p)))["train/grad_norm"] == [(s, "1.5") for s in range(5)]
