@@ -174,6 +174,8 @@ def _text_records(lines: list[str], bare: bool,
 _SLOT = re.compile(rf"(?<![a-z_\d.]){_NUMBER}")
 _SPACES_AROUND = re.compile(r"^( *)(.*?)( *)$", re.DOTALL)
 _TEMPLATE_FIELDS = ("step", "grad_norm", "loss", "learning_rate")
+_TEMPLATE_LINE_MAX = 4096  # longer lines make no template (its pattern compiled again and again, if a
+# hostile log's lines each differ: the patterns read them, as they read every line before templates)
 _WORDS_READ = {"grad_norm": "nan|inf(?:inity)?", "loss": "nan|inf"}  # as _TEXT_NORM and _TEXT_LOSS read them
 
 
@@ -194,8 +196,9 @@ class _LineTemplate:
         """The template of a norm line with its step (``m``: its norm, from :func:`_text_norm`), or None
         when its values are not each one whole number of it, or the line is not one the argument above
         covers: one "norm" (the rest of the line is read without its norm, cut once), no clipping words
-        (another reading of the norm), two numbers with nothing between them."""
-        if line.count("norm") != 1 or "clip" in line or "raw" in line:
+        (another reading of the norm), two numbers with nothing between them; or longer than
+        ``_TEMPLATE_LINE_MAX``."""
+        if len(line) > _TEMPLATE_LINE_MAX or line.count("norm") != 1 or "clip" in line or "raw" in line:
             return None
         s = _TEXT_STEP.search(line) if ("iter" in line or "step" in line or "num_updates" in line) else None
         if s is None:
@@ -259,8 +262,8 @@ class _LineTemplate:
         from .logs import _columns, _with_others
 
         columns = self.columns(rows)
-        fast = _columns(columns["step"], columns["grad_norm"], columns.get("loss"), columns.get("learning_rate"),
-                        types_known=True, lists=False)
+        fast = _columns(columns["step"], columns["grad_norm"], columns.get("loss"),
+                        columns.get("learning_rate"), types_known=True, lists=False)
         if fast is None:
             return None
         return _with_others(_noted(NormHistory(*fast[:4], path, "grad_norm", "text", fast[4]), fast[5]),

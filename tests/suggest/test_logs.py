@@ -1515,3 +1515,19 @@ def test_a_log_is_told_by_its_first_line_after_blank_space(tmp_path, lead, body,
     p.write_text(lead + body, encoding="utf-8")
     h = read_norm_log(str(p))
     assert h.kind == kind and h.norms == [1.5, 2.5] and h.steps == [1, 2]
+
+
+def test_a_line_too_long_for_a_template_is_read_by_the_patterns(monkeypatch):
+    """Lines longer than _TEMPLATE_LINE_MAX make no template (a hostile log of long lines, each different,
+    would compile one per try): they are read line by line, to the same history."""
+    from gradtool.io import text_logs
+
+    pad = "x" * 5000
+    text = "".join(f"step {s} | {pad} | grad norm: {1 + s / 4} |\n" for s in range(1, 40))
+    made = []
+    of = text_logs._LineTemplate.of.__func__
+    monkeypatch.setattr(text_logs._LineTemplate, "of",
+                        classmethod(lambda cls, line, m: made.append(of(cls, line, m)) or made[-1]))
+    h = text_logs.read_text_log("x.log", text=text)
+    assert h.steps == list(range(1, 40)) and h.norms == [1 + s / 4 for s in range(1, 40)]
+    assert made and not any(made)
