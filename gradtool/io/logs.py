@@ -1164,9 +1164,13 @@ def from_metric_arrays(keys: Iterable[str], nkey: str, arrays_of: Callable[[str]
     keys = list(keys)
     l2, mx = tensor_norm_keys(keys, nkey)
     lkey, rkey = loss_and_lr_keys(keys)
-    if l2 or mx or not len(arrays_of(nkey)[0]) or nkey in (lkey, rkey):
+
+    def from_pairs() -> NormHistory:
         return from_metric_series(keys, nkey, lambda name: zip(*(a.tolist() for a in arrays_of(name))),
                                   source, kind)
+
+    if l2 or mx or not len(arrays_of(nkey)[0]) or nkey in (lkey, rkey):
+        return from_pairs()
 
     def last_at_each_step(name: str) -> tuple[Any, Any]:
         steps, values = arrays_of(name)
@@ -1181,8 +1185,7 @@ def from_metric_arrays(keys: Iterable[str], nkey: str, arrays_of: Callable[[str]
 
     fast = _columns(steps, norms, at_norm_steps(lkey), at_norm_steps(rkey), types_known=True, lists=False)
     if fast is None:
-        return from_metric_series(keys, nkey, lambda name: zip(*(a.tolist() for a in arrays_of(name))),
-                                  source, kind)
+        return from_pairs()
     return _noted(NormHistory(*fast[:4], source, nkey, kind, fast[4]), fast[5])
 
 

@@ -205,8 +205,7 @@ def _checked_events(buf: bytes, starts: list[int], lengths: list[int], offset: i
 
     raw = np.frombuffer(buf, np.uint8)
     at, size = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
-    stored = raw[(at - 4)[:, None] + np.arange(4)].copy().view("<u4").ravel()
-    bad = np.flatnonzero(_masked_crc32c(raw, at - 12, np.full(at.size, 8, np.int64)) != stored)
+    bad = np.flatnonzero(_masked_crc32c(raw, at - 12, np.full(at.size, 8, np.int64)) != _u32_at(raw, at - 4))
     if bad.size:
         raise InputError(f"{path}: damaged TensorBoard event file (bad record length at byte "
                          f"{offset + int(at[bad[0]]) - 12})")
@@ -222,8 +221,7 @@ def _checked_events(buf: bytes, starts: list[int], lengths: list[int], offset: i
     used = scalars.found.copy()  # (a summary of images or histograms alone, often long, is not checked)
     used[[n for n, (_, kind, what) in others if kind in (_FILE_VERSION, _SESSION_LOG) or (
         kind == _SUMMARY and any(value is not None for _, value in what))]] = True
-    stored = raw[(at + size)[used][:, None] + np.arange(4)].copy().view("<u4").ravel()
-    bad = np.flatnonzero(_masked_crc32c(raw, at[used], size[used]) != stored)
+    bad = np.flatnonzero(_masked_crc32c(raw, at[used], size[used]) != _u32_at(raw, (at + size)[used]))
     if bad.size:
         raise InputError(f"{path}: damaged TensorBoard event file (bad record at byte "
                          f"{offset + int(at[used][bad[0]]) - 12})")
@@ -305,6 +303,13 @@ def _scalar_records(raw: Any, at: Any, size: Any) -> _ScalarRecords:
     where = (p + 7 + k)[found]
     values = raw[where[:, None] + np.arange(4)].copy().view("<f4").ravel().astype(np.float64)
     return _ScalarRecords(found, steps[found], values, tags[found], names)
+
+
+def _u32_at(raw: Any, where: Any) -> Any:
+    """The little-endian uint32 (a stored CRC) at each offset ``where`` of the byte array ``raw``."""
+    import numpy as np
+
+    return raw[where[:, None] + np.arange(4)].copy().view("<u4").ravel()
 
 
 def _length_is_intact(record: bytes) -> bool:
@@ -431,7 +436,7 @@ def _summary_values(summary: bytes) -> list[tuple[str, float | None]]:
                 scalar = w
             elif u >> 3 in _VALUE_KINDS and u & 7 == LENGTH_DELIMITED:  # another kind: the oneof's now
                 scalar = None
-        out.append((tag.decode("utf-8"), None if scalar is None else struct.unpack("<f", scalar)[0]))
+        out.append((tag.decode("utf-8"), None if scalar is None else _FLOAT.unpack(scalar)[0]))
     return out
 
 
