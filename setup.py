@@ -1,6 +1,7 @@
-"""Build hook for the one optional C extension (gradtool/core/_kernels.c); everything else is in
-pyproject.toml. ``optional=True``: without a C compiler the install still succeeds and gradtool uses its
-NumPy code paths (the same results, slower; ``gradtool --version`` says which)."""
+"""Build hook for the optional C extensions (gradtool/core/_kernels.c, the numeric kernels;
+gradtool/io/_logscan.c, the W&B history reader); everything else is in pyproject.toml. ``optional=True``:
+without a C compiler the install still succeeds and gradtool uses its NumPy and Python code paths (the
+same results, slower; ``gradtool --version`` says which)."""
 
 from setuptools import Extension, setup
 
@@ -12,6 +13,12 @@ setup(
             depends=["gradtool/core/_kernels_loops.h", "gradtool/core/_kernels_summary.h"],
             extra_compile_args=["-O3", "-ffp-contract=off"],  # the same bits from every SIMD build
             optional=True,
-        )
+        ),
+        Extension(
+            "gradtool.io._logscan",
+            ["gradtool/io/_logscan.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ]
 )

@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, islice
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from ..errors import InputError, UsageError, listed
 
@@ -282,18 +282,10 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
         records = [r for r in records if type(r) is dict]
     rows = records
     if not rows:  # --key cannot help: say what is missing
-        empty = {"trainer_state": "its log_history is empty", "csv": "a header and no rows"}
-        raise InputError(f"{source}: {empty.get(kind, 'no records')}: nothing logged yet?")
+        _no_records(source, kind)
     seen = dict.fromkeys(chain.from_iterable(rows))  # every key, in first-seen order, without a loop per row
     all_keys = {k: None for k in seen if isinstance(k, str)}  # csv puts extra cells under the key None
-    nkey = _find_norm_key(all_keys, key)
-    if nkey is None:
-        if key:
-            raise UsageError(f"{source}: no column/key named {key!r}; keys found: {', '.join(list(all_keys)[:20])}")
-        raise InputError(f"{source}: found no gradient-norm key among its keys ({listed(all_keys, 12)}); "
-                         f"name it with --key{why_no_norm(all_keys)}")
-    skey = _find_key(all_keys, STEP_KEYS)
-    lkey, rkey = loss_and_lr_keys(all_keys)
+    nkey, skey, lkey, rkey = _record_keys(all_keys, source, key)
     fast = _vectorised(rows, nkey, skey, lkey, rkey, split_trainings)
     if fast is not None:
         hist = _noted(NormHistory(*fast[:4], source, nkey, kind, fast[4]), fast[5])
@@ -325,6 +317,135 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
                        [by_step[s][2] for s in steps], source, nkey, kind)
     return tensor_norms_from(_with_others(_noted(hist, notes), all_keys, key), all_keys,
                              _values_by_step(rows, skey))
+
+
+def _no_records(source: str, kind: str) -> NoReturn:
+    empty = {"trainer_state": "its log_history is empty", "csv": "a header and no rows"}
+    raise InputError(f"{source}: {empty.get(kind, 'no records')}: nothing logged yet?")
+
+
+def _record_keys(all_keys: dict[str, None], source: str, key: str | None) -> tuple[str, str | None,
+                                                                                  str | None, str | None]:
+    """(norm, step, loss, learning-rate key) of records holding ``all_keys`` (``key``: the norm's, given
+    with --key); the norm's missing is an error that lists the keys."""
+    nkey = _find_norm_key(all_keys, key)
+    if nkey is None:
+        if key:
+            raise UsageError(f"{source}: no column/key named {key!r}; keys found: {', '.join(list(all_keys)[:20])}")
+        raise InputError(f"{source}: found no gradient-norm key among its keys ({listed(all_keys, 12)}); "
+                         f"name it with --key{why_no_norm(all_keys)}")
+    return (nkey, _find_key(all_keys, STEP_KEYS), *loss_and_lr_keys(all_keys))
+
+
+class RowItems:
+    """Dict records given as columns, as a compiled reader gathers them: the (row, key, value) items of
+    ``n_rows`` records in logging order (a record's in its keys' order), ``keys`` the distinct keys in
+    first-seen order (``key`` indexes them), each value a float64 and whether the log wrote it as an
+    int (exact: at most 2^53). A record is ``{keys[k]: value}`` of its items, a later item of a key
+    replacing an earlier one (:meth:`records`)."""
+
+    def __init__(self, n_rows: int, keys: list[str], row: Any, key: Any, value: Any, is_int: Any):
+        self.n_rows, self.keys = n_rows, keys
+        self.row, self.key, self.value, self.is_int = row, key, value, is_int
+
+    def column(self, name: str | None) -> tuple[Any, Any, Any]:
+        """(given, values, is_int) of key ``name`` over the rows: whether each row has it, its value there
+        (NaN where not), and whether that value is an int; a row's last item of the key wins."""
+        import numpy as np
+
+        given, values = np.zeros(self.n_rows, dtype=bool), np.full(self.n_rows, np.nan)
+        is_int = np.zeros(self.n_rows, dtype=bool)
+        if name in self.keys:
+            ids = [k for k, n in enumerate(self.keys) if n == name]
+            sel = self.key == ids[0] if len(ids) == 1 else np.isin(self.key, ids)
+            rows = self.row[sel]
+            given[rows] = True
+            values[rows] = self.value[sel]  # (NumPy assigns in order: a repeated row keeps its last)
+            is_int[rows] = self.is_int[sel]
+        return given, values, is_int
+
+    def records(self) -> list[dict[str, Any]]:
+        """The records as dicts (the general path of :func:`from_records`)."""
+        out: list[dict[str, Any]] = [{} for _ in range(self.n_rows)]
+        names = self.keys
+        for r, k, v, i in zip(self.row.tolist(), self.key.tolist(), self.value.tolist(), self.is_int.tolist()):
+            out[r][names[k]] = int(v) if i else v
+        return out
+
+
+def joined_row_items(parts: list[RowItems]) -> RowItems:
+    """The records of ``parts`` one after the other (a resumed run's logs), their keys merged by name."""
+    import numpy as np
+
+    if len(parts) == 1:
+        return parts[0]
+    keys: dict[str, int] = {}
+    ids = [np.array([keys.setdefault(k, len(keys)) for k in p.keys], dtype=np.int64) for p in parts]
+    first = np.cumsum([0] + [p.n_rows for p in parts[:-1]])
+    return RowItems(sum(p.n_rows for p in parts), list(keys),
+                    np.concatenate([p.row + f for p, f in zip(parts, first)]),
+                    np.concatenate([i[p.key] for p, i in zip(parts, ids)]),
+                    np.concatenate([p.value for p in parts]), np.concatenate([p.is_int for p in parts]))
+
+
+def from_row_items(items: RowItems, source: str, kind: str, key: str | None = None) -> NormHistory:
+    """:func:`from_records` of the records ``items`` holds, computed column by column with NumPy (no dict
+    per record): the same history. Each norm row's step (its step key's value, else its place among
+    the norm rows), the last training (steps starting over: see :func:`_last_training`), a step logged
+    twice keeping its later row, the loss and learning rate of that row (a loss logged at that step in
+    a row without the norm where the row has none), and the per-parameter norms of :func:`tensor_norms_from`.
+    Records from_records would read otherwise (steps beyond 2^53) are handed to it."""
+    import numpy as np
+
+    n = items.n_rows
+    if not n:
+        _no_records(source, kind)
+    all_keys = dict.fromkeys(items.keys)
+    nkey, skey, lkey, rkey = _record_keys(all_keys, source, key)
+    has_norm, norm, _ = items.column(nkey)
+    has_step, step, step_int = items.column(skey)
+    finite = has_step & np.isfinite(step)
+    if np.any(np.abs(step[finite]) >= 2.0 ** 53):  # int(step) beyond float64's integers: as the records do
+        return from_records(items.records(), source, kind, key)
+    whole = int(step_int.view(np.int8).sum()) if skey else n  # _vectorised's case: norm and int step in every row
+    every_row = bool(has_norm.all()) and (skey is None or whole == n)
+    start, notes = 0, []
+    if skey is not None:
+        at = np.flatnonzero(has_norm & finite)
+        steps_there = np.trunc(step[at]).astype(np.int64)
+        if steps_there.size > 1 and bool(np.any(steps_there[1:] < steps_there[:-1])):
+            cut, notes = _last_training(steps_there.tolist())
+            start = int(at[cut]) if cut else 0
+    rows = start + np.flatnonzero(has_norm[start:])  # the norm rows of the last training, in log order
+    row_steps = np.where(finite[rows], np.trunc(step[rows]), np.arange(rows.size)).astype(np.int64)
+    steps, won = last_per_key(row_steps, rows, np.argsort(row_steps, kind="stable"))
+
+    def at_won(name: str | None, fill_from_other_rows: bool = False) -> Any:
+        given, values, _ = items.column(name)
+        data, mask = values[won], ~given[won]
+        if fill_from_other_rows and mask.any():  # a loss logged at the step in a row without the norm
+            other = np.flatnonzero(~has_norm[start:] & given[start:] & finite[start:]) + start
+            if other.size:
+                ks = np.trunc(step[other]).astype(np.int64)
+                ks, vs = last_per_key(ks, values[other], np.argsort(ks, kind="stable"))
+                at = np.minimum(np.searchsorted(ks, steps), ks.size - 1)
+                found = mask & (ks[at] == steps)
+                data, mask = np.where(found, vs[at], data), mask & ~found
+        return np.ma.MaskedArray(np.where(mask, np.nan, data), mask=mask)
+
+    loss, lr = at_won(lkey, skey is not None), at_won(rkey)
+    hist = _noted(NormHistory(None, None, None, None, source, nkey, kind, (steps, norm[won], loss, lr)), notes)
+    low = 0 if every_row else start  # the rows from_records reads per-parameter norms from
+
+    def values_of(wanted: list[str]) -> dict[str, dict[int, float | None]]:
+        out: dict[str, dict[int, float | None]] = {}
+        for name in wanted:
+            given, values, _ = items.column(name)
+            sel = np.flatnonzero(given[low:] & finite[low:]) + low if skey else np.zeros(0, dtype=np.int64)
+            out[name] = dict(zip(np.trunc(step[sel]).astype(np.int64).tolist(), values[sel].tolist()))
+        return out
+
+    return tensor_norms_from(_with_others(hist, all_keys, key), all_keys, values_of)
 
 
 def _noted(hist: NormHistory, notes: list[str]) -> NormHistory:

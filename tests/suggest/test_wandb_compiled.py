@@ -1,0 +1,290 @@
+"""The compiled W&B history reader (gradtool/io/_logscan.c) and the columns history of its rows
+(logs.from_row_items) against the Python reader (history_rows, from_records): the same history, notes and
+errors on generated logs (layouts wandb writes and others, values of every kind, steps going back,
+records split over blocks) and on damaged ones; its CRC-32 against zlib's and its numbers against
+Python's float() and int()."""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from gradtool.errors import InputError, UsageError
+from gradtool.io import logs, wandb_log
+from tests.wandb_encoder import pb_bytes, pb_int, write_log
+
+scan = wandb_log._compiled_reader()
+needs_reader = pytest.mark.skipif(scan is None, reason="gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+
+
+def test_ci_builds_the_compiled_reader():
+    if os.environ.get("CI") and not os.environ.get("GRADTOOL_NO_KERNELS"):
+        assert scan is not None, "gradtool.io._logscan did not build: is a C compiler installed?"
+
+
+@needs_reader
+@given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
+def test_crc32_is_zlibs(data, seed):
+    from gradtool.io._logscan import crc32
+
+    assert crc32(data, seed) == zlib.crc32(data, seed)
+
+
+def _same_number(kind: int, x: float, text: bytes) -> None:
+    want = wandb_log._number(text)
+    if kind == -1:  # left to Python
+        return
+    if kind == 0:
+        assert want is None, text
+        return
+    assert type(want) is (int if kind == 2 else float), text
+    assert (math.isnan(x) and math.isnan(want)) or (x == want and math.copysign(1, x) == math.copysign(1, want)), text
+
+
+number_texts = st.one_of(
+    st.floats().map(lambda f: repr(f).encode()),
+    st.tuples(st.floats(allow_nan=False, allow_infinity=False), st.sampled_from(["e", ".15g", ".3f", ".17g", ".6E"]))
+    .map(lambda t: format(t[0], t[1]).encode()),
+    st.integers(-10**20, 10**20).map(lambda i: str(i).encode()),
+    st.from_regex(rb"\A-?[0-9]{1,25}(\.[0-9]{0,25})?([eE][+-]?[0-9]{1,4})?\Z"),
+    st.binary(max_size=12),
+    st.text("0123456789.eE+-_ NaInfity", max_size=12).map(str.encode),
+)
+
+
+@needs_reader
+@given(number_texts)
+@example(b"NaN")
+@example(b"-Infinity")
+@example(b"1_0")
+@example(b"1.")
+@example(b"007")
+@example(b"-0")
+@example(b"9007199254740993")
+@example(b"123456789012345")
+@example(b"1e400")
+@example(b"2.2250738585072011e-308")
+@example(b"0.000000000000000000000000000001")
+@example(b"1234567890123456789012345e-10")
+def test_numbers_are_pythons(text):
+    from gradtool.io._logscan import number
+
+    _same_number(*number(text), text)
+
+
+# --- logs of every kind, read both ways ---------------------------------------------------------------
+
+KEYS = [b"train/grad_norm", b"grad_norm", b"train/global_step", b"train/loss", b"train/learning_rate",
+        b"eval/loss", b"_step", b"grad_2.0_norm/w", b"grad_inf_norm/w", b"img", b"\xff", b"\xfe", b"k" * 120]
+VALUES = st.one_of(number_texts, st.sampled_from([b'{"_type": "image-file"}', b'"text"', b"", b"-",
+                                                   b"99999999999999999999", b"true"]))
+
+
+@st.composite
+def records(draw):
+    """One record: a history row (items in wandb's layout or others, a step field or none), or another
+    kind of record."""
+    kind = draw(st.sampled_from(["row"] * 6 + ["other", "odd_item", "odd_record"]))
+    if kind == "other":
+        return pb_int(1, 1) + pb_bytes(4, pb_bytes(3, b"x" * draw(st.integers(0, 40000))))
+    items = []
+    for _ in range(draw(st.integers(0, 6))):
+        key, value = draw(st.sampled_from(KEYS)), draw(VALUES)
+        if kind == "odd_item" and draw(st.booleans()):  # a nested key, or fields in another order
+            items.append(pb_bytes(1, pb_bytes(16, value) + pb_bytes(1, key)) if draw(st.booleans())
+                         else pb_bytes(1, pb_bytes(2, b"grads") + pb_bytes(2, key) + pb_bytes(16, value)))
+        else:
+            items.append(pb_bytes(1, pb_bytes(1, key) + pb_bytes(16, value)))
+    body = b"".join(items)
+    if draw(st.booleans()):
+        body += pb_bytes(2, pb_int(1, draw(st.one_of(st.integers(0, 10**6), st.integers(0, 2**63)))))
+    record = pb_int(1, draw(st.integers(0, 10**6))) + pb_bytes(2, body)
+    if kind == "odd_record":  # a fixed-width field before the history, or the history as fixed64
+        record = draw(st.sampled_from([b"\x11" + bytes(8) + record, b"\x11" + bytes(8), b"\x15" + bytes(4)]))
+    return record
+
+
+def _history_steps(draw, n):
+    """Rows of norm, step and loss in the ways logs hold them: steps in order, going back (resumed, or a
+    second training), missing, or floats."""
+    return draw(st.lists(st.one_of(st.integers(0, 60), st.none(), st.floats(-5, 70)), min_size=n, max_size=n))
+
+
+@st.composite
+def trainer_logs(draw):
+    """Records as the Trainer's W&B callback writes them (train/* rows, eval rows between) with other
+    records and steps in every order."""
+    out = []
+    n = draw(st.integers(1, 40))
+    for step in _history_steps(draw, n):
+        items = {}
+        if draw(st.integers(0, 9)):
+            items[b"train/grad_norm"] = draw(number_texts)
+        if draw(st.integers(0, 3)):
+            items[b"train/loss"] = draw(number_texts)
+        if draw(st.booleans()):
+            items[b"train/learning_rate"] = b"4.9e-05"
+        if draw(st.booleans()):
+            items[draw(st.sampled_from([b"grad_2.0_norm/w", b"grad_inf_norm/w", b"eval/loss"]))] = draw(number_texts)
+        if step is not None:
+            items[b"train/global_step"] = (str(step) if isinstance(step, int) else repr(step)).encode()
+        body = b"".join(pb_bytes(1, pb_bytes(1, k) + pb_bytes(16, v)) for k, v in items.items())
+        out.append(pb_int(1, len(out)) + pb_bytes(2, body + pb_bytes(2, pb_int(1, len(out)))))
+        if not draw(st.integers(0, 5)):
+            out.append(draw(records()))
+    return out
+
+
+def _read(path, key, compiled):
+    saved = wandb_log._compiled_reader
+    wandb_log._compiled_reader = (lambda: saved()) if compiled else (lambda: None)
+    try:
+        h = wandb_log.read_wandb_log(str(path), key)
+    except (InputError, UsageError) as exc:
+        return type(exc), str(exc)
+    finally:
+        wandb_log._compiled_reader = saved
+    return (h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr],
+            h.key, h.notes, h.other_keys, h.tensor_norms, h.tensor_max_abs)
+
+
+def _both_ways(tmp_path_factory, recs, key=None, damage=None):
+    p = write_log(tmp_path_factory.mktemp("w") / "run-x.wandb", recs)
+    if damage is not None:
+        data = bytearray(p.read_bytes())
+        at, byte = damage
+        data[at % len(data)] ^= byte
+        p.write_bytes(bytes(data))
+    fast, slow = _read(p, key, True), _read(p, key, False)
+    assert fast == slow
+    return fast
+
+
+@needs_reader
+@settings(max_examples=150, deadline=None)
+@given(trainer_logs(), st.sampled_from([None, "train/grad_norm", "train/loss", "grad_2.0_norm/w", "missing"]))
+def test_trainer_logs_read_the_same(tmp_path_factory, recs, key):
+    _both_ways(tmp_path_factory, recs, key)
+
+
+@needs_reader
+@settings(max_examples=150, deadline=None)
+@given(st.lists(records(), max_size=30), st.sampled_from([None, "grad_norm", "_step", "\ufffd"]))
+def test_records_of_every_layout_read_the_same(tmp_path_factory, recs, key):
+    _both_ways(tmp_path_factory, recs, key)
+
+
+@needs_reader
+@settings(max_examples=100, deadline=None)
+@given(trainer_logs(), st.integers(0, 10**7), st.integers(1, 255))
+def test_damaged_logs_read_the_same(tmp_path_factory, recs, at, byte):
+    """A byte changed anywhere (a CRC, a length, a type, the data): the same rows, or the same error."""
+    _both_ways(tmp_path_factory, recs, damage=(at, byte))
+
+
+@needs_reader
+def test_the_compiled_reader_reads_a_trainer_log_itself(tmp_path):
+    """The rows of wandb's layout are read by the compiled reader (not handed back record by record),
+    and a record split over two blocks by the Python reader, in order."""
+    recs = [pb_int(1, i) + pb_bytes(2, pb_bytes(1, pb_bytes(1, b"train/grad_norm") + pb_bytes(16, repr(0.5 + i).encode()))
+                                     + pb_bytes(1, pb_bytes(1, b"_runtime") + pb_bytes(16, b"1.5"))
+                                     + pb_bytes(2, pb_int(1, i))) for i in range(2000)]
+    p = str(write_log(tmp_path / "run-x.wandb", recs))
+    calls = []
+
+    def counting(block, at):
+        out = scan(block, at)
+        calls.append(out[1])
+        return out
+
+    items = wandb_log._row_items(p, p, counting)
+    assert items.n_rows == 2000 and sum(calls) > 1900  # the rest: records split over blocks
+    assert items.keys == ["train/grad_norm", "_runtime", "_step"]
+    given, values, ints = items.column("train/grad_norm")
+    assert given.all() and values.tolist() == [0.5 + i for i in range(2000)] and not ints.any()
+    given, steps, ints = items.column("_step")
+    assert steps.tolist() == list(range(2000)) and ints.all()
+
+
+def test_row_items_give_the_records_history():
+    """from_row_items on hand-made columns: a resumed run (steps going back), a step logged twice, a loss
+    in a row of its own, a row without steps; and its records are the dicts the items say."""
+    rows = [{"grad_norm": 1.0, "step": 1, "loss": 3.0}, {"grad_norm": 2.0, "step": 2},
+            {"loss": 2.5, "step": 2}, {"grad_norm": 3.0, "step": 3}, {"grad_norm": 4.0, "step": 2},
+            {"grad_norm": 5.0}, {"grad_norm": 6.0, "step": 3, "loss": 1.0, "grad_norm_x": 2}]
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    flat = [(i, keys.index(k), float(v), type(v) is int) for i, r in enumerate(rows) for k, v in r.items()]
+    items = logs.RowItems(len(rows), keys, *(np.array(c) for c in zip(*flat)))
+    assert items.records() == rows
+    got, want = logs.from_row_items(items, "x", "wandb"), logs.from_records(rows, "x", "wandb")
+    assert (got.steps, got.norms, got.loss, got.lr, got.notes) == (want.steps, want.norms, want.loss, want.lr,
+                                                                   want.notes)
+    # step 2 after 3: resumed (its later value kept); no step: the row's place among the norm rows (4)
+    assert got.steps == [1, 2, 3, 4] and got.norms == [1.0, 4.0, 6.0, 5.0] and got.loss == [3.0, 2.5, 1.0, None]
+    assert "go back 1 time(s)" in got.notes[0]
+    with pytest.raises(InputError, match="no records"):
+        logs.from_row_items(logs.RowItems(0, [], *(np.zeros(0),) * 4), "x", "wandb")
+
+
+
+def _items_of(rows):
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    flat = [(i, keys.index(k), float(v), type(v) is int) for i, r in enumerate(rows) for k, v in r.items()]
+    return logs.RowItems(len(rows), keys, *(np.array(c) for c in zip(*flat)))
+
+
+@pytest.mark.parametrize("rows", [
+    # a second training in every row's norm and step: per-parameter norms from every row, as from_records
+    # reads them when it takes its column path (p at step 2 only before the restart)
+    [{"grad_norm": 1.0, "step": 1, "grad_2.0_norm/p": 0.5}, {"grad_norm": 2.0, "step": 2, "grad_2.0_norm/p": 0.7},
+     {"grad_norm": 3.0, "step": 1, "grad_2.0_norm/p": 0.9}, {"grad_norm": 4.0, "step": 2}],
+    # the same with a row without a step: from_records' general path, from the last training's rows only
+    [{"grad_norm": 1.0, "step": 1, "grad_2.0_norm/p": 0.5}, {"grad_norm": 2.0, "step": 2, "grad_2.0_norm/p": 0.7},
+     {"grad_norm": 3.0, "step": 1, "grad_2.0_norm/p": 0.9}, {"grad_norm": 4.0, "step": 2}, {"grad_norm": 5.0}],
+    # steps float64 cannot count exactly, or int64 cannot hold: the records' own arithmetic
+    [{"grad_norm": 1.0, "step": 2.0 ** 60}, {"grad_norm": 2.0, "step": 2.0 ** 60 + 2 ** 8}],
+    [{"grad_norm": 1.0, "step": 1e300}, {"grad_norm": 2.0, "step": 1.5}, {"grad_norm": 3.0, "step": -1e300}],
+    [{"grad_norm": math.nan, "step": math.inf}, {"grad_norm": 2.0, "step": math.nan}, {"loss": 1.0, "step": 0}],
+])
+def test_row_items_read_as_the_records(rows):
+    got, want = logs.from_row_items(_items_of(rows), "x", "wandb"), logs.from_records(rows, "x", "wandb")
+    assert ((got.steps, repr(got.norms), got.loss, got.lr, got.notes, got.tensor_norms)
+            == (want.steps, repr(want.norms), want.loss, want.lr, want.notes, want.tensor_norms))
+
+
+def _history(i, items, step=None):
+    body = b"".join(pb_bytes(1, pb_bytes(1, k) + pb_bytes(16, v)) for k, v in items)
+    return pb_int(1, i) + pb_bytes(2, body + (b"" if step is None else pb_bytes(2, pb_int(1, step))))
+
+
+@needs_reader
+def test_steps_beyond_float64s_integers_read_the_same(tmp_path_factory):
+    """W&B's step counter (HistoryStep.num) or a step item beyond 2^53: exact, as the Python reader reads
+    them (float64 would round 2^53 + 1)."""
+    for steps in ([2**53 + 1, 2**60 + 3], [5, 2**63 - 1]):
+        h = _both_ways(tmp_path_factory, [_history(i, [(b"grad_norm", b"1.5")], s) for i, s in enumerate(steps)])
+        assert h[0] == steps
+        h = _both_ways(tmp_path_factory, [_history(i, [(b"grad_norm", b"1.5"), (b"step", str(s).encode())])
+                                          for i, s in enumerate(steps)])
+        assert h[0] == steps
+
+
+@needs_reader
+def test_a_split_records_part_with_a_whole_records_crc_is_damaged(tmp_path):
+    """A record typed FIRST (2) whose CRC is that of a FULL (1) record of its data: the Python reader
+    refuses it (its CRC is seeded with the type byte), and so does the compiled one."""
+    good = _history(1, [(b"grad_norm", b"1.5")], 1)
+    p = write_log(tmp_path / "run-x.wandb", [good] * 3 + [b"x" * 40000])  # more than a block: not the last
+    data = bytearray(p.read_bytes())
+    at = 7 + 7 + len(good)  # the second record's header
+    assert data[at + 6] == 1
+    data[at + 6] = 2
+    p.write_bytes(bytes(data))
+    for compiled in (True, False):
+        assert _read(p, None, compiled) == (InputError, f"{p}: damaged W&B log (bad record at byte {at})")
