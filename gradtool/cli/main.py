@@ -93,7 +93,8 @@ def help_command(ctx: click.Context, command: str | None) -> None:
 
 def _version_message() -> str:
     """`gradtool --version`: the version, whether the optional compiled kernel was built and which SIMD
-    build of it this CPU runs (AVX-512, AVX2 or 128-bit: a question worth asking when stats are slow), and
+    build of it this CPU runs (AVX-512, AVX2 or 128-bit: a question worth asking when stats are slow),
+    whether the compiled W&B log reader was (gradtool/io/_logscan.c), and
     which of the ``[speedups]`` libraries are installed (module look-ups and the kernel's own import, a
     few hundred microseconds without NumPy: --version stays as fast as --help)."""
     from importlib.util import find_spec
@@ -108,9 +109,12 @@ def _version_message() -> str:
             kernel = f"built but does not load ({exc}), NumPy passes instead"
         if os.environ.get("GRADTOOL_NO_KERNELS"):
             kernel += ", turned off by GRADTOOL_NO_KERNELS"
+    reader = "built" if find_spec("gradtool.io._logscan") is not None else "not built, Python reader instead"
+    if os.environ.get("GRADTOOL_NO_KERNELS") and reader == "built":
+        reader += ", turned off by GRADTOOL_NO_KERNELS"
     speedups = [name for name, module in (("msgspec", "msgspec"), ("python-isal", "isal")) if find_spec(module)]
     return ("%(prog)s, version %(version)s (compiled stats kernel: " + kernel
-            + "; speedups: " + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
+            + "; compiled W&B log reader: " + reader + "; speedups: " + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
 
 
 @click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
