@@ -54,7 +54,55 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
         enc.file_version_event(), enc.summary_event(1, [enc.scalar_value("train/grad_norm", 1.5)]),
         enc.summary_event(2, [enc.scalar_value("train/grad_norm", 2.5), enc.histogram_value("w")]),
         enc.session_log_event(2, 1), enc.summary_event(2, [enc.scalar_value("train/grad_norm", 3.5)])])))
+    import pathlib
+
+    from tests.wandb_encoder import history, other_record, run_record, write_log  # W&B: both readers
+
+    p = pathlib.Path(tmp, "seed.wandb")
+    write_log(p, [run_record("r", 1), other_record(100)]
+              + [history(i, i, {"train/grad_norm": 1.5 + i, "train/loss": "NaN" if i == 3 else 2.0,
+                                "train/global_step": 10 * i, "img": {"_type": "image"}}) for i in range(400)])
+    out.append(("wandb", p.read_bytes()))
     return out
+
+
+def resealed(data: bytes) -> bytes:
+    """A W&B log with every record's CRC made right again: a mutation then reaches the protobuf readers
+    instead of stopping at the CRC check."""
+    import struct
+    import zlib
+
+    b = bytearray(data)
+    for start in range(0, len(b), 32768):
+        at = 7 if start == 0 else 0
+        while 32768 - at >= 7 and start + at + 7 <= len(b):
+            length, kind = struct.unpack_from("<HB", b, start + at + 4)
+            if kind not in (1, 2, 3, 4) or at + 7 + length > 32768:
+                break
+            body = bytes(b[start + at + 7:start + at + 7 + length])
+            struct.pack_into("<I", b, start + at, zlib.crc32(body, zlib.crc32(bytes([kind]))))
+            at += 7 + length
+    return bytes(b)
+
+
+def read_wandb_both_ways(p: str) -> None:
+    """The compiled and the Python W&B readers must give the same history or the same error."""
+    from gradtool.errors import GradtoolError
+    from gradtool.io import wandb_log
+
+    got = []
+    saved = wandb_log._compiled_reader
+    for compiled in (True, False):
+        wandb_log._compiled_reader = saved if compiled else (lambda: None)
+        try:
+            h = wandb_log.read_wandb_log(p)
+            got.append((h.steps, repr(h.norms), repr(h.loss), h.key, h.notes))
+        except GradtoolError as exc:
+            got.append(str(exc))
+        finally:
+            wandb_log._compiled_reader = saved
+    if got[0] != got[1]:
+        raise AssertionError(f"the compiled W&B reader read {got[0]!r:.300}, the Python one {got[1]!r:.300}")
 
 
 def check(data: bytes, ext: str, tmp: str) -> None:
@@ -62,10 +110,14 @@ def check(data: bytes, ext: str, tmp: str) -> None:
     from gradtool.errors import GradtoolError
 
     p = os.path.join(tmp, f"input.{ext}")
+    if ext == "wandb":
+        data = resealed(data)
     with open(p, "wb") as f:
         f.write(data)
     try:
-        if ext in ("json", "csv", "jsonl", "log", "tfevents"):
+        if ext == "wandb":
+            read_wandb_both_ways(p)
+        elif ext in ("json", "csv", "jsonl", "log", "tfevents"):
             from gradtool.io.logs import read_norm_log
 
             read_norm_log(p)
