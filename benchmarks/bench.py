@@ -204,15 +204,20 @@ def write_trackio_db(path: str, norms: np.ndarray) -> None:
 
 
 def write_wandb_log(path: str, norms: np.ndarray) -> None:
-    """A W&B run log of one history record per value (grad_norm, loss, global step), written by the
-    tests' encoder (tests/wandb_encoder.py: wandb's framing and protobuf wire format)."""
+    """A W&B run log of one history record per value, as the Hugging Face Trainer's callback and wandb
+    write them (the Trainer's train/loss, grad_norm, learning rate, epoch and global step; wandb's _step,
+    _runtime, _timestamp), written by the tests' encoder (tests/wandb_encoder.py: wandb's framing and
+    protobuf wire format)."""
     import pathlib
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
     from tests.wandb_encoder import history, write_log
 
-    write_log(pathlib.Path(path), [history(i, i, {"train/grad_norm": float(v), "train/loss": 2.0,
-                                                  "train/global_step": i}) for i, v in enumerate(norms)])
+    write_log(pathlib.Path(path), [history(i, i, {
+        "train/loss": round(2.0 + 1 / (i + 1), 4), "train/grad_norm": float(v),
+        "train/learning_rate": 5e-05 * (1 - i / len(norms)), "train/epoch": round(i / 1000, 2),
+        "train/global_step": i + 1, "_step": i, "_runtime": 0.37 * i + 1.2345678,
+        "_timestamp": 1795521146.123456 + 0.37 * i}) for i, v in enumerate(norms)])
 
 
 def write_tensorboard_log(path: str, norms: np.ndarray) -> str:
@@ -634,7 +639,7 @@ def main() -> None:
                 ("an MLflow file-store run of 10^6 points", lambda p: write_mlflow_run(p, norms), tmp),
                 ("an MLflow mlflow.db of 10^6 points", lambda p: write_mlflow_db(p, norms),
                  os.path.join(tmp, "mlflow.db")),
-                ("a W&B run log of 10^5 points", lambda p: write_wandb_log(p, norms[:100_000]),
+                ("a W&B run log of 10^6 points (8 values a record)", lambda p: write_wandb_log(p, norms),
                  os.path.join(tmp, "run-bench.wandb")),
                 ("a Trackio project of 10^6 rows", lambda p: write_trackio_db(p, norms),
                  os.path.join(tmp, "bench.db")),

@@ -1,28 +1,33 @@
 /* gradtool.io._logscan: the optional compiled reader of W&B run-log history rows (gradtool/io/wandb_log.py).
  *
- * wandb_block(block, at) -> (stop, rows, keys, items) reads, from byte `at` of one 32 KiB block of a W&B
- * run log (a LevelDB-style log: records [crc32 u32][length u16][type u8][data]), the whole (FULL) records
- * that follow one another there, as the Python reader does: each record's CRC-32 (zlib's, seeded with the
- * type byte) checked; a protobuf Record whose first length-delimited field 2 (Record.history) is a
- * HistoryRecord gives a row of its numeric items, any other record none. It reads only what wandb writes:
+ * wandb_block(block, at, row, out) -> (stop, rows) reads, from byte `at` of one 32 KiB block of a W&B run
+ * log (a LevelDB-style log: records [crc32 u32][length u16][type u8][data]), the whole (FULL) records that
+ * follow one another there, as the Python reader does: each record's CRC-32 (zlib's, seeded with the type
+ * byte) checked; a protobuf Record whose first length-delimited field 2 (Record.history) is a
+ * HistoryRecord gives a row of its numeric items, any other record none. wandb_record(data, row, out) ->
+ * 1 (a row), 0 (not a history record) or -1 (left to Python) reads one whole record so (one the Python
+ * reader joined from its parts). They read only what wandb writes:
  *   items laid out as  0a L 0a K <key> 82 01 V <value_json>  (every length one byte), the layout the Python
  *   reader's fast path reads (history_rows), with values that are JSON numbers, NaN, Infinity or
  *   -Infinity (numbers) or that do not start like a number (left out: images, tables, strings);
  *   the step  12 L 08 <varint>  (HistoryStep.num), given as the item "_step".
- * It stops, returning `stop`, before the first record it does not read so: a record of another type (the
- * parts of a record split over blocks), a CRC that does not match, a record running past the block, a
- * record or item of another layout, a value it cannot classify exactly (a number with an underscore, an
- * integer of more than 15 digits), or more than MAX_KEYS distinct keys. The Python reader reads that
- * record and calls again after it; `stop` is -1 when the rest of the block is zeros (unused), and the
- * block's end when it read everything. So the rows are exactly the Python reader's: stricter here is only
- * slower, never different (tests/suggest/test_wandb.py property-tests the two on generated logs).
+ * wandb_block stops, returning `stop`, before the first record it does not read so: a record of another
+ * type (the parts of a record split over blocks), a CRC that does not match, a record running past the
+ * block, a record or item of another layout, a value it cannot classify exactly (a number with an
+ * underscore, an integer of more than 15 digits), more than MAX_KEYS distinct keys in one call. The Python
+ * reader reads that record and calls again after it; `stop` is -1 when the rest of the block is zeros
+ * (unused), and the block's end when it read everything. So the rows are exactly the Python reader's:
+ * stricter here is only slower, never different (tests/suggest/test_wandb_compiled.py property-tests the
+ * two on generated and damaged logs).
  *
- * rows: how many history rows it read; keys: the distinct item keys it met, as bytes, in first-seen
- * order; items: packed (double value, int32 row, int32 key << 1 | is_int) records, in logging order (row
- * counted from 0 in this call, key an index into keys, is_int when the value's JSON was all digits, as
- * Python's int() reads it). Values: integers exactly; other numbers with Python's own float() parser
- * (PyOS_string_to_double), or exactly with one IEEE operation when they have at most 15 significant digits
- * and a power of ten at most 10^22 (Clinger's fast path): the same doubles either way.
+ * out = (keys, values, rows, ids, skip): the rows' items are appended, in logging order, to the bytearrays
+ * values (float64), rows (int32: `row` and on, one per history row) and ids (int32: key << 1 | is_int,
+ * is_int when the value's JSON was all digits, as Python's int() reads it); keys is a dict of every item
+ * key (bytes) to its index, new keys added in first-seen order; the values of keys in the set skip are not
+ * parsed (NaN: a column nobody reads, as wandb's own _runtime and _timestamp), only classified. Values:
+ * integers exactly; other numbers with Python's own float() parser (PyOS_string_to_double), or exactly with
+ * one IEEE operation when they have at most 15 significant digits and a power of ten at most 10^22
+ * (Clinger's fast path): the same doubles either way.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -63,38 +68,87 @@ static uint32_t crc32_update(uint32_t crc, const unsigned char *p, Py_ssize_t n)
 }
 
 typedef struct {
-    double value;
-    int32_t row;
-    int32_t key; /* key index << 1 | is_int */
-} item_t;
-
-typedef struct {
     const unsigned char *key[SLOTS];
     Py_ssize_t len[SLOTS];
-    int id[SLOTS];
-    const unsigned char *by_id_key[MAX_KEYS];
-    Py_ssize_t by_id_len[MAX_KEYS];
+    int id[SLOTS];   /* the key's index in the dict of keys; -1 until an item of it is read */
+    int skip[SLOTS]; /* its values are not needed */
     int count;
-    item_t *items;
+    int pending[MAX_KEYS], n_pending; /* slots of keys new to the dict in the record being read */
+    PyObject *keys, *skip_set;
+    double *values;
+    int32_t *rows, *ids;
     Py_ssize_t n_items, cap_items;
 } scan_t;
 
-/* The index of `key` in the table, added if new; -1 when the table is full. */
-static int key_id(scan_t *s, const unsigned char *key, Py_ssize_t len) {
+#define NO_MEMORY -2
+#define FAILED -3 /* a Python error is set */
+
+/* The slot of `key` in the table (added, with whether its values are skipped, when new); -1 when the table
+ * is full, FAILED on a Python error. */
+static int key_slot(scan_t *s, const unsigned char *key, Py_ssize_t len) {
     uint32_t h = 2166136261u; /* FNV-1a */
     for (Py_ssize_t i = 0; i < len; i++) h = (h ^ key[i]) * 16777619u;
     for (uint32_t slot = h % SLOTS;; slot = (slot + 1) % SLOTS) {
         if (s->key[slot] == NULL) {
             if (s->count == MAX_KEYS) return -1;
+            PyObject *name = PyBytes_FromStringAndSize((const char *)key, len);
+            if (name == NULL) return FAILED;
+            int skip = PySet_Contains(s->skip_set, name);
+            Py_DECREF(name);
+            if (skip < 0) return FAILED;
             s->key[slot] = key;
             s->len[slot] = len;
-            s->by_id_key[s->count] = key;
-            s->by_id_len[s->count] = len;
-            s->id[slot] = s->count;
-            return s->count++;
+            s->id[slot] = -1;
+            s->skip[slot] = skip;
+            s->count++;
+            return (int)slot;
         }
-        if (s->len[slot] == len && memcmp(s->key[slot], key, (size_t)len) == 0) return s->id[slot];
+        if (s->len[slot] == len && memcmp(s->key[slot], key, (size_t)len) == 0) return (int)slot;
     }
+}
+
+/* The index of the slot's key in the dict of keys: looked up when first needed; a key new to the dict is
+ * given the next index and added when its record is read whole (commit), forgotten if it is left to
+ * Python (rollback): the dict gets the keys of the items read, in first-seen order. FAILED on an error. */
+static int slot_id(scan_t *s, int slot) {
+    if (s->id[slot] >= 0) return s->id[slot];
+    PyObject *name = PyBytes_FromStringAndSize((const char *)s->key[slot], s->len[slot]);
+    if (name == NULL) return FAILED;
+    PyObject *known = PyDict_GetItemWithError(s->keys, name);
+    Py_DECREF(name);
+    long id;
+    if (known != NULL) {
+        id = PyLong_AsLong(known);
+    } else if (PyErr_Occurred()) {
+        return FAILED;
+    } else {
+        id = (long)PyDict_Size(s->keys) + s->n_pending;
+        s->pending[s->n_pending++] = slot;
+    }
+    if (id < 0 || id >= (1L << 30)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "key index out of range");
+        return FAILED;
+    }
+    return s->id[slot] = (int)id;
+}
+
+static int commit(scan_t *s) {
+    for (int k = 0; k < s->n_pending; k++) {
+        int slot = s->pending[k];
+        PyObject *name = PyBytes_FromStringAndSize((const char *)s->key[slot], s->len[slot]);
+        PyObject *index = name == NULL ? NULL : PyLong_FromLong(s->id[slot]);
+        int failed = index == NULL || PyDict_SetItem(s->keys, name, index) < 0;
+        Py_XDECREF(name);
+        Py_XDECREF(index);
+        if (failed) return FAILED;
+    }
+    s->n_pending = 0;
+    return 0;
+}
+
+static void rollback(scan_t *s) {
+    for (int k = 0; k < s->n_pending; k++) s->id[s->pending[k]] = -1;
+    s->n_pending = 0;
 }
 
 /* A varint at p[*i] (before end): 0 and the value, or -1 (past the end, or longer than 10 bytes). */
@@ -149,7 +203,7 @@ static const double exact_tens[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e
 
 /* What Python's _number(value) makes of a history value's JSON text: NOT_A_NUMBER (None), NUMBER (a float,
  * in *out), INTEGER (an int, exact in *out), or UNSURE (the Python reader decides). */
-static int classify(const unsigned char *v, Py_ssize_t n, double *out) {
+static int classify(const unsigned char *v, Py_ssize_t n, double *out, int need_value) {
     if (n == 0) return NOT_A_NUMBER;
     unsigned char c = v[0];
     if (!(c == '-' || (c >= '0' && c <= '9') || c == 'N' || c == 'I')) return NOT_A_NUMBER;
@@ -226,6 +280,10 @@ static int classify(const unsigned char *v, Py_ssize_t n, double *out) {
         exponent += sign * value;
     }
     if (i != n) return UNSURE;
+    if (!need_value) {
+        *out = Py_NAN;
+        return NUMBER;
+    }
     if (!lost && digits <= 15 && exponent >= -22 && exponent <= 22) {
         double m = (double)mantissa; /* exact: below 10^15 < 2^53 */
         double x = exponent >= 0 ? m * exact_tens[exponent] : m / exact_tens[-exponent];
@@ -249,22 +307,27 @@ static int classify(const unsigned char *v, Py_ssize_t n, double *out) {
 
 static int add_item(scan_t *s, double value, int32_t row, int key, int is_int) {
     if (s->n_items == s->cap_items) {
-        Py_ssize_t cap = s->cap_items ? 2 * s->cap_items : 1024;
-        item_t *grown = PyMem_Realloc(s->items, (size_t)cap * sizeof(item_t));
-        if (grown == NULL) return -1;
-        s->items = grown;
+        Py_ssize_t cap = s->cap_items ? 2 * s->cap_items : 4096;
+        double *values = PyMem_Realloc(s->values, (size_t)cap * sizeof(double));
+        if (values != NULL) s->values = values;
+        int32_t *rows = values == NULL ? NULL : PyMem_Realloc(s->rows, (size_t)cap * sizeof(int32_t));
+        if (rows != NULL) s->rows = rows;
+        int32_t *ids = rows == NULL ? NULL : PyMem_Realloc(s->ids, (size_t)cap * sizeof(int32_t));
+        if (ids == NULL) return NO_MEMORY;
+        s->ids = ids;
         s->cap_items = cap;
     }
-    s->items[s->n_items++] = (item_t){value, row, key << 1 | is_int};
+    s->values[s->n_items] = value;
+    s->rows[s->n_items] = row;
+    s->ids[s->n_items++] = key << 1 | is_int;
     return 0;
 }
 
 #define READ 1
 #define NOT_HISTORY 0
 #define TO_PYTHON -1
-#define NO_MEMORY -2
 
-/* One record's data: READ (its row added as `row`), NOT_HISTORY, TO_PYTHON, or NO_MEMORY. */
+/* One record's data: READ (its row added as `row`), NOT_HISTORY, TO_PYTHON, NO_MEMORY or FAILED. */
 static int read_record(scan_t *s, const unsigned char *p, Py_ssize_t n, int32_t row) {
     Py_ssize_t i = 0, h = -1, hn = 0;
     while (i < n) { /* Record: fields up to the first length-delimited field 2 */
@@ -288,13 +351,16 @@ static int read_record(scan_t *s, const unsigned char *p, Py_ssize_t n, int32_t 
             Py_ssize_t k = size >= 5 ? q[i + 3] : 0x80;
             if (k < 0x80 && q[i + 2] == 0x0A && 5 + k <= size && q[i + 4 + k] == 0x82 && q[i + 5 + k] == 0x01 &&
                 q[i + 6 + k] == size - 5 - k) {
+                int slot = key_slot(s, q + i + 4, k);
+                if (slot == FAILED) goto failed;
+                if (slot < 0) goto to_python;
                 double x = 0.0;
-                int kind = classify(q + i + 7 + k, end - (i + 7 + k), &x);
+                int kind = classify(q + i + 7 + k, end - (i + 7 + k), &x, !s->skip[slot]);
                 if (kind == UNSURE) goto to_python;
                 if (kind != NOT_A_NUMBER) {
-                    int id = key_id(s, q + i + 4, k);
-                    if (id < 0) goto to_python;
-                    if (add_item(s, x, row, id, kind == INTEGER) < 0) return NO_MEMORY;
+                    int id = slot_id(s, slot);
+                    if (id == FAILED) goto failed;
+                    if (add_item(s, x, row, id, kind == INTEGER) < 0) goto no_memory;
                 }
                 i = end;
                 continue;
@@ -308,29 +374,80 @@ static int read_record(scan_t *s, const unsigned char *p, Py_ssize_t n, int32_t 
         Py_ssize_t j = start + 1;
         uint64_t num;
         if (varint(q, &j, start + len, &num) < 0 || num > ((uint64_t)1 << 53)) goto to_python;
-        int id = key_id(s, (const unsigned char *)"_step", 5);
-        if (id < 0) goto to_python;
-        if (add_item(s, (double)num, row, id, 1) < 0) return NO_MEMORY;
+        int slot = key_slot(s, (const unsigned char *)"_step", 5);
+        if (slot == FAILED) goto failed;
+        if (slot < 0) goto to_python;
+        int id = slot_id(s, slot);
+        if (id == FAILED) goto failed;
+        if (add_item(s, (double)num, row, id, 1) < 0) goto no_memory;
     }
-    return READ;
+    return commit(s) == 0 ? READ : FAILED;
 to_python:
     s->n_items = mark; /* the row's items so far are dropped: Python reads the whole record */
+    rollback(s);
     return TO_PYTHON;
+no_memory:
+    rollback(s);
+    return NO_MEMORY;
+failed:
+    rollback(s);
+    return FAILED;
+}
+
+/* Parse `out` = (keys dict, values, rows, ids bytearrays, skip set) into `s`; -1 with TypeError. */
+static int take_out(PyObject *out, scan_t *s, PyObject **arrays) {
+    if (!PyTuple_Check(out) || PyTuple_GET_SIZE(out) != 5 || !PyDict_Check(PyTuple_GET_ITEM(out, 0)) ||
+        !PyAnySet_Check(PyTuple_GET_ITEM(out, 4))) {
+        PyErr_SetString(PyExc_TypeError, "out must be (keys dict, values, rows, ids bytearrays, skip set)");
+        return -1;
+    }
+    for (int k = 1; k < 4; k++) {
+        arrays[k - 1] = PyTuple_GET_ITEM(out, k);
+        if (!PyByteArray_Check(arrays[k - 1])) {
+            PyErr_SetString(PyExc_TypeError, "out must be (keys dict, values, rows, ids bytearrays, skip set)");
+            return -1;
+        }
+    }
+    s->keys = PyTuple_GET_ITEM(out, 0);
+    s->skip_set = PyTuple_GET_ITEM(out, 4);
+    return 0;
+}
+
+/* Append the items read to the bytearrays; free the buffers. -1 with an error set. */
+static int flush(scan_t *s, PyObject **arrays) {
+    const void *src[3] = {s->values, s->rows, s->ids};
+    const Py_ssize_t width[3] = {sizeof(double), sizeof(int32_t), sizeof(int32_t)};
+    int failed = 0;
+    for (int k = 0; k < 3 && s->n_items && !failed; k++) {
+        Py_ssize_t had = PyByteArray_GET_SIZE(arrays[k]);
+        if (PyByteArray_Resize(arrays[k], had + s->n_items * width[k]) < 0)
+            failed = 1;
+        else
+            memcpy(PyByteArray_AS_STRING(arrays[k]) + had, src[k], (size_t)(s->n_items * width[k]));
+    }
+    PyMem_Free(s->values);
+    PyMem_Free(s->rows);
+    PyMem_Free(s->ids);
+    PyMem_Free(s);
+    return failed ? -1 : 0;
 }
 
 static PyObject *wandb_block(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t at;
-    if (!PyArg_ParseTuple(args, "y*n", &view, &at)) return NULL;
+    int row0;
+    PyObject *out, *arrays[3];
+    if (!PyArg_ParseTuple(args, "y*niO", &view, &at, &row0, &out)) return NULL;
+    scan_t *s = PyMem_Calloc(1, sizeof(scan_t));
+    if (s == NULL || take_out(out, s, arrays) < 0) {
+        PyMem_Free(s);
+        PyBuffer_Release(&view);
+        return s == NULL ? PyErr_NoMemory() : NULL;
+    }
     const unsigned char *b = view.buf;
     Py_ssize_t n = view.len;
-    scan_t *s = PyMem_Calloc(1, sizeof(scan_t));
-    if (s == NULL) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
     int32_t rows = 0;
-    int failed = 0;
+    int got = 0;
     while (at >= 0 && BLOCK - at >= HEADER && at + HEADER <= n) {
         const unsigned char *r = b + at;
         uint32_t crc = (uint32_t)r[0] | (uint32_t)r[1] << 8 | (uint32_t)r[2] << 16 | (uint32_t)r[3] << 24;
@@ -343,37 +460,35 @@ static PyObject *wandb_block(PyObject *self, PyObject *args) {
         if (kind != FULL || at + HEADER + len > n) break;
         unsigned char type_byte = FULL;
         if (crc32_update(crc32_update(0, &type_byte, 1), r + HEADER, len) != crc) break;
-        int got = read_record(s, r + HEADER, len, rows);
-        if (got == NO_MEMORY) {
-            failed = 1;
-            break;
-        }
-        if (got == TO_PYTHON) break;
+        got = read_record(s, r + HEADER, len, row0 + rows);
+        if (got < NOT_HISTORY) break;
         rows += got == READ;
         at += HEADER + len;
     }
-    PyObject *result = NULL, *keys = NULL, *items = NULL;
-    if (failed) {
-        PyErr_NoMemory();
-    } else if ((keys = PyList_New(s->count)) != NULL) {
-        for (int k = 0; k < s->count; k++) {
-            PyObject *key = PyBytes_FromStringAndSize((const char *)s->by_id_key[k], s->by_id_len[k]);
-            if (key == NULL) {
-                Py_CLEAR(keys);
-                break;
-            }
-            PyList_SET_ITEM(keys, k, key);
-        }
-        if (keys != NULL &&
-            (items = PyBytes_FromStringAndSize((const char *)s->items, s->n_items * (Py_ssize_t)sizeof(item_t))))
-            result = Py_BuildValue("(niOO)", at, rows, keys, items);
-    }
-    Py_XDECREF(keys);
-    Py_XDECREF(items);
-    PyMem_Free(s->items);
-    PyMem_Free(s);
+    if (got == NO_MEMORY) PyErr_NoMemory();
+    int failed = got <= NO_MEMORY;
+    failed |= flush(s, arrays) < 0;
     PyBuffer_Release(&view);
-    return result;
+    return failed ? NULL : Py_BuildValue("(ni)", at, rows);
+}
+
+static PyObject *wandb_record(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int row0;
+    PyObject *out, *arrays[3];
+    if (!PyArg_ParseTuple(args, "y*iO", &view, &row0, &out)) return NULL;
+    scan_t *s = PyMem_Calloc(1, sizeof(scan_t));
+    if (s == NULL || take_out(out, s, arrays) < 0) {
+        PyMem_Free(s);
+        PyBuffer_Release(&view);
+        return s == NULL ? PyErr_NoMemory() : NULL;
+    }
+    int got = read_record(s, view.buf, view.len, row0);
+    if (got == NO_MEMORY) PyErr_NoMemory();
+    int failed = got <= NO_MEMORY;
+    failed |= flush(s, arrays) < 0;
+    PyBuffer_Release(&view);
+    return failed ? NULL : PyLong_FromLong(got);
 }
 
 static PyObject *crc32(PyObject *self, PyObject *args) {
@@ -389,15 +504,19 @@ static PyObject *number(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     double x = 0.0;
-    int kind = classify(view.buf, view.len, &x);
+    int kind = classify(view.buf, view.len, &x, 1);
     PyBuffer_Release(&view);
     return Py_BuildValue("(id)", kind, x);
 }
 
 static PyMethodDef methods[] = {
     {"wandb_block", wandb_block, METH_VARARGS,
-     "wandb_block(block, at) -> (stop, rows, keys, items): the history rows of the whole W&B records from\n"
-     "byte at of one 32 KiB block, up to the first record it leaves to the Python reader (see _logscan.c)."},
+     "wandb_block(block, at, row, out) -> (stop, rows): the history rows of the whole W&B records from byte\n"
+     "at of one 32 KiB block, up to the first record it leaves to the Python reader, appended to out (see\n"
+     "_logscan.c)."},
+    {"wandb_record", wandb_record, METH_VARARGS,
+     "wandb_record(data, row, out) -> 1 (a history row, appended to out), 0 (another record) or -1 (left to\n"
+     "the Python reader): one whole W&B record's data."},
     {"crc32", crc32, METH_VARARGS, "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,
      "number(value_json) -> (kind, value): how wandb_block classifies a history value: 0 not a number, 1 a\n"

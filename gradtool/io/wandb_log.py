@@ -194,79 +194,90 @@ def run_header(path: str, records: int = 64) -> tuple[str | None, str | None, fl
 
 
 def _compiled_reader() -> Any:
-    """The compiled history reader's ``wandb_block`` (gradtool/io/_logscan.c), or None when it was not
-    built (no C compiler at install time) or ``GRADTOOL_NO_KERNELS`` is set: the Python reader then reads
-    every record (the same rows, ~6 µs a record instead of ~0.3)."""
+    """The compiled history reader (gradtool/io/_logscan.c: its ``wandb_block`` and ``wandb_record``), or
+    None when it was not built (no C compiler at install time) or ``GRADTOOL_NO_KERNELS`` is set: the
+    Python reader then reads every record (the same rows, ~6 µs a record instead of ~0.3)."""
     if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
         return None
     try:
-        from ._logscan import wandb_block
+        from . import _logscan
     except ImportError:
         return None
-    return wandb_block
+    return _logscan
 
 
-_ITEM = "<f8,<i4,<i4"  # the compiled reader's items: value, row, key << 1 | is_int
+# wandb's own per-row keys: no norm, step, loss or learning rate (their values are not parsed unless
+# --key names one)
+_UNREAD = frozenset({b"_runtime", b"_timestamp"})
 
 
 class _Rows:
-    """The numeric items of a log's history rows, in logging order: from the compiled reader's runs of
-    records (:meth:`scan`, given to :func:`log_records`) and from the records the Python reader reads
-    (:meth:`add`). ``exact`` is False once an integer beyond 2^53 was logged (float64 cannot hold it: the
-    rows are read again as dicts)."""
+    """The numeric items of a log's history rows, in logging order, as columns (``values``, ``rows``,
+    ``ids``: bytearrays of float64, int32 and int32 key << 1 | is_int; ``keys``: bytes -> index, in
+    first-seen order): filled by the compiled reader (:meth:`scan`, given to :func:`log_records`, and
+    :meth:`record`) and, where it leaves a record, from :func:`history_rows` (:meth:`add`). ``exact`` is
+    False once an integer beyond 2^53 was logged (float64 cannot hold it: the rows are read again as
+    dicts)."""
 
-    def __init__(self, scan: Callable[[bytes, int], tuple[int, int, list[bytes], bytes]]):
-        self._scan = scan
+    def __init__(self, reader: Any, key: str | None):
+        self._reader = reader
         self.rows = 0
-        self.keys: dict[str, int] = {}
+        self.keys: dict[bytes, int] = {}
+        self.values, self._rows, self.ids = bytearray(), bytearray(), bytearray()
+        skip = _UNREAD - {key.encode("utf-8", "replace")} if key else _UNREAD
+        self._out = (self.keys, self.values, self._rows, self.ids, set(skip))
         self.exact = True
-        self._chunks: list[tuple[bytes, list[int], int]] = []  # (items, their keys' ids, first row)
-
-    def _id(self, key: str) -> int:
-        return self.keys.setdefault(key, len(self.keys))
 
     def scan(self, block: bytes, at: int) -> int:
-        stop, rows, keys, items = self._scan(block, at)
-        if items:
-            self._chunks.append((items, [self._id(k.decode("utf-8", "replace")) for k in keys], self.rows))
+        stop, rows = self._reader.wandb_block(block, at, self.rows, self._out)
         self.rows += rows
         return stop
 
+    def record(self, data: bytes) -> None:
+        """One whole record (joined from its parts by :func:`log_records`)."""
+        got = self._reader.wandb_record(data, self.rows, self._out)
+        if got < 0:
+            row = history_rows(data)
+            if row is not None:
+                self.add(row)
+        else:
+            self.rows += got
+
     def add(self, row: dict[str, Any]) -> None:
-        items = []
-        for i, (key, value) in enumerate(row.items()):
+        for key, value in row.items():
             exact = type(value) is not int or -(1 << 53) <= value <= 1 << 53
             self.exact &= exact
-            items.append(struct.pack("<dii", float(value) if exact else 0.0, 0, i << 1 | (type(value) is int)))
-        if items:
-            self._chunks.append((b"".join(items), [self._id(k) for k in row], self.rows))
+            k = self.keys.setdefault(key.encode(), len(self.keys))
+            self.values += struct.pack("<d", float(value) if exact else 0.0)
+            self._rows += struct.pack("<i", self.rows)
+            self.ids += struct.pack("<i", k << 1 | (type(value) is int))
         self.rows += 1
 
     def items(self) -> Any:
-        """The rows as :class:`~gradtool.io.logs.RowItems`."""
+        """The rows as :class:`~gradtool.io.logs.RowItems` (views of the columns, not copies)."""
         import numpy as np
 
         from .logs import RowItems
 
-        counts = [len(c[0]) // 16 for c in self._chunks]
-        items = np.frombuffer(b"".join(c[0] for c in self._chunks), dtype=_ITEM)
-        ids = np.array([i for c in self._chunks for i in c[1]], dtype=np.int64)
-        first_id = np.cumsum([0] + [len(c[1]) for c in self._chunks[:-1]], dtype=np.int64)
-        key = ids[np.repeat(first_id, counts) + (items["f2"] >> 1)] if len(items) else ids
-        row = items["f1"] + np.repeat(np.array([c[2] for c in self._chunks], dtype=np.int64), counts)
-        return RowItems(self.rows, list(self.keys), row, key, items["f0"], (items["f2"] & 1).astype(bool))
+        names: dict[str, int] = {}  # keys of different bytes that decode alike are one key, as in dicts
+        merged = [names.setdefault(k.decode("utf-8", "replace"), len(names)) for k in self.keys]
+        ids = np.frombuffer(self.ids, dtype=np.int32)
+        key = ids >> 1
+        if merged != list(range(len(merged))):
+            key = np.asarray(merged, dtype=np.int32)[key]
+        return RowItems(self.rows, list(names), np.frombuffer(self._rows, dtype=np.int32), key,
+                        np.frombuffer(self.values, dtype=np.float64), (ids & 1).astype(bool))
 
 
-def _row_items(path: str, source: str, scan: Any) -> Any:
+def _row_items(path: str, source: str, reader: Any, key: str | None = None) -> Any:
     """The history rows of the W&B run log at ``path`` as :class:`~gradtool.io.logs.RowItems`, read by the
-    compiled reader ``scan`` and, where it leaves a record, by :func:`history_rows`; None when a value
-    needs the rows as dicts (an integer beyond 2^53)."""
-    rows = _Rows(scan)
+    compiled ``reader`` and, where it leaves a record, by :func:`history_rows`; None when a value needs
+    the rows as dicts (an integer beyond 2^53). ``key``: the norm's key given with --key (its values are
+    read whatever it is)."""
+    rows = _Rows(reader, key)
     try:
         for record in log_records(path, source, rows.scan):
-            row = history_rows(record)
-            if row is not None:
-                rows.add(row)
+            rows.record(record)
     except ValueError as exc:
         raise InputError(f"{source}: damaged W&B record ({exc})") from None
     except OSError as exc:
@@ -301,8 +312,8 @@ def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
     source = source or path
     parts = run.parts if run is not None and run.parts else (path,)
     named = [(p, source if len(parts) == 1 else p) for p in parts]
-    scan = _compiled_reader()
-    items = [_row_items(p, s, scan) for p, s in named] if scan is not None else [None]
+    reader = _compiled_reader()
+    items = [_row_items(p, s, reader, key) for p, s in named] if reader is not None else [None]
     if None in items:  # no compiled reader, or integers float64 cannot hold
         hist = from_records([row for p, s in named for row in _rows_of(p, s)], source, "wandb", key)
     else:

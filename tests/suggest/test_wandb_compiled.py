@@ -81,7 +81,8 @@ def test_numbers_are_pythons(text):
 # --- logs of every kind, read both ways ---------------------------------------------------------------
 
 KEYS = [b"train/grad_norm", b"grad_norm", b"train/global_step", b"train/loss", b"train/learning_rate",
-        b"eval/loss", b"_step", b"grad_2.0_norm/w", b"grad_inf_norm/w", b"img", b"\xff", b"\xfe", b"k" * 120]
+        b"eval/loss", b"_step", b"grad_2.0_norm/w", b"grad_inf_norm/w", b"img", b"\xff", b"\xfe", b"k" * 120,
+        b"_runtime"]
 VALUES = st.one_of(number_texts, st.sampled_from([b'{"_type": "image-file"}', b'"text"', b"", b"-",
                                                    b"99999999999999999999", b"true"]))
 
@@ -151,7 +152,7 @@ def _read(path, key, compiled):
     finally:
         wandb_log._compiled_reader = saved
     return (h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr],
-            h.key, h.notes, h.other_keys, h.tensor_norms, h.tensor_max_abs)
+            h.key, h.notes, h.other_keys, list(h.tensor_norms.items()), list(h.tensor_max_abs.items()))
 
 
 def _both_ways(tmp_path_factory, recs, key=None, damage=None):
@@ -175,7 +176,7 @@ def test_trainer_logs_read_the_same(tmp_path_factory, recs, key):
 
 @needs_reader
 @settings(max_examples=150, deadline=None)
-@given(st.lists(records(), max_size=30), st.sampled_from([None, "grad_norm", "_step", "\ufffd"]))
+@given(st.lists(records(), max_size=30), st.sampled_from([None, "grad_norm", "_step", "\ufffd", "_runtime"]))
 def test_records_of_every_layout_read_the_same(tmp_path_factory, recs, key):
     _both_ways(tmp_path_factory, recs, key)
 
@@ -189,27 +190,40 @@ def test_damaged_logs_read_the_same(tmp_path_factory, recs, at, byte):
 
 
 @needs_reader
-def test_the_compiled_reader_reads_a_trainer_log_itself(tmp_path):
-    """The rows of wandb's layout are read by the compiled reader (not handed back record by record),
-    and a record split over two blocks by the Python reader, in order."""
+def test_the_compiled_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
+    """The rows of wandb's layout are read by the compiled reader, those in whole blocks by wandb_block
+    and those split over two blocks (joined by the Python reader) by wandb_record, none by the Python
+    reader; wandb's _runtime is classified but not parsed, unless --key names it."""
     recs = [pb_int(1, i) + pb_bytes(2, pb_bytes(1, pb_bytes(1, b"train/grad_norm") + pb_bytes(16, repr(0.5 + i).encode()))
                                      + pb_bytes(1, pb_bytes(1, b"_runtime") + pb_bytes(16, b"1.5"))
+                                     + pb_bytes(1, pb_bytes(1, b"img") + pb_bytes(16, b'{"_type": "image"}'))
                                      + pb_bytes(2, pb_int(1, i))) for i in range(2000)]
     p = str(write_log(tmp_path / "run-x.wandb", recs))
-    calls = []
+    calls = {"block": 0, "record": 0}
 
-    def counting(block, at):
-        out = scan(block, at)
-        calls.append(out[1])
-        return out
+    class Counting:
+        def wandb_block(self, *args):
+            stop, rows = scan.wandb_block(*args)
+            calls["block"] += rows
+            return stop, rows
 
-    items = wandb_log._row_items(p, p, counting)
-    assert items.n_rows == 2000 and sum(calls) > 1900  # the rest: records split over blocks
-    assert items.keys == ["train/grad_norm", "_runtime", "_step"]
+        def wandb_record(self, *args):
+            got = scan.wandb_record(*args)
+            calls["record"] += got
+            return got
+
+    monkeypatch.setattr(wandb_log, "history_rows", None)  # never called
+    items = wandb_log._row_items(p, p, Counting())
+    assert items.n_rows == 2000 and calls["block"] > 1900 and calls["block"] + calls["record"] == 2000
+    assert items.keys == ["train/grad_norm", "_runtime", "_step"]  # (img: not a number, no key)
     given, values, ints = items.column("train/grad_norm")
     assert given.all() and values.tolist() == [0.5 + i for i in range(2000)] and not ints.any()
     given, steps, ints = items.column("_step")
     assert steps.tolist() == list(range(2000)) and ints.all()
+    given, runtime, _ = items.column("_runtime")
+    assert given.all() and np.isnan(runtime).all()
+    given, runtime, _ = wandb_log._row_items(p, p, scan, key="_runtime").column("_runtime")
+    assert given.all() and (runtime == 1.5).all()
 
 
 def test_row_items_give_the_records_history():
