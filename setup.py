@@ -17,6 +17,7 @@ setup(
         Extension(
             "gradtool.io._logscan",
             ["gradtool/io/_logscan.c"],
+            depends=["gradtool/io/_logscan_pow10.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

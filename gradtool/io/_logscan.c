@@ -25,9 +25,10 @@
  * is_int when the value's JSON was all digits, as Python's int() reads it); keys is a dict of every item
  * key (bytes) to its index, new keys added in first-seen order; the values of keys in the set skip are not
  * parsed (NaN: a column nobody reads, as wandb's own _runtime and _timestamp), only classified. Values:
- * integers exactly; other numbers with Python's own float() parser (PyOS_string_to_double), or exactly with
- * one IEEE operation when they have at most 15 significant digits and a power of ten at most 10^22
- * (Clinger's fast path): the same doubles either way.
+ * integers exactly; other numbers correctly rounded, as Python's float() reads them: with one IEEE operation
+ * when they have at most 15 significant digits and a power of ten at most 10^22 (Clinger's fast path),
+ * else by the Eisel-Lemire algorithm (at most 19 digits; its table of powers of ten in _logscan_pow10.h),
+ * else (more digits, subnormals, a case it cannot decide) with Python's own parser, PyOS_string_to_double.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -193,6 +194,48 @@ static int field(const unsigned char *p, Py_ssize_t *i, Py_ssize_t end, uint64_t
     }
 }
 
+#ifdef __SIZEOF_INT128__
+#include "_logscan_pow10.h"
+
+/* mantissa * 10^exp10 correctly rounded to the nearest double (ties to even), by the Eisel-Lemire
+ * algorithm (D. Lemire, "Number Parsing at a Gigabyte per Second", 2021; as Go's strconv.eiselLemire64
+ * writes it): 0 and the double in *out, or -1 where it cannot decide or the result is subnormal, infinite
+ * or out of the table's range (the caller then uses CPython's own parser). mantissa: the exact decimal
+ * digits (at most 19), not 0. */
+static int eisel_lemire(uint64_t mantissa, int exp10, int negative, double *out) {
+    if (exp10 < POW10_MIN || exp10 > POW10_MAX) return -1;
+    int clz = __builtin_clzll(mantissa);
+    uint64_t man = mantissa << clz;
+    uint64_t exp2 = (uint64_t)(((217706 * exp10) >> 16) + 64 + 1023) - (uint64_t)clz;
+    const uint64_t *pow = pow10_128[exp10 - POW10_MIN];
+    unsigned __int128 x = (unsigned __int128)man * pow[1];
+    uint64_t hi = (uint64_t)(x >> 64), lo = (uint64_t)x;
+    if ((hi & 0x1FF) == 0x1FF && lo + man < man) { /* a wider approximation */
+        unsigned __int128 y = (unsigned __int128)man * pow[0];
+        uint64_t y_hi = (uint64_t)(y >> 64), y_lo = (uint64_t)y;
+        uint64_t merged_hi = hi, merged_lo = lo + y_hi;
+        if (merged_lo < lo) merged_hi++;
+        if ((merged_hi & 0x1FF) == 0x1FF && merged_lo + 1 == 0 && y_lo + man < man) return -1;
+        hi = merged_hi;
+        lo = merged_lo;
+    }
+    uint64_t msb = hi >> 63;
+    uint64_t bits = hi >> (msb + 9);
+    exp2 -= 1 ^ msb;
+    if (lo == 0 && (hi & 0x1FF) == 0 && (bits & 3) == 1) return -1; /* halfway: undecided */
+    bits += bits & 1;
+    bits >>= 1;
+    if (bits >> 53) {
+        bits >>= 1;
+        exp2 += 1;
+    }
+    if (exp2 - 1 >= 0x7FF - 1) return -1; /* subnormal, or beyond the largest double */
+    bits = exp2 << 52 | (bits & 0x000FFFFFFFFFFFFFull) | (negative ? 0x8000000000000000ull : 0);
+    memcpy(out, &bits, 8);
+    return 0;
+}
+#endif
+
 static const double exact_tens[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
@@ -290,6 +333,9 @@ static int classify(const unsigned char *v, Py_ssize_t n, double *out, int need_
         *out = negative ? -x : x;
         return NUMBER;
     }
+#ifdef __SIZEOF_INT128__
+    if (!lost && mantissa && eisel_lemire(mantissa, exponent, negative, out) == 0) return NUMBER;
+#endif
     char text[128];
     if (n >= (Py_ssize_t)sizeof text) return UNSURE;
     memcpy(text, v, (size_t)n);

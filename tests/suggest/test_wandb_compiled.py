@@ -53,6 +53,7 @@ number_texts = st.one_of(
     .map(lambda t: format(t[0], t[1]).encode()),
     st.integers(-10**20, 10**20).map(lambda i: str(i).encode()),
     st.from_regex(rb"\A-?[0-9]{1,25}(\.[0-9]{0,25})?([eE][+-]?[0-9]{1,4})?\Z"),
+    st.tuples(st.integers(1, 10**19 - 1), st.integers(-150, 90)).map(lambda t: f"{t[0]}e{t[1]}".encode()),
     st.binary(max_size=12),
     st.text("0123456789.eE+-_ NaInfity", max_size=12).map(str.encode),
 )
@@ -72,6 +73,16 @@ number_texts = st.one_of(
 @example(b"2.2250738585072011e-308")
 @example(b"0.000000000000000000000000000001")
 @example(b"1234567890123456789012345e-10")
+@example(b"9007199254740993.0")  # halfway between two doubles: ties to even
+@example(b"9007199254740993e0")  # the same, an exact product in the Eisel-Lemire step: undecided there
+@example(b"9007199254740995e0")
+@example(b"2.2250738585072014e-308")  # the smallest normal double
+@example(b"4.9e-324")  # subnormal
+@example(b"1.7976931348623157e308")
+@example(b"1.7976931348623159e308")  # beyond the largest double: inf
+@example(b"1.1145809631507386")  # 17 digits, as a float32 grad norm's .item() prints
+@example(b"9999999999999999999e-128")  # 19 digits at the ends of the table of powers of ten
+@example(b"1000000000000000000e64")
 def test_numbers_are_pythons(text):
     from gradtool.io._logscan import number
 
