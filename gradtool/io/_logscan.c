@@ -51,16 +51,19 @@ static void crc_init(void) {
         crc_table[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++) crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
 }
 
 /* zlib's crc32(data, crc): slicing by 8. */
 static uint32_t crc32_update(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
     crc = ~crc;
     while (n >= 8) {
-        uint32_t a = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t a = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                            (uint32_t)p[3] << 24);
         crc = crc_table[7][a & 0xFF] ^ crc_table[6][(a >> 8) & 0xFF] ^ crc_table[5][(a >> 16) & 0xFF] ^
-              crc_table[4][a >> 24] ^ crc_table[3][p[4]] ^ crc_table[2][p[5]] ^ crc_table[1][p[6]] ^ crc_table[0][p[7]];
+              crc_table[4][a >> 24] ^ crc_table[3][p[4]] ^ crc_table[2][p[5]] ^ crc_table[1][p[6]] ^
+              crc_table[0][p[7]];
         p += 8;
         n -= 8;
     }
@@ -395,8 +398,8 @@ static int read_record(scan_t *s, const unsigned char *p, Py_ssize_t n, int32_t 
         Py_ssize_t size, end;
         if (q[i] == 0x0A && i + 1 < hn && (size = q[i + 1]) < 0x80 && (end = i + 2 + size) <= hn) {
             Py_ssize_t k = size >= 5 ? q[i + 3] : 0x80;
-            if (k < 0x80 && q[i + 2] == 0x0A && 5 + k <= size && q[i + 4 + k] == 0x82 && q[i + 5 + k] == 0x01 &&
-                q[i + 6 + k] == size - 5 - k) {
+            if (k < 0x80 && q[i + 2] == 0x0A && 5 + k <= size && q[i + 4 + k] == 0x82 &&
+                q[i + 5 + k] == 0x01 && q[i + 6 + k] == size - 5 - k) {
                 int slot = key_slot(s, q + i + 4, k);
                 if (slot == FAILED) goto failed;
                 if (slot < 0) goto to_python;
@@ -416,7 +419,8 @@ static int read_record(scan_t *s, const unsigned char *p, Py_ssize_t n, int32_t 
         Py_ssize_t start = 0, len = 0;
         if (field(q, &i, hn, &tag, &start, &len) < 0) goto to_python;
         if ((tag >> 3 != 1 && tag >> 3 != 2) || (tag & 7) == 0) continue; /* neither an item nor the step */
-        if ((tag & 7) != 2 || tag >> 3 == 1 || len == 0 || q[start] != 0x08) goto to_python; /* another layout */
+        if ((tag & 7) != 2 || tag >> 3 == 1 || len == 0 || q[start] != 0x08)
+            goto to_python; /* another layout */
         Py_ssize_t j = start + 1;
         uint64_t num;
         if (varint(q, &j, start + len, &num) < 0 || num > ((uint64_t)1 << 53)) goto to_python;
@@ -440,17 +444,19 @@ failed:
     return FAILED;
 }
 
+#define OUT_TYPES "out must be (keys dict, values, rows, ids bytearrays, skip set)"
+
 /* Parse `out` = (keys dict, values, rows, ids bytearrays, skip set) into `s`; -1 with TypeError. */
 static int take_out(PyObject *out, scan_t *s, PyObject **arrays) {
     if (!PyTuple_Check(out) || PyTuple_GET_SIZE(out) != 5 || !PyDict_Check(PyTuple_GET_ITEM(out, 0)) ||
         !PyAnySet_Check(PyTuple_GET_ITEM(out, 4))) {
-        PyErr_SetString(PyExc_TypeError, "out must be (keys dict, values, rows, ids bytearrays, skip set)");
+        PyErr_SetString(PyExc_TypeError, OUT_TYPES);
         return -1;
     }
     for (int k = 1; k < 4; k++) {
         arrays[k - 1] = PyTuple_GET_ITEM(out, k);
         if (!PyByteArray_Check(arrays[k - 1])) {
-            PyErr_SetString(PyExc_TypeError, "out must be (keys dict, values, rows, ids bytearrays, skip set)");
+            PyErr_SetString(PyExc_TypeError, OUT_TYPES);
             return -1;
         }
     }
@@ -563,7 +569,8 @@ static PyMethodDef methods[] = {
     {"wandb_record", wandb_record, METH_VARARGS,
      "wandb_record(data, row, out) -> 1 (a history row, appended to out), 0 (another record) or -1 (left to\n"
      "the Python reader): one whole W&B record's data."},
-    {"crc32", crc32, METH_VARARGS, "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
+    {"crc32", crc32, METH_VARARGS,
+     "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,
      "number(value_json) -> (kind, value): how wandb_block classifies a history value: 0 not a number, 1 a\n"
      "float, 2 an int (exact), -1 left to Python (tests)."},

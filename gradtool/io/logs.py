@@ -368,7 +368,8 @@ class RowItems:
         """The records as dicts (the general path of :func:`from_records`)."""
         out: list[dict[str, Any]] = [{} for _ in range(self.n_rows)]
         names = self.keys
-        for r, k, v, i in zip(self.row.tolist(), self.key.tolist(), self.value.tolist(), self.is_int.tolist()):
+        columns = (self.row.tolist(), self.key.tolist(), self.value.tolist(), self.is_int.tolist())
+        for r, k, v, i in zip(*columns):
             out[r][names[k]] = int(v) if i else v
         return out
 
@@ -407,8 +408,8 @@ def from_row_items(items: RowItems, source: str, kind: str, key: str | None = No
     finite = has_step & np.isfinite(step)
     if np.any(np.abs(step[finite]) >= 2.0 ** 53):  # int(step) beyond float64's integers: as the records do
         return from_records(items.records(), source, kind, key)
-    whole = int(step_int.view(np.int8).sum()) if skey else n  # _vectorised's case: norm and int step in every row
-    every_row = bool(has_norm.all()) and (skey is None or whole == n)
+    whole = int(step_int.view(np.int8).sum()) if skey else n
+    every_row = bool(has_norm.all()) and (skey is None or whole == n)  # _vectorised's case: norm, int step
     start, notes = 0, []
     if skey is not None:
         at = np.flatnonzero(has_norm & finite)
@@ -434,7 +435,8 @@ def from_row_items(items: RowItems, source: str, kind: str, key: str | None = No
         return np.ma.MaskedArray(np.where(mask, np.nan, data), mask=mask)
 
     loss, lr = at_won(lkey, skey is not None), at_won(rkey)
-    hist = _noted(NormHistory(None, None, None, None, source, nkey, kind, (steps, norm[won], loss, lr)), notes)
+    hist = NormHistory(None, None, None, None, source, nkey, kind, (steps, norm[won], loss, lr))
+    hist = _noted(hist, notes)
     low = 0 if every_row else start  # the rows from_records reads per-parameter norms from
 
     def values_of(wanted: list[str]) -> dict[str, dict[int, float | None]]:

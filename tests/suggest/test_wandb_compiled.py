@@ -20,7 +20,8 @@ from gradtool.io import logs, wandb_log
 from tests.wandb_encoder import pb_bytes, pb_int, write_log
 
 scan = wandb_log._compiled_reader()
-needs_reader = pytest.mark.skipif(scan is None, reason="gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+needs_reader = pytest.mark.skipif(scan is None,
+                                  reason="gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
 
 
 def test_ci_builds_the_compiled_reader():
@@ -44,13 +45,14 @@ def _same_number(kind: int, x: float, text: bytes) -> None:
         assert want is None, text
         return
     assert type(want) is (int if kind == 2 else float), text
-    assert (math.isnan(x) and math.isnan(want)) or (x == want and math.copysign(1, x) == math.copysign(1, want)), text
+    same = x == want and math.copysign(1, x) == math.copysign(1, want)
+    assert (math.isnan(x) and math.isnan(want)) or same, text
 
 
 number_texts = st.one_of(
     st.floats().map(lambda f: repr(f).encode()),
-    st.tuples(st.floats(allow_nan=False, allow_infinity=False), st.sampled_from(["e", ".15g", ".3f", ".17g", ".6E"]))
-    .map(lambda t: format(t[0], t[1]).encode()),
+    st.tuples(st.floats(allow_nan=False, allow_infinity=False),
+              st.sampled_from(["e", ".15g", ".3f", ".17g", ".6E"])).map(lambda t: format(*t).encode()),
     st.integers(-10**20, 10**20).map(lambda i: str(i).encode()),
     st.from_regex(rb"\A-?[0-9]{1,25}(\.[0-9]{0,25})?([eE][+-]?[0-9]{1,4})?\Z"),
     st.tuples(st.integers(1, 10**19 - 1), st.integers(-150, 90)).map(lambda t: f"{t[0]}e{t[1]}".encode()),
@@ -143,7 +145,8 @@ def trainer_logs(draw):
         if draw(st.booleans()):
             items[b"train/learning_rate"] = b"4.9e-05"
         if draw(st.booleans()):
-            items[draw(st.sampled_from([b"grad_2.0_norm/w", b"grad_inf_norm/w", b"eval/loss"]))] = draw(number_texts)
+            other = draw(st.sampled_from([b"grad_2.0_norm/w", b"grad_inf_norm/w", b"eval/loss"]))
+            items[other] = draw(number_texts)
         if step is not None:
             items[b"train/global_step"] = (str(step) if isinstance(step, int) else repr(step)).encode()
         body = b"".join(pb_bytes(1, pb_bytes(1, k) + pb_bytes(16, v)) for k, v in items.items())
@@ -200,15 +203,18 @@ def test_damaged_logs_read_the_same(tmp_path_factory, recs, at, byte):
     _both_ways(tmp_path_factory, recs, damage=(at, byte))
 
 
+def _history(i, items, step=None):
+    body = b"".join(pb_bytes(1, pb_bytes(1, k) + pb_bytes(16, v)) for k, v in items)
+    return pb_int(1, i) + pb_bytes(2, body + (b"" if step is None else pb_bytes(2, pb_int(1, step))))
+
+
 @needs_reader
 def test_the_compiled_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
     """The rows of wandb's layout are read by the compiled reader, those in whole blocks by wandb_block
     and those split over two blocks (joined by the Python reader) by wandb_record, none by the Python
     reader; wandb's _runtime is classified but not parsed, unless --key names it."""
-    recs = [pb_int(1, i) + pb_bytes(2, pb_bytes(1, pb_bytes(1, b"train/grad_norm") + pb_bytes(16, repr(0.5 + i).encode()))
-                                     + pb_bytes(1, pb_bytes(1, b"_runtime") + pb_bytes(16, b"1.5"))
-                                     + pb_bytes(1, pb_bytes(1, b"img") + pb_bytes(16, b'{"_type": "image"}'))
-                                     + pb_bytes(2, pb_int(1, i))) for i in range(2000)]
+    recs = [_history(i, [(b"train/grad_norm", repr(0.5 + i).encode()), (b"_runtime", b"1.5"),
+                         (b"img", b'{"_type": "image"}')], i) for i in range(2000)]
     p = str(write_log(tmp_path / "run-x.wandb", recs))
     calls = {"block": 0, "record": 0}
 
@@ -251,7 +257,8 @@ def test_row_items_give_the_records_history():
     assert (got.steps, got.norms, got.loss, got.lr, got.notes) == (want.steps, want.norms, want.loss, want.lr,
                                                                    want.notes)
     # step 2 after 3: resumed (its later value kept); no step: the row's place among the norm rows (4)
-    assert got.steps == [1, 2, 3, 4] and got.norms == [1.0, 4.0, 6.0, 5.0] and got.loss == [3.0, 2.5, 1.0, None]
+    assert got.steps == [1, 2, 3, 4] and got.norms == [1.0, 4.0, 6.0, 5.0]
+    assert got.loss == [3.0, 2.5, 1.0, None]
     assert "go back 1 time(s)" in got.notes[0]
     with pytest.raises(InputError, match="no records"):
         logs.from_row_items(logs.RowItems(0, [], *(np.zeros(0),) * 4), "x", "wandb")
@@ -264,18 +271,22 @@ def _items_of(rows):
     return logs.RowItems(len(rows), keys, *(np.array(c) for c in zip(*flat)))
 
 
+P = "grad_2.0_norm/p"
+
+
 @pytest.mark.parametrize("rows", [
     # a second training in every row's norm and step: per-parameter norms from every row, as from_records
     # reads them when it takes its column path (p at step 2 only before the restart)
-    [{"grad_norm": 1.0, "step": 1, "grad_2.0_norm/p": 0.5}, {"grad_norm": 2.0, "step": 2, "grad_2.0_norm/p": 0.7},
-     {"grad_norm": 3.0, "step": 1, "grad_2.0_norm/p": 0.9}, {"grad_norm": 4.0, "step": 2}],
+    [{"grad_norm": 1.0, "step": 1, P: 0.5}, {"grad_norm": 2.0, "step": 2, P: 0.7},
+     {"grad_norm": 3.0, "step": 1, P: 0.9}, {"grad_norm": 4.0, "step": 2}],
     # the same with a row without a step: from_records' general path, from the last training's rows only
-    [{"grad_norm": 1.0, "step": 1, "grad_2.0_norm/p": 0.5}, {"grad_norm": 2.0, "step": 2, "grad_2.0_norm/p": 0.7},
-     {"grad_norm": 3.0, "step": 1, "grad_2.0_norm/p": 0.9}, {"grad_norm": 4.0, "step": 2}, {"grad_norm": 5.0}],
+    [{"grad_norm": 1.0, "step": 1, P: 0.5}, {"grad_norm": 2.0, "step": 2, P: 0.7},
+     {"grad_norm": 3.0, "step": 1, P: 0.9}, {"grad_norm": 4.0, "step": 2}, {"grad_norm": 5.0}],
     # steps float64 cannot count exactly, or int64 cannot hold: the records' own arithmetic
     [{"grad_norm": 1.0, "step": 2.0 ** 60}, {"grad_norm": 2.0, "step": 2.0 ** 60 + 2 ** 8}],
     [{"grad_norm": 1.0, "step": 1e300}, {"grad_norm": 2.0, "step": 1.5}, {"grad_norm": 3.0, "step": -1e300}],
-    [{"grad_norm": math.nan, "step": math.inf}, {"grad_norm": 2.0, "step": math.nan}, {"loss": 1.0, "step": 0}],
+    [{"grad_norm": math.nan, "step": math.inf}, {"grad_norm": 2.0, "step": math.nan},
+     {"loss": 1.0, "step": 0}],
 ])
 def test_row_items_read_as_the_records(rows):
     got, want = logs.from_row_items(_items_of(rows), "x", "wandb"), logs.from_records(rows, "x", "wandb")
@@ -283,17 +294,13 @@ def test_row_items_read_as_the_records(rows):
             == (want.steps, repr(want.norms), want.loss, want.lr, want.notes, want.tensor_norms))
 
 
-def _history(i, items, step=None):
-    body = b"".join(pb_bytes(1, pb_bytes(1, k) + pb_bytes(16, v)) for k, v in items)
-    return pb_int(1, i) + pb_bytes(2, body + (b"" if step is None else pb_bytes(2, pb_int(1, step))))
-
-
 @needs_reader
 def test_steps_beyond_float64s_integers_read_the_same(tmp_path_factory):
     """W&B's step counter (HistoryStep.num) or a step item beyond 2^53: exact, as the Python reader reads
     them (float64 would round 2^53 + 1)."""
     for steps in ([2**53 + 1, 2**60 + 3], [5, 2**63 - 1]):
-        h = _both_ways(tmp_path_factory, [_history(i, [(b"grad_norm", b"1.5")], s) for i, s in enumerate(steps)])
+        recs = [_history(i, [(b"grad_norm", b"1.5")], s) for i, s in enumerate(steps)]
+        h = _both_ways(tmp_path_factory, recs)
         assert h[0] == steps
         h = _both_ways(tmp_path_factory, [_history(i, [(b"grad_norm", b"1.5"), (b"step", str(s).encode())])
                                           for i, s in enumerate(steps)])
