@@ -358,10 +358,15 @@ class RowItems:
         if name in self.keys:
             ids = [k for k, n in enumerate(self.keys) if n == name]
             sel = self.key == ids[0] if len(ids) == 1 else np.isin(self.key, ids)
-            rows = self.row[sel]
+            rows, vals, ints = self.row[sel], self.value[sel], self.is_int[sel]
+            if rows.size > 1:  # a row's last item of the key (rows are in order): NumPy does not promise
+                last = np.ones(rows.size, dtype=bool)  # which of repeated indices an assignment keeps
+                last[:-1] = rows[1:] != rows[:-1]
+                if not last.all():
+                    rows, vals, ints = rows[last], vals[last], ints[last]
             given[rows] = True
-            values[rows] = self.value[sel]  # (NumPy assigns in order: a repeated row keeps its last)
-            is_int[rows] = self.is_int[sel]
+            values[rows] = vals
+            is_int[rows] = ints
         return given, values, is_int
 
     def records(self) -> list[dict[str, Any]]:
