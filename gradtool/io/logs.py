@@ -340,7 +340,7 @@ def _record_keys(all_keys: dict[str, None], source: str, key: str | None) -> tup
 class RowItems:
     """Dict records given as columns, as a compiled reader gathers them: the (row, key, value) items of
     ``n_rows`` records in logging order (a record's in its keys' order), ``keys`` the distinct keys in
-    first-seen order (``key`` indexes them), each value a float64 and whether the log wrote it as an
+    first-seen order (``key`` indexes them; no name twice), each value a float64 and whether the log wrote it as an
     int (exact: at most 2^53). A record is ``{keys[k]: value}`` of its items, a later item of a key
     replacing an earlier one (:meth:`records`)."""
 
@@ -356,8 +356,7 @@ class RowItems:
         given, values = np.zeros(self.n_rows, dtype=bool), np.full(self.n_rows, np.nan)
         is_int = np.zeros(self.n_rows, dtype=bool)
         if name in self.keys:
-            ids = [k for k, n in enumerate(self.keys) if n == name]
-            sel = self.key == ids[0] if len(ids) == 1 else np.isin(self.key, ids)
+            sel = self.key == self.keys.index(name)
             rows, vals, ints = self.row[sel], self.value[sel], self.is_int[sel]
             if rows.size > 1:  # a row's last item of the key (rows are in order): NumPy does not promise
                 last = np.ones(rows.size, dtype=bool)  # which of repeated indices an assignment keeps

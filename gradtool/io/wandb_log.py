@@ -269,34 +269,39 @@ class _Rows:
                         np.frombuffer(self.values, dtype=np.float64), (ids & 1).astype(bool))
 
 
+def _read_each(path: str, source: str, consume: Callable[[bytes], None],
+               fast: Callable[[bytes, int], int] | None = None) -> None:
+    """``consume`` each whole record of the W&B run log at ``path`` (``fast``: see :func:`log_records`);
+    a malformed record or a failed read is an InputError naming ``source``."""
+    try:
+        for record in log_records(path, source, fast):
+            consume(record)
+    except ValueError as exc:
+        raise InputError(f"{source}: damaged W&B record ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
+
+
 def _row_items(path: str, source: str, reader: Any, key: str | None = None) -> Any:
     """The history rows of the W&B run log at ``path`` as :class:`~gradtool.io.logs.RowItems`, read by the
     compiled ``reader`` and, where it leaves a record, by :func:`history_rows`; None when a value needs
     the rows as dicts (an integer beyond 2^53). ``key``: the norm's key given with --key (its values are
     read whatever it is)."""
     rows = _Rows(reader, key)
-    try:
-        for record in log_records(path, source, rows.scan):
-            rows.record(record)
-    except ValueError as exc:
-        raise InputError(f"{source}: damaged W&B record ({exc})") from None
-    except OSError as exc:
-        raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
+    _read_each(path, source, rows.record, rows.scan)
     return rows.items() if rows.exact else None
 
 
 def _rows_of(path: str, source: str) -> list[dict[str, Any]]:
     """The history rows of the W&B run log at ``path`` (``source`` names it in errors), in logging order."""
-    rows = []
-    try:
-        for record in log_records(path, source):
-            row = history_rows(record)
-            if row is not None:
-                rows.append(row)
-    except ValueError as exc:
-        raise InputError(f"{source}: damaged W&B record ({exc})") from None
-    except OSError as exc:
-        raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
+    rows: list[dict[str, Any]] = []
+
+    def keep(record: bytes) -> None:
+        row = history_rows(record)
+        if row is not None:
+            rows.append(row)
+
+    _read_each(path, source, keep)
     return rows
 
 
