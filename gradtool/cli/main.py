@@ -94,7 +94,7 @@ def help_command(ctx: click.Context, command: str | None) -> None:
 def _version_message() -> str:
     """`gradtool --version`: the version, whether the optional compiled kernel was built and which SIMD
     build of it this CPU runs (AVX-512, AVX2 or 128-bit: a question worth asking when stats are slow),
-    whether the compiled W&B log reader was (gradtool/io/_logscan.c), and
+    whether the compiled log readers were (gradtool/io/_logscan.c), and
     which of the ``[speedups]`` libraries are installed (module look-ups and the kernel's own import, a
     few hundred microseconds without NumPy: --version stays as fast as --help)."""
     from importlib.util import find_spec
@@ -114,7 +114,7 @@ def _version_message() -> str:
         reader += ", turned off by GRADTOOL_NO_KERNELS"
     speedups = [name for name, module in (("msgspec", "msgspec"), ("python-isal", "isal")) if find_spec(module)]
     return ("%(prog)s, version %(version)s (compiled stats kernel: " + kernel
-            + "; compiled W&B log reader: " + reader + "; speedups: "
+            + "; compiled log readers (W&B, TensorBoard): " + reader + "; speedups: "
             + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
 
 

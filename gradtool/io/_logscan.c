@@ -1,4 +1,6 @@
-/* gradtool.io._logscan: the optional compiled reader of W&B run-log history rows (gradtool/io/wandb_log.py).
+/* gradtool.io._logscan: the optional compiled readers of training logs: W&B run-log history rows
+ * (gradtool/io/wandb_log.py) and TensorBoard event files' TFRecord framing and CRCs (tfrecord_frames,
+ * below; gradtool/io/tensorboard_log.py).
  *
  * wandb_block(block, at, row, out) -> (stop, rows) reads, from byte `at` of one 32 KiB block of a W&B run
  * log (a LevelDB-style log: records [crc32 u32][length u16][type u8][data]), the whole (FULL) records that
@@ -69,6 +71,93 @@ static uint32_t crc32_update(uint32_t crc, const unsigned char *p, Py_ssize_t n)
     }
     while (n--) crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
     return ~crc;
+}
+
+static uint32_t crc32c_table[8][256];
+
+static void crc32c_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0x82F63B78u ^ (c >> 1) : c >> 1;
+        crc32c_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc32c_table[t][i] = (crc32c_table[t - 1][i] >> 8) ^ crc32c_table[0][crc32c_table[t - 1][i] & 0xFF];
+}
+
+/* TFRecord's masked CRC-32C (Castagnoli) of p[0:n]: the CRC rotated right by 15 bits plus 0xA282EAD8. */
+static uint32_t masked_crc32c(const unsigned char *p, Py_ssize_t n) {
+    uint32_t crc = 0xFFFFFFFFu;
+    const uint32_t(*t)[256] = (const uint32_t(*)[256])crc32c_table;
+    while (n >= 8) {
+        uint32_t a = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                            (uint32_t)p[3] << 24);
+        crc = t[7][a & 0xFF] ^ t[6][(a >> 8) & 0xFF] ^ t[5][(a >> 16) & 0xFF] ^ t[4][a >> 24] ^ t[3][p[4]] ^
+              t[2][p[5]] ^ t[1][p[6]] ^ t[0][p[7]];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = t[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    crc = ~crc;
+    return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
+
+static uint64_t u64_le(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int k = 7; k >= 0; k--) v = v << 8 | p[k];
+    return v;
+}
+
+static uint32_t u32_le(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* tfrecord_frames(buffer) -> (starts, lengths, end, bad_length, data_ok): the whole TFRecord records of a
+ * buffer that starts at a record ([length u64][masked CRC-32C of the length u32][data][masked CRC-32C of
+ * the data u32]), as tensorboard_log._framing frames them: starts (int64: where each record's data
+ * starts) and lengths (int64) as bytes, `end` where the records end (a record cut off there, by the end
+ * of the buffer, is left out). Framing stops before the first record whose length field does not match
+ * its CRC (a damaged length would misplace every record after it): `bad_length` is where that record
+ * starts, or -1. data_ok: one byte per record, whether its data matches its CRC (the caller decides
+ * which records must). GIL released. */
+static PyObject *tfrecord_frames(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *b = view.buf;
+    Py_ssize_t n = view.len, cap = n / 16 + 1, count = 0, pos = 0, bad = -1;
+    int64_t *starts = PyMem_RawMalloc((size_t)cap * sizeof(int64_t));
+    int64_t *lengths = PyMem_RawMalloc((size_t)cap * sizeof(int64_t));
+    unsigned char *ok = PyMem_RawMalloc((size_t)cap);
+    PyObject *result = NULL;
+    if (starts == NULL || lengths == NULL || ok == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    while (pos + 12 <= n) {
+        uint64_t length = u64_le(b + pos);
+        if (n - pos < 16 || length > (uint64_t)(n - pos - 16)) break; /* cut off by the end of the buffer */
+        if (masked_crc32c(b + pos, 8) != u32_le(b + pos + 8)) {
+            bad = pos;
+            break;
+        }
+        Py_ssize_t at = pos + 12, len = (Py_ssize_t)length;
+        starts[count] = at;
+        lengths[count] = len;
+        ok[count++] = masked_crc32c(b + at, len) == u32_le(b + at + len);
+        pos = at + len + 4;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(y#y#nny#)", (const char *)starts, count * (Py_ssize_t)sizeof(int64_t),
+                           (const char *)lengths, count * (Py_ssize_t)sizeof(int64_t), pos, bad,
+                           (const char *)ok, count);
+done:
+    PyMem_RawFree(starts);
+    PyMem_RawFree(lengths);
+    PyMem_RawFree(ok);
+    PyBuffer_Release(&view);
+    return result;
 }
 
 typedef struct {
@@ -569,6 +658,9 @@ static PyMethodDef methods[] = {
     {"wandb_record", wandb_record, METH_VARARGS,
      "wandb_record(data, row, out) -> 1 (a history row, appended to out), 0 (another record) or -1 (left to\n"
      "the Python reader): one whole W&B record's data."},
+    {"tfrecord_frames", tfrecord_frames, METH_O,
+     "tfrecord_frames(buffer) -> (starts, lengths, end, bad_length, data_ok): the whole TFRecord records of\n"
+     "a buffer, their length CRCs checked and data CRCs computed (see _logscan.c)."},
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,
@@ -578,9 +670,10 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gradtool.io._logscan",
-                                    "Optional compiled W&B history reader (see _logscan.c).", -1, methods};
+                                    "Optional compiled log readers (see _logscan.c).", -1, methods};
 
 PyMODINIT_FUNC PyInit__logscan(void) {
     crc_init();
+    crc32c_init();
     return PyModule_Create(&module);
 }

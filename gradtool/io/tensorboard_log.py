@@ -25,7 +25,7 @@ import os
 import struct
 from collections.abc import Iterator
 from functools import cache
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import InputError
 from .protowire import FIXED32, LENGTH_DELIMITED, VARINT, _tag_at, _varint
@@ -175,13 +175,12 @@ def _events(path: str) -> Iterator[tuple[_ScalarRecords, list[tuple[int, tuple[i
         with open(path, "rb") as f:
             buf, offset, eof = b"", 0, False  # offset: where in the file buf starts
             while True:
-                starts, lengths, end = _framing(buf)
-                if starts:
-                    yield _checked_events(buf, starts, lengths, offset, path)
+                starts, lengths, end, data_ok = _framing(buf, offset, path)
+                if len(starts):
+                    yield _checked_events(buf, starts, lengths, offset, path, data_ok)
                 rest = buf[end:]
                 if len(rest) >= 12 and not _length_is_intact(rest):
-                    raise InputError(f"{path}: damaged TensorBoard event file (bad record length at byte "
-                                     f"{offset + end})")
+                    _bad_length(path, offset + end)
                 need = 16 + struct.unpack_from("<Q", rest)[0] - len(rest) if len(rest) >= 12 else 0
                 if eof or need > os.fstat(f.fileno()).st_size - f.tell():  # the file ends before it would
                     return
@@ -193,22 +192,23 @@ def _events(path: str) -> Iterator[tuple[_ScalarRecords, list[tuple[int, tuple[i
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def _checked_events(buf: bytes, starts: list[int], lengths: list[int], offset: int,
-                    path: str) -> tuple[_ScalarRecords, list[tuple[int, tuple[int, int, Any]]]]:
+def _checked_events(buf: bytes, starts: Any, lengths: Any, offset: int, path: str,
+                    data_ok: Any = None) -> tuple[_ScalarRecords, list[tuple[int, tuple[int, int, Any]]]]:
     """The events of the whole records at ``starts`` of ``buf`` (at byte ``offset`` of the file): the
     scalar records found by :func:`_scalar_records`, the others read one by one. Their lengths are checked
     against their CRCs, and the data of those that give scalars, file versions and session logs against
     theirs (not that of summaries without a scalar: images and histograms, up to megabytes each, whose
     CRC is computed in Python; only their steps and tags count, and only in logs older than
-    ``file_version`` 2)."""
+    ``file_version`` 2). ``data_ok``: whether each record's data matches its CRC, when the compiled
+    framing computed it (which checked the lengths too); else both are computed here with NumPy."""
     import numpy as np
 
     raw = np.frombuffer(buf, np.uint8)
     at, size = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
-    bad = np.flatnonzero(_masked_crc32c(raw, at - 12, np.full(at.size, 8, np.int64)) != _u32_at(raw, at - 4))
-    if bad.size:
-        raise InputError(f"{path}: damaged TensorBoard event file (bad record length at byte "
-                         f"{offset + int(at[bad[0]]) - 12})")
+    if data_ok is None:
+        bad = np.flatnonzero(_masked_crc32c(raw, at - 12, np.full(at.size, 8, np.int64)) != _u32_at(raw, at - 4))
+        if bad.size:
+            _bad_length(path, offset + int(at[bad[0]]) - 12)
     scalars = _scalar_records(raw, at, size)
     others = []
     for n in np.flatnonzero(~scalars.found).tolist():
@@ -221,7 +221,10 @@ def _checked_events(buf: bytes, starts: list[int], lengths: list[int], offset: i
     used = scalars.found.copy()  # (a summary of images or histograms alone, often long, is not checked)
     used[[n for n, (_, kind, what) in others if kind in (_FILE_VERSION, _SESSION_LOG) or (
         kind == _SUMMARY and any(value is not None for _, value in what))]] = True
-    bad = np.flatnonzero(_masked_crc32c(raw, at[used], size[used]) != _u32_at(raw, (at + size)[used]))
+    if data_ok is None:
+        bad = np.flatnonzero(_masked_crc32c(raw, at[used], size[used]) != _u32_at(raw, (at + size)[used]))
+    else:
+        bad = np.flatnonzero(~data_ok[used])
     if bad.size:
         raise InputError(f"{path}: damaged TensorBoard event file (bad record at byte "
                          f"{offset + int(at[used][bad[0]]) - 12})")
@@ -321,9 +324,42 @@ def _length_is_intact(record: bytes) -> bool:
     return int(crc[0]) == struct.unpack_from("<I", record, 8)[0]
 
 
-def _framing(data: bytes) -> tuple[list[int], list[int], int]:
-    """Where each whole record's data starts in ``data``, its length (from its length field, not yet
-    checked), and where the records end: a record cut off there is left out. Record by record; when the
+def _bad_length(path: str, at: int) -> NoReturn:
+    raise InputError(f"{path}: damaged TensorBoard event file (bad record length at byte {at})")
+
+
+def _compiled_frames() -> Any:
+    """The compiled ``tfrecord_frames`` (gradtool/io/_logscan.c), or None when it was not built or
+    ``GRADTOOL_NO_KERNELS`` is set."""
+    if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
+        return None
+    try:
+        from ._logscan import tfrecord_frames
+    except ImportError:
+        return None
+    return tfrecord_frames
+
+
+def _framing(data: bytes, offset: int = 0, path: str = "") -> tuple[Any, Any, int, Any]:
+    """Where each whole record's data starts in ``data``, its length, where the records end (a record cut
+    off there is left out), and whether each record's data matches its CRC or None. By the compiled
+    framing when built (lengths checked against their CRCs there: the first that does not match is an
+    InputError naming byte ``offset`` + its place; data CRCs computed; arrays); else :func:`_framing_here`
+    (lists, lengths not yet checked, data CRCs left to :func:`_checked_events`)."""
+    frames = _compiled_frames()
+    if frames is None:
+        return (*_framing_here(data), None)
+    import numpy as np
+
+    starts, lengths, end, bad, ok = frames(data)
+    if bad >= 0:
+        _bad_length(path, offset + bad)
+    return (np.frombuffer(starts, np.int64), np.frombuffer(lengths, np.int64), end,
+            np.frombuffer(ok, np.bool_))
+
+
+def _framing_here(data: bytes) -> tuple[list[int], list[int], int]:
+    """:func:`_framing` in Python and NumPy, the lengths not yet checked: record by record; when the
     last lengths repeat with a short period (a writer logging the same tags step after step), the next
     records are guessed to go on so and checked together (:func:`_records_as_before`)."""
     starts: list[int] = []

@@ -262,7 +262,7 @@ def test_records_framed_by_guessing_their_lengths_are_those_read_one_by_one(runs
     with pytest.MonkeyPatch.context() as m:
         m.setattr(tensorboard_log, "_GUESS_AFTER", after)
         m.setattr(tensorboard_log, "_GUESS_RECORDS", at_once)
-        starts, lengths, end = tensorboard_log._framing(data)
+        starts, lengths, end = tensorboard_log._framing_here(data)
     assert (list(zip(starts, lengths)), end) == _framed(data)
 
 
@@ -331,3 +331,71 @@ def test_a_record_longer_than_the_rest_of_the_file_ends_it_unread(tmp_path, leng
     with open(p, "ab") as f:
         f.write(head + struct.pack("<I", enc.masked_crc32c(head)) + b"x" * 100)
     assert _points(scalar_series(str(p)))["train/grad_norm"] == [(s, "1.5") for s in range(5)]
+
+
+frames = tensorboard_log._compiled_frames()
+needs_frames = pytest.mark.skipif(frames is None,
+                                  reason="gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+
+
+@needs_frames
+@settings(deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=12), st.binary(max_size=30),
+       st.lists(st.tuples(st.integers(0, 10**5), st.integers(1, 255)), max_size=3))
+@example([b"x" * 5000, b"", b"123456789"], b"", [])
+def test_the_compiled_framing_is_the_records_read_one_by_one(pieces, tail, flips):
+    """tfrecord_frames: the records reading them one by one finds (a cut one left out), up to the first
+    whose length field does not match its CRC, and whether each one's data matches its CRC: the
+    reference's CRC-32C (tests/tensorboard_encoder.py), whatever bytes are changed."""
+    data = bytearray(b"".join(enc.record(p) for p in pieces) + tail)
+    for at, byte in flips:
+        if data:
+            data[at % len(data)] ^= byte
+    data = bytes(data)
+    starts, lengths, end, bad, ok = frames(data)
+    want, pos = [], 0
+    while pos + 16 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        if pos + 16 + length > len(data):
+            break
+        if enc.masked_crc32c(data[pos:pos + 8]) != struct.unpack_from("<I", data, pos + 8)[0]:
+            break
+        body = data[pos + 12:pos + 12 + length]
+        stored = struct.unpack_from("<I", data, pos + 12 + length)[0]
+        want.append((pos + 12, length, enc.masked_crc32c(body) == stored))
+        pos += 16 + length
+    got = list(zip(np.frombuffer(starts, np.int64).tolist(), np.frombuffer(lengths, np.int64).tolist(),
+                   np.frombuffer(ok, np.bool_).tolist()))
+    assert (got, end) == (want, pos)
+    whole = pos + 16 <= len(data) and pos + 16 + struct.unpack_from("<Q", data, pos)[0] <= len(data)
+    assert bad == (pos if whole else -1)
+
+
+def _series_or_error(path, compiled):
+    with pytest.MonkeyPatch.context() as m:
+        if not compiled:
+            m.setattr(tensorboard_log, "_compiled_frames", lambda: None)
+        try:
+            return _points(scalar_series(str(path)))
+        except InputError as exc:
+            return str(exc)
+
+
+@needs_frames
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_event, max_size=12),
+       st.lists(st.tuples(st.integers(0, 10**4), st.integers(1, 255)), max_size=2),
+       st.integers(0, 40), st.sampled_from([13, 100, 8 << 20]))
+def test_damaged_event_files_read_the_same_with_the_compiled_framing(tmp_path_factory, events, flips, cut,
+                                                                     window):
+    """Any events, bytes changed anywhere (lengths, CRCs, data) and the end cut: the compiled framing and
+    the NumPy one give the same scalars or the same error, whatever the window."""
+    data = bytearray(b"".join(enc.record(e) for e in [enc.file_version_event(), *events]))
+    for at, byte in flips:
+        data[at % len(data)] ^= byte
+    p = tmp_path_factory.mktemp("tb") / "events.out.tfevents.1.host"
+    p.write_bytes(bytes(data[:len(data) - cut]))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tensorboard_log, "WINDOW", window)
+        assert _series_or_error(p, True) == _series_or_error(p, False)
+
