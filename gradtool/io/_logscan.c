@@ -160,6 +160,115 @@ done:
     return result;
 }
 
+#define MAX_TAGS 1024
+#define TAG_SLOTS 2048
+
+/* tfevent_scalars(buffer, starts, lengths) -> (found, steps, values, tags, names): of the records whose data
+ * are at starts (int64) with lengths (int64) in the buffer, those laid out as SummaryWriter.add_scalar
+ * writes one scalar's event, as tensorboard_log._scalar_records finds them:
+ *   09 <wall_time: 8 bytes> 10 <step: a varint of 1-4 bytes> 2a L 0a L-2 0a K <tag: K bytes> 15 <float32>
+ * each length a byte < 128 and the last field ending the record. found: a byte per record; steps (int64),
+ * values (float64, the float32 widened) and tags (int32, into names: each tag's bytes, in first-seen order)
+ * of the found ones, in order. Records of more than MAX_TAGS tags are left (not found): the caller reads
+ * them one by one. GIL released for the scan. */
+static PyObject *tfevent_scalars(PyObject *self, PyObject *args) {
+    Py_buffer view, sv, lv;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &view, &sv, &lv)) return NULL;
+    const unsigned char *b = view.buf;
+    const int64_t *starts = sv.buf, *lengths = lv.buf;
+    Py_ssize_t n = sv.len / (Py_ssize_t)sizeof(int64_t), count = 0;
+    unsigned char *found = PyMem_RawCalloc((size_t)n + 1, 1);
+    int64_t *steps = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int64_t));
+    double *values = PyMem_RawMalloc(((size_t)n + 1) * sizeof(double));
+    int32_t *tags = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
+    int32_t *slot_tag = PyMem_RawMalloc(TAG_SLOTS * sizeof(int32_t));
+    const unsigned char **tag_at = PyMem_RawMalloc(MAX_TAGS * sizeof(*tag_at));
+    Py_ssize_t *tag_len = PyMem_RawMalloc(MAX_TAGS * sizeof(Py_ssize_t));
+    int n_tags = 0;
+    PyObject *result = NULL, *names = NULL;
+    if (found == NULL || steps == NULL || values == NULL || tags == NULL || slot_tag == NULL || tag_at == NULL ||
+        tag_len == NULL || lv.len != sv.len) {
+        if (lv.len != sv.len) PyErr_SetString(PyExc_ValueError, "starts and lengths differ in size");
+        else PyErr_NoMemory();
+        goto done;
+    }
+    for (int k = 0; k < TAG_SLOTS; k++) slot_tag[k] = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < n; r++) {
+        int64_t at = starts[r], size = lengths[r];
+        if (at < 0 || size < 22 || at > view.len || size > view.len - at) continue;
+        const unsigned char *d = b + at;
+        if (d[0] != 0x09 || d[9] != 0x10) continue;
+        int width = 0;
+        uint64_t step = 0;
+        for (int k = 0; k < 4; k++) {
+            step |= (uint64_t)(d[10 + k] & 0x7F) << (7 * k);
+            if (d[10 + k] < 0x80) {
+                width = k + 1;
+                break;
+            }
+        }
+        if (!width) continue;
+        int64_t p = 10 + width;
+        if (p + 6 > size || d[p] != 0x2A) continue;
+        int64_t outer = d[p + 1], value = d[p + 3], k = d[p + 5];
+        if (outer >= 0x80 || p + 2 + outer != size || d[p + 2] != 0x0A || value != outer - 2 || d[p + 4] != 0x0A ||
+            k != value - 7 || k < 0 || d[p + 6 + k] != 0x15)
+            continue;
+        const unsigned char *tag = d + p + 6;
+        uint32_t h = 2166136261u; /* FNV-1a */
+        for (int64_t i = 0; i < k; i++) h = (h ^ tag[i]) * 16777619u;
+        int id = -1;
+        for (uint32_t slot = h % TAG_SLOTS;; slot = (slot + 1) % TAG_SLOTS) {
+            int t = slot_tag[slot];
+            if (t < 0) {
+                if (n_tags == MAX_TAGS) break;
+                tag_at[n_tags] = tag;
+                tag_len[n_tags] = (Py_ssize_t)k;
+                id = slot_tag[slot] = n_tags++;
+                break;
+            }
+            if (tag_len[t] == k && memcmp(tag_at[t], tag, (size_t)k) == 0) {
+                id = t;
+                break;
+            }
+        }
+        if (id < 0) continue;
+        uint32_t bits = u32_le(d + p + 7 + k); /* protobuf's fixed32: little-endian */
+        float x;
+        memcpy(&x, &bits, 4);
+        found[r] = 1;
+        steps[count] = (int64_t)step;
+        values[count] = (double)x;
+        tags[count++] = id;
+    }
+    Py_END_ALLOW_THREADS
+    names = PyList_New(n_tags);
+    for (int t = 0; names != NULL && t < n_tags; t++) {
+        PyObject *name = PyBytes_FromStringAndSize((const char *)tag_at[t], tag_len[t]);
+        if (name == NULL) Py_CLEAR(names);
+        else PyList_SET_ITEM(names, t, name);
+    }
+    if (names != NULL)
+        result = Py_BuildValue("(y#y#y#y#O)", (const char *)found, n, (const char *)steps,
+                               count * (Py_ssize_t)sizeof(int64_t), (const char *)values,
+                               count * (Py_ssize_t)sizeof(double), (const char *)tags,
+                               count * (Py_ssize_t)sizeof(int32_t), names);
+done:
+    Py_XDECREF(names);
+    PyMem_RawFree(found);
+    PyMem_RawFree(steps);
+    PyMem_RawFree(values);
+    PyMem_RawFree(tags);
+    PyMem_RawFree(slot_tag);
+    PyMem_RawFree(tag_at);
+    PyMem_RawFree(tag_len);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&lv);
+    return result;
+}
+
 typedef struct {
     const unsigned char *key[SLOTS];
     Py_ssize_t len[SLOTS];
@@ -661,6 +770,9 @@ static PyMethodDef methods[] = {
     {"tfrecord_frames", tfrecord_frames, METH_O,
      "tfrecord_frames(buffer) -> (starts, lengths, end, bad_length, data_ok): the whole TFRecord records of\n"
      "a buffer, their length CRCs checked and data CRCs computed (see _logscan.c)."},
+    {"tfevent_scalars", tfevent_scalars, METH_VARARGS,
+     "tfevent_scalars(buffer, starts, lengths) -> (found, steps, values, tags, names): the records laid out\n"
+     "as add_scalar writes one scalar's event, read (see _logscan.c)."},
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,

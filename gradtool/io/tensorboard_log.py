@@ -263,6 +263,27 @@ class _ScalarRecords:
 
 
 def _scalar_records(raw: Any, at: Any, size: Any) -> _ScalarRecords:
+    """:func:`_scalar_records_here`, by the compiled log reader when it is built (``tfevent_scalars``: the
+    same layout, read record by record in C; a window with a tag that is not UTF-8 is left to the NumPy
+    reader, which leaves those records to the one-by-one reader, where the error is said)."""
+    frames = _compiled_frames()
+    if frames is None:
+        return _scalar_records_here(raw, at, size)
+    import numpy as np
+
+    from ._logscan import tfevent_scalars
+
+    found, steps, values, tags, names = tfevent_scalars(raw, at, size)
+    try:
+        texts = [name.decode("utf-8") for name in names]
+    except UnicodeDecodeError:  # the NumPy reader leaves those records to be read one by one (the error)
+        return _scalar_records_here(raw, at, size)
+    return _ScalarRecords(np.frombuffer(found, np.bool_), np.frombuffer(steps, np.int64),
+                          np.frombuffer(values, np.float64), np.frombuffer(tags, np.int32).astype(np.int64),
+                          texts)
+
+
+def _scalar_records_here(raw: Any, at: Any, size: Any) -> _ScalarRecords:
     """The records (data at ``at``, ``size`` bytes, in the byte array ``raw``) that hold exactly one
     scalar's event as ``SummaryWriter.add_scalar`` writes it, found and read with NumPy: ``09 <wall_time>
     10 <step: a varint of 1-4 bytes> 2a L 0a L-2 0a K <tag: K bytes of UTF-8> 15 <float32>``, each length

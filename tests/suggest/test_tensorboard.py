@@ -399,3 +399,44 @@ def test_damaged_event_files_read_the_same_with_the_compiled_framing(tmp_path_fa
         m.setattr(tensorboard_log, "WINDOW", window)
         assert _series_or_error(p, True) == _series_or_error(p, False)
 
+
+
+def _scalar_of_tag(step: int, tag: bytes, x: float) -> bytes:
+    """add_scalar's event for a tag given as bytes (not UTF-8, say)."""
+    return enc.summary_event(step, [enc.pb_bytes(1, enc.pb_bytes(1, tag) + enc.pb_float(2, x))])
+
+
+@needs_frames
+@pytest.mark.parametrize("tags", [
+    [b"\xff\xfe", b"lr", b"\xff\xfe"],  # not UTF-8: read one by one, where the error is said
+    [f"t{i}".encode() for i in range(1100)] + [b"t5", b"t1099"],  # more tags than a window's table holds
+    [b"", b"a" * 119, b"a" * 120],  # the shortest and the longest tags of the layout, and one beyond it
+])
+def test_scalar_records_read_the_same_by_the_compiled_reader(tmp_path, tags):
+    """The compiled reader's add_scalar records give the scalars (or the error) the NumPy reader gives."""
+    p = tmp_path / "events.out.tfevents.1.host"
+    enc.write_events(p, [enc.file_version_event()]
+                     + [_scalar_of_tag(i, t, 0.5 * i) for i, t in enumerate(tags)])
+    compiled, here = _series_or_error(p, True), _series_or_error(p, False)
+    assert compiled == here
+    if b"\xff\xfe" not in tags:
+        assert sum(len(v) for v in compiled.values()) == len(tags)
+
+
+@needs_frames
+def test_the_compiled_reader_finds_add_scalars_records(tmp_path):
+    """Every record of add_scalar's layout is found by tfevent_scalars (not left to the one-by-one
+    reader), with its step, tag and value; a record of another layout is not."""
+    from gradtool.io._logscan import tfevent_scalars
+
+    events = [enc.summary_event(s, [enc.scalar_value("train/loss", s / 4)]) for s in (0, 127, 128, 2**28 - 1)]
+    events += [enc.summary_event(2**28, [enc.scalar_value("train/loss", 1.0)]),  # a 5-byte step
+               enc.summary_event(3, [enc.scalar_value("a", 1.0), enc.scalar_value("b", 2.0)]),
+               enc.summary_event(4, [enc.pb_bytes(1, enc.pb_bytes(1, b"lr") + b"\x1d" + bytes(4))])]  # field 3
+    data = b"".join(enc.record(e) for e in events)
+    starts, lengths, end, bad, ok = frames(data)
+    found, steps, values, tags, names = tfevent_scalars(data, starts, lengths)
+    assert list(found) == [1, 1, 1, 1, 0, 0, 0] and names == [b"train/loss"]
+    assert np.frombuffer(steps, np.int64).tolist() == [0, 127, 128, 2**28 - 1]
+    assert np.frombuffer(values, np.float64).tolist() == [0.0, 31.75, 32.0, float(np.float32((2**28 - 1) / 4))]
+    assert np.frombuffer(tags, np.int32).tolist() == [0, 0, 0, 0]
