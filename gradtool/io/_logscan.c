@@ -741,6 +741,79 @@ static PyObject *wandb_record(PyObject *self, PyObject *args) {
     return failed ? NULL : PyLong_FromLong(got);
 }
 
+/* An int64 at v[*i] as Python's int() reads an MLflow field: -?[0-9]{1,18}; -1 for anything else. */
+static int metric_int(const unsigned char *v, Py_ssize_t *i, Py_ssize_t end, int64_t *out) {
+    int negative = *i < end && v[*i] == '-';
+    Py_ssize_t first = *i + negative, k = first;
+    int64_t x = 0;
+    while (k < end && v[k] >= '0' && v[k] <= '9' && k - first < 18) x = x * 10 + (v[k++] - '0');
+    if (k == first || (k < end && v[k] >= '0' && v[k] <= '9')) return -1;
+    *out = negative ? -x : x;
+    *i = k;
+    return 0;
+}
+
+/* mlflow_metric_lines(buffer) -> (steps, timestamps, values) as int64, int64, float64 bytes, or None: an
+ * MLflow file-store metric file of lines "<timestamp> <value> <step>\n" (the last line's break optional),
+ * each field as Python's int() and float() read it: integers of at most 18 digits, values that are JSON
+ * numbers (correctly rounded, as classify reads them) or nan, inf, -inf (str() of the nonfinite floats).
+ * None for anything else (two fields, blank lines, other spellings): the caller's parser decides there.
+ * GIL held: the float parser's slow path is CPython's. */
+static PyObject *mlflow_metric_lines(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *b = view.buf;
+    Py_ssize_t n = view.len, lines = 0, cap = 0;
+    for (Py_ssize_t i = 0; i < n; i++) cap += b[i] == '\n';
+    cap += 1;
+    int64_t *steps = PyMem_RawMalloc((size_t)cap * sizeof(int64_t));
+    int64_t *stamps = PyMem_RawMalloc((size_t)cap * sizeof(int64_t));
+    double *values = PyMem_RawMalloc((size_t)cap * sizeof(double));
+    PyObject *result = NULL;
+    int ok = steps != NULL && stamps != NULL && values != NULL;
+    if (!ok) PyErr_NoMemory();
+    Py_ssize_t i = 0;
+    while (ok && i < n) {
+        Py_ssize_t end = i;
+        while (end < n && b[end] != '\n') end++;
+        Py_ssize_t k = i;
+        int64_t stamp, step;
+        ok = metric_int(b, &k, end, &stamp) == 0 && k < end && b[k] == ' ';
+        if (ok) {
+            Py_ssize_t v = ++k;
+            while (k < end && b[k] != ' ') k++;
+            Py_ssize_t len = k - v;
+            double x = 0.0;
+            if (len == 3 && memcmp(b + v, "nan", 3) == 0) x = Py_NAN;
+            else if (len == 3 && memcmp(b + v, "inf", 3) == 0) x = Py_HUGE_VAL;
+            else if (len == 4 && memcmp(b + v, "-inf", 4) == 0) x = -Py_HUGE_VAL;
+            else ok = classify(b + v, len, &x, 1) > 0;
+            values[lines] = x;
+        }
+        ok = ok && k < end && b[k] == ' ';
+        if (ok) {
+            k++;
+            ok = metric_int(b, &k, end, &step) == 0 && k == end;
+        }
+        if (ok) {
+            stamps[lines] = stamp;
+            steps[lines++] = step;
+        }
+        i = end + 1;
+    }
+    if (ok)
+        result = Py_BuildValue("(y#y#y#)", (const char *)steps, lines * (Py_ssize_t)sizeof(int64_t),
+                               (const char *)stamps, lines * (Py_ssize_t)sizeof(int64_t), (const char *)values,
+                               lines * (Py_ssize_t)sizeof(double));
+    else if (!PyErr_Occurred())
+        result = Py_NewRef(Py_None);
+    PyMem_RawFree(steps);
+    PyMem_RawFree(stamps);
+    PyMem_RawFree(values);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyObject *crc32(PyObject *self, PyObject *args) {
     Py_buffer view;
     unsigned int crc = 0;
@@ -773,6 +846,9 @@ static PyMethodDef methods[] = {
     {"tfevent_scalars", tfevent_scalars, METH_VARARGS,
      "tfevent_scalars(buffer, starts, lengths) -> (found, steps, values, tags, names): the records laid out\n"
      "as add_scalar writes one scalar's event, read (see _logscan.c)."},
+    {"mlflow_metric_lines", mlflow_metric_lines, METH_O,
+     "mlflow_metric_lines(buffer) -> (steps, timestamps, values) bytes of int64, int64, float64, or None: an\n"
+     "MLflow metric file of '<timestamp> <value> <step>' lines (see _logscan.c)."},
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,

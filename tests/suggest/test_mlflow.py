@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from gradtool.errors import InputError, UsageError
 from gradtool.io.logs import read_norm_log
-from gradtool.io.mlflow_store import (DBL_MAX, _columns_msgspec, history_of_run, parse_metric_lines,
-                                      parse_metric_lines_plain)
+from gradtool.io.mlflow_store import (DBL_MAX, _columns_compiled, _columns_msgspec, history_of_run,
+                                      parse_metric_lines, parse_metric_lines_plain)
 from tests.damaged import read_flipped
 
 T0 = 1795521146861  # a start time in ms, as MLflow writes them
@@ -426,17 +426,19 @@ _int_token = st.one_of(st.integers(-2**63, 2**63 - 1).map(str), st.integers(0, 1
 _value_token = st.one_of(_values.map(repr), st.integers(-10**20, 10**20).map(str), _odd)
 
 
+@pytest.mark.parametrize("columns", [_columns_msgspec, _columns_compiled])
 @given(st.lists(st.tuples(_int_token, _value_token, _int_token), min_size=1, max_size=6), st.booleans(),
        st.booleans())
 @example([(str(T0), "-0", "1"), (str(T0), "-0.0", "-0")], False, True)  # msgspec reads -0 as +0
 @example([(str(T0), "nan", "1"), (str(T0), "inf", "2"), (str(T0), "-inf", "3")], False, True)  # quoted
 @example([(str(T0), "-nan", "1"), (str(T0), "infinity", "2")], False, True)  # no JSON once quoted
 @example([(str(T0), '"1"', "1")], False, True)  # a string that is not one of the words
-def test_the_msgspec_parse_equals_the_plain_one_when_it_answers(fields, crlf, last_break):
-    """``_columns_msgspec`` (JSON numbers) gives what splitting and ``int``/``float`` give, or None."""
+def test_the_fast_parses_equal_the_plain_one_when_they_answer(columns, fields, crlf, last_break):
+    """``_columns_msgspec`` (JSON numbers) and ``_columns_compiled`` (gradtool/io/_logscan.c) give what
+    splitting and ``int``/``float`` give, or None."""
     end = "\r\n" if crlf else "\n"
     text = end.join(" ".join(f) for f in fields) + (end if last_break else "")
-    fast = _columns_msgspec(text.encode("utf-8", "replace"))
+    fast = columns(text.encode("utf-8", "replace"))
     try:
         plain = parse_metric_lines_plain(text, "m")
     except InputError:
@@ -447,9 +449,15 @@ def test_the_msgspec_parse_equals_the_plain_one_when_it_answers(fields, crlf, la
         assert [[repr(x) for x in a.tolist()] for a in fast] == [[repr(x) for x in a.tolist()] for a in plain]
 
 
-def test_the_msgspec_parse_takes_what_mlflow_writes():
+@pytest.mark.parametrize("columns", [_columns_msgspec, _columns_compiled])
+def test_the_fast_parses_take_what_mlflow_writes(columns):
+    import importlib.util
+
+    if columns is _columns_compiled and (importlib.util.find_spec("gradtool.io._logscan") is None
+                                         or os.environ.get("GRADTOOL_NO_KERNELS")):
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
     lines = [f"{T0 + i} {v!r} {i}" for i, v in enumerate([0.5, 2.0, 1e-300, 3.25e10, -0.0, math.nan, -math.inf])]
-    cols = _columns_msgspec(("\n".join(lines) + "\n").encode())
+    cols = columns(("\n".join(lines) + "\n").encode())
     assert cols is not None and cols[0].tolist() == list(range(7)) and cols[1][0] == T0
     assert [repr(v) for v in cols[2].tolist()] == ["0.5", "2.0", "1e-300", "32500000000.0", "-0.0", "nan", "-inf"]
 
