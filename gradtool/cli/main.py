@@ -109,12 +109,12 @@ def _version_message() -> str:
             kernel = f"built but does not load ({exc}), NumPy passes instead"
         if os.environ.get("GRADTOOL_NO_KERNELS"):
             kernel += ", turned off by GRADTOOL_NO_KERNELS"
-    reader = "built" if find_spec("gradtool.io._logscan") is not None else "not built, Python reader instead"
+    reader = "built" if find_spec("gradtool.io._logscan") is not None else "not built, Python readers instead"
     if os.environ.get("GRADTOOL_NO_KERNELS") and reader == "built":
         reader += ", turned off by GRADTOOL_NO_KERNELS"
     speedups = [name for name, module in (("msgspec", "msgspec"), ("python-isal", "isal")) if find_spec(module)]
     return ("%(prog)s, version %(version)s (compiled stats kernel: " + kernel
-            + "; compiled log readers (W&B, TensorBoard): " + reader + "; speedups: "
+            + "; compiled log readers (W&B, TensorBoard, MLflow): " + reader + "; speedups: "
             + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
 
 

@@ -54,18 +54,14 @@ def parse_metric_lines(text: str, source: str) -> Series:
 def _columns_compiled(raw: bytes) -> Series | None:
     """The columns by the compiled log reader (``mlflow_metric_lines`` in gradtool/io/_logscan.c: every
     line ``<int> <number> <int>``, read as int() and float() read them, ~30 ns a line); None when it is
-    not built (or ``GRADTOOL_NO_KERNELS`` is set) or the file holds anything else."""
-    import os
+    not built (see :mod:`~gradtool.io.compiled`) or the file holds anything else."""
+    from .compiled import log_readers
 
-    if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
-        return None
-    try:
-        from ._logscan import mlflow_metric_lines
-    except ImportError:
+    if (readers := log_readers()) is None:
         return None
     import numpy as np
 
-    got = mlflow_metric_lines(raw)
+    got = readers.mlflow_metric_lines(raw)
     if got is None:
         return None
     steps, stamps, values = got

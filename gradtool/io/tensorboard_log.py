@@ -350,15 +350,12 @@ def _bad_length(path: str, at: int) -> NoReturn:
 
 
 def _compiled_frames() -> Any:
-    """The compiled ``tfrecord_frames`` (gradtool/io/_logscan.c), or None when it was not built or
-    ``GRADTOOL_NO_KERNELS`` is set."""
-    if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
-        return None
-    try:
-        from ._logscan import tfrecord_frames
-    except ImportError:
-        return None
-    return tfrecord_frames
+    """The compiled ``tfrecord_frames`` (gradtool/io/_logscan.c), or None (see
+    :mod:`~gradtool.io.compiled`); its ``tfevent_scalars`` goes with it."""
+    from .compiled import log_readers
+
+    readers = log_readers()
+    return None if readers is None else readers.tfrecord_frames
 
 
 def _framing(data: bytes, offset: int = 0, path: str = "") -> tuple[Any, Any, int, Any]:
