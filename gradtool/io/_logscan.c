@@ -445,6 +445,8 @@ static const double exact_tens[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e
 #define INTEGER 2
 #define UNSURE -1
 
+static int decimal(const unsigned char *v, Py_ssize_t n, int json, double *out, int need_value);
+
 /* What Python's _number(value) makes of a history value's JSON text: NOT_A_NUMBER (None), NUMBER (a float,
  * in *out), INTEGER (an int, exact in *out), or UNSURE (the Python reader decides). */
 static int classify(const unsigned char *v, Py_ssize_t n, double *out, int need_value) {
@@ -472,9 +474,16 @@ static int classify(const unsigned char *v, Py_ssize_t n, double *out, int need_
         *out = (double)x;
         return INTEGER;
     }
-    /* a JSON number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? */
-    int negative = v[0] == '-';
-    i = negative;
+    return decimal(v, n, 1, out, need_value);
+}
+
+/* The decimal number v[0:n] as float() reads it: NUMBER (its double in *out; NaN when !need_value) or
+ * UNSURE (not such a number, or one to leave to Python). json: a JSON number,
+ * -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?; else as a text log writes numbers,
+ * [-+]?[0-9]+\.?[0-9]*([eE][-+]?[0-9]+)? (leading zeros, "1."). */
+static int decimal(const unsigned char *v, Py_ssize_t n, int json, double *out, int need_value) {
+    int negative = n > 0 && v[0] == '-';
+    Py_ssize_t i = negative || (!json && n > 0 && v[0] == '+');
     uint64_t mantissa = 0;
     int digits = 0, exponent = 0; /* significant digits taken, and the power of ten they are off by */
     int lost = 0;                 /* significant digits beyond 19 */
@@ -491,7 +500,7 @@ static int classify(const unsigned char *v, Py_ssize_t n, double *out, int need_
         }
         i++;
     }
-    if (i == first || (v[first] == '0' && i - first > 1)) return UNSURE;
+    if (i == first || (json && v[first] == '0' && i - first > 1)) return UNSURE;
     if (i < n && v[i] == '.') {
         Py_ssize_t f = ++i;
         while (i < n && v[i] >= '0' && v[i] <= '9') {
@@ -508,7 +517,7 @@ static int classify(const unsigned char *v, Py_ssize_t n, double *out, int need_
             }
             i++;
         }
-        if (i == f) return UNSURE;
+        if (json && i == f) return UNSURE;
     }
     if (i < n && (v[i] == 'e' || v[i] == 'E')) {
         i++;
