@@ -1,6 +1,9 @@
-/* gradtool.io._logscan: the optional compiled readers of training logs: W&B run-log history rows
- * (gradtool/io/wandb_log.py) and TensorBoard event files' TFRecord framing and CRCs (tfrecord_frames,
- * below; gradtool/io/tensorboard_log.py).
+/* gradtool.io._logscan: the optional compiled readers of training logs (loaded by gradtool/io/compiled.py):
+ * W&B run-log history rows (wandb_block, wandb_record: gradtool/io/wandb_log.py), TensorBoard event files'
+ * TFRecord framing, CRCs and add_scalar events (tfrecord_frames, tfevent_scalars: tensorboard_log.py),
+ * MLflow metric lines (mlflow_metric_lines: mlflow_store.py) and text log lines by a line template
+ * (template_lines: text_logs.py). Each stops at, or leaves to the Python reader, whatever it does not read
+ * exactly as that reader does; each Python reader is the fallback when the extension is not built.
  *
  * wandb_block(block, at, row, out) -> (stop, rows) reads, from byte `at` of one 32 KiB block of a W&B run
  * log (a LevelDB-style log: records [crc32 u32][length u16][type u8][data]), the whole (FULL) records that
@@ -823,6 +826,155 @@ static PyObject *mlflow_metric_lines(PyObject *self, PyObject *arg) {
     return result;
 }
 
+/* A text log line template's operations (text_logs._LineTemplate.ops): */
+#define OP_TEXT 0   /* (0, bytes): that text */
+#define OP_SPACES 1 /* (1,): one or more spaces */
+#define OP_SLOT 2   /* (2, captured, signed, words, step): a number, as the template's pattern reads it */
+
+typedef struct {
+    int kind, captured, is_signed, words, step;
+    const char *text;
+    Py_ssize_t len;
+} op_t;
+
+/* Match line[0:n] against ops; 1 and the captured values in row (Python objects: an int for a step, a
+ * float else) on a match, 0 when it does not match here (the pattern decides), -1 on an error. A slot:
+ * step, ASCII digits (at most 18); else an optional sign where the template's line had one, ASCII digits,
+ * an optional ".", digits, an optional exponent (taken only whole), read as float() reads it; or, where
+ * the number does not start (words 1: the loss's, 2: the norm's), "nan", "inf" (2: "infinity" too). */
+static int match_ops(const op_t *ops, Py_ssize_t n_ops, const unsigned char *s, Py_ssize_t n, PyObject **row,
+                     int *n_row) {
+    Py_ssize_t pos = 0;
+    *n_row = 0;
+    for (Py_ssize_t k = 0; k < n_ops; k++) {
+        const op_t *op = &ops[k];
+        if (op->kind == OP_TEXT) {
+            if (n - pos < op->len || memcmp(s + pos, op->text, (size_t)op->len) != 0) return 0;
+            pos += op->len;
+        } else if (op->kind == OP_SPACES) {
+            if (pos >= n || s[pos] != ' ') return 0;
+            while (pos < n && s[pos] == ' ') pos++;
+        } else {
+            Py_ssize_t q = pos;
+            int sign_ok = !op->is_signed || (q < n && (s[q] == '-' || s[q] == '+'));
+            q += op->is_signed && sign_ok;
+            Py_ssize_t d = q;
+            while (sign_ok && q < n && s[q] >= '0' && s[q] <= '9') q++;
+            PyObject *value = NULL;
+            if (q > d && op->step) {
+                if (q - d > 18) return 0;
+                int64_t x = 0;
+                for (Py_ssize_t i = d; i < q; i++) x = x * 10 + (s[i] - '0');
+                if ((value = PyLong_FromLongLong(x)) == NULL) return -1;
+            } else if (q > d) {
+                if (q < n && s[q] == '.') q++;
+                while (q < n && s[q] >= '0' && s[q] <= '9') q++;
+                if (q < n && (s[q] == 'e' || s[q] == 'E')) {
+                    Py_ssize_t e = q + 1;
+                    if (e < n && (s[e] == '+' || s[e] == '-')) e++;
+                    if (e < n && s[e] >= '0' && s[e] <= '9') {
+                        while (e < n && s[e] >= '0' && s[e] <= '9') e++;
+                        q = e;
+                    }
+                }
+                double x;
+                if (op->captured) {
+                    if (decimal(s + pos, q - pos, 0, &x, 1) != NUMBER) return 0;
+                    if ((value = PyFloat_FromDouble(x)) == NULL) return -1;
+                }
+            } else if (op->words && n - pos >= 3 && memcmp(s + pos, "nan", 3) == 0) {
+                q = pos + 3;
+                if (op->captured && (value = PyFloat_FromDouble(Py_NAN)) == NULL) return -1;
+            } else if (op->words && n - pos >= 3 && memcmp(s + pos, "inf", 3) == 0) {
+                q = pos + 3;
+                if (op->words == 2 && n - q >= 5 && memcmp(s + q, "inity", 5) == 0) q += 5;
+                if (op->captured && (value = PyFloat_FromDouble(Py_HUGE_VAL)) == NULL) return -1;
+            } else {
+                return 0;
+            }
+            if (op->captured) row[(*n_row)++] = value;
+            pos = q;
+        }
+    }
+    return pos == n;
+}
+
+static int holds_norm(const unsigned char *s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i + 4 <= n; i++)
+        if (s[i] == 'n' && s[i + 1] == 'o' && s[i + 2] == 'r' && s[i + 3] == 'm') return 1;
+    return 0;
+}
+
+/* template_lines(ops, lines, start) -> (stop, last, rows): from lines[start] on (lowercased str), the
+ * lines holding "norm" that the template's ops match are read (a tuple of the captured numbers each, in
+ * rows), the others skipped, up to `stop`, the first line holding "norm" that they do not match here (or
+ * the end); `last`, the index of the last line read (start - 1: none). The caller reads the lines after
+ * `last` itself (the others may start a block), and `stop` by the pattern. */
+static PyObject *template_lines(PyObject *self, PyObject *args) {
+    PyObject *ops_obj, *lines;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!O!n", &PyTuple_Type, &ops_obj, &PyList_Type, &lines, &start)) return NULL;
+    Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n_lines = PyList_GET_SIZE(lines), i, last = start - 1;
+    op_t *ops = PyMem_Calloc((size_t)n_ops + 1, sizeof(op_t));
+    PyObject *rows = PyList_New(0), *row[64];
+    if (ops == NULL || rows == NULL) goto failed;
+    int captured = 0;
+    for (Py_ssize_t k = 0; k < n_ops; k++) {
+        PyObject *t = PyTuple_GET_ITEM(ops_obj, k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) goto bad_ops;
+        ops[k].kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        if (ops[k].kind == OP_TEXT) {
+            if (PyTuple_GET_SIZE(t) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(t, 1))) goto bad_ops;
+            ops[k].text = PyBytes_AS_STRING(PyTuple_GET_ITEM(t, 1));
+            ops[k].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 1));
+        } else if (ops[k].kind == OP_SLOT) {
+            if (PyTuple_GET_SIZE(t) != 5) goto bad_ops;
+            ops[k].captured = PyObject_IsTrue(PyTuple_GET_ITEM(t, 1));
+            ops[k].is_signed = PyObject_IsTrue(PyTuple_GET_ITEM(t, 2));
+            ops[k].words = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 3));
+            ops[k].step = PyObject_IsTrue(PyTuple_GET_ITEM(t, 4));
+            captured += ops[k].captured;
+        } else if (ops[k].kind != OP_SPACES) {
+            goto bad_ops;
+        }
+    }
+    if (PyErr_Occurred()) goto failed;
+    if (captured > 64) goto bad_ops;
+    for (i = start < 0 ? 0 : start; i < n_lines; i++) {
+        PyObject *line = PyList_GET_ITEM(lines, i);
+        if (!PyUnicode_Check(line)) break;
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(line, &n);
+        if (s == NULL) { /* (a lone surrogate: the pattern reads it) */
+            PyErr_Clear();
+            break;
+        }
+        if (!holds_norm((const unsigned char *)s, n)) continue;
+        int got, n_row;
+        if ((got = match_ops(ops, n_ops, (const unsigned char *)s, n, row, &n_row)) != 1) {
+            for (int k = 0; k < n_row; k++) Py_DECREF(row[k]);
+            if (got < 0) goto failed;
+            break;
+        }
+        PyObject *tuple = PyTuple_New(n_row);
+        if (tuple == NULL) goto failed;
+        for (int k = 0; k < n_row; k++) PyTuple_SET_ITEM(tuple, k, row[k]);
+        int appended = PyList_Append(rows, tuple);
+        Py_DECREF(tuple);
+        if (appended < 0) goto failed;
+        last = i;
+    }
+    PyMem_Free(ops);
+    PyObject *result = Py_BuildValue("(nnN)", i, last, rows);
+    return result;
+bad_ops:
+    PyErr_SetString(PyExc_ValueError, "template_lines: malformed ops");
+failed:
+    PyMem_Free(ops);
+    Py_XDECREF(rows);
+    return NULL;
+}
+
 static PyObject *crc32(PyObject *self, PyObject *args) {
     Py_buffer view;
     unsigned int crc = 0;
@@ -858,6 +1010,9 @@ static PyMethodDef methods[] = {
     {"mlflow_metric_lines", mlflow_metric_lines, METH_O,
      "mlflow_metric_lines(buffer) -> (steps, timestamps, values) bytes of int64, int64, float64, or None: an\n"
      "MLflow metric file of '<timestamp> <value> <step>' lines (see _logscan.c)."},
+    {"template_lines", template_lines, METH_VARARGS,
+     "template_lines(ops, lines, start) -> (stop, last, rows): the lines a text log template's ops match,\n"
+     "read, up to the first norm line they do not (see _logscan.c)."},
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,

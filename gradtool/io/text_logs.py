@@ -128,8 +128,19 @@ def _text_records(lines: list[str], bare: bool,
     template: _LineTemplate | None = None
     tried = hits = 0  # lines the template was tried on since it was made, and how many it read
     wait = backoff = 0  # norm lines to read before the next try to make one, when the last try failed
-    for line in lines:
+    scan = _template_lines()
+    i, n = 0, len(lines)
+    while i < n:
+        line = lines[i]
+        i += 1
         if template is not None and "norm" in line:
+            if scan is not None and template.ops is not None:  # the compiled reader reads a run of lines
+                _, last, rows = scan(template.ops, lines, i - 1)
+                if rows:
+                    records.extend(rows)
+                    tried, hits, block = tried + len(rows), hits + len(rows), None
+                    i = last + 1  # (the lines after the last it read may start a block: read here)
+                    continue
             tried += 1
             if (t := template.pattern.fullmatch(line)) is not None:
                 hits += 1
@@ -168,6 +179,15 @@ def _text_records(lines: list[str], bare: bool,
     return records, template
 
 
+def _template_lines() -> Any:
+    """The compiled reader of lines by a template (``template_lines``, gradtool/io/_logscan.c), or None
+    (see :mod:`~gradtool.io.compiled`)."""
+    from .compiled import log_readers
+
+    readers = log_readers()
+    return None if readers is None else readers.template_lines
+
+
 # A number of a line that a template may vary: _NUMBER, but not right after a letter, digit, "_" or "."
 # ("l2_norm", "group0", "fp16" stay text). A template's slot takes a sign only where the line it was made
 # from had one, and the spaces next to a slot may be any number but none (numbers padded to a width).
@@ -187,9 +207,13 @@ class _LineTemplate:
     of the fixed text, and the numbers match _NUMBER whole), so the captured numbers are its record, with
     one match instead of five searches and the reader's Python per line (a Megatron line ~9 -> ~2 us)."""
 
-    def __init__(self, pattern: re.Pattern[str], fields: tuple[str, ...], commas: bool) -> None:
+    def __init__(self, pattern: re.Pattern[str], fields: tuple[str, ...], commas: bool,
+                 ops: tuple[tuple[Any, ...], ...] | None = None) -> None:
         self.pattern, self.commas = pattern, commas  # fields: the names of its groups, in the line's order
         self.order = [(k, fields.index(k)) for k in _TEMPLATE_FIELDS if k in fields]  # the reader's order
+        # the pattern as the compiled log reader's operations (template_lines in gradtool/io/_logscan.c):
+        # (0, text), (1,) for " +", (2, captured, signed, words, step) for a number; None with commas
+        self.ops = ops
 
     @classmethod
     def of(cls, line: str, m: re.Match[str]) -> _LineTemplate | None:
@@ -220,13 +244,17 @@ class _LineTemplate:
         if None in read or not set(read) <= {t.span() for t in slots}:
             return None
         pieces, fields, pos = [], [], 0
+        ops: list[tuple[Any, ...]] = []
         commas = any(line.startswith(",", t.end()) for t in slots)  # "1,234" split as two slots by ","
         for t in slots:
             if t.start() == pos and pos:  # two numbers with nothing between
                 return None
             pieces.append(_text_between(line[pos:t.start()], pos > 0, True))
+            ops.extend(_between_ops(line[pos:t.start()], pos > 0, True))
             name = read.get(t.span())
             sign = "[-+]" if t.group()[0] in "+-" else ""
+            ops.append((2, bool(name), bool(sign) and name != "step", 2 if name == "grad_norm" else
+                        1 if name == "loss" else 0, name == "step"))
             # as _NUMBER matches: its first alternative (a number with thousands commas) can match
             # only where a "," follows a slot; else its second, greedy, is as matched possessively
             body = (r"\d++" if name == "step" else f"(?>{sign}{_UNSIGNED})" if commas else
@@ -238,7 +266,8 @@ class _LineTemplate:
                 fields.append(name)
             pos = t.end()
         pieces.append(_text_between(line[pos:], bool(slots), False))
-        return cls(re.compile("".join(pieces)), tuple(fields), commas)
+        ops.extend(_between_ops(line[pos:], bool(slots), False))
+        return cls(re.compile("".join(pieces)), tuple(fields), commas, None if commas else tuple(ops))
 
     def columns(self, rows: list[tuple[str, ...]]) -> dict[str, list[Any]]:
         """The numbers the template captured in ``rows``, by field in the reader's order, as the reader
@@ -278,6 +307,22 @@ def _text_between(text: str, after_slot: bool, before_slot: bool) -> str:
         return " +" if text and (after_slot or before_slot) else re.escape(text)
     return ((" +" if lead and after_slot else re.escape(lead)) + re.escape(middle)
             + (" +" if trail and before_slot else re.escape(trail)))
+
+
+def _between_ops(text: str, after_slot: bool, before_slot: bool) -> list[tuple[Any, ...]]:
+    """:func:`_text_between` as template operations: (0, text as UTF-8) and (1,) for a run of spaces."""
+    lead, middle, trail = _SPACES_AROUND.fullmatch(text).groups()  # type: ignore[union-attr]
+    if not middle:
+        parts: list[Any] = [1] if text and (after_slot or before_slot) else [text]
+    else:
+        parts = [1 if lead and after_slot else lead, middle, 1 if trail and before_slot else trail]
+    ops: list[tuple[Any, ...]] = []
+    for part in parts:
+        if part == 1:
+            ops.append((1,))
+        elif part:
+            ops.append((0, part.encode()))
+    return ops
 
 
 def _text_history(records: list[Any], path: str, template: _LineTemplate | None = None) -> NormHistory:

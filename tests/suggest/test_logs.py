@@ -1421,7 +1421,8 @@ _TEMPLATE_VALUES = st.one_of(
     st.floats(min_value=-1e9, max_value=1e9).map(lambda v: f"{v:.3e}"),
     st.floats(min_value=0, max_value=1e7).map(lambda v: f"{v:,.0f}"),
     st.sampled_from(["nan", "inf", "-inf", "infinity", "NaN", "1.", ".5", "1.2.3", "1e", "-", "x", "", "0012",
-                     "+3", "1,23", "12,345,6", "1e5x", "5e-3", "2E+04", "1,234"]))
+                     "+3", "1,23", "12,345,6", "1e5x", "5e-3", "2E+04", "1,234", "\u0661\u0662", "3\u0663",
+                     "1" * 19, "9" * 130, "0.1e+", "infinit", "nanx", "+nan", "-0"]))
 
 
 @st.composite
@@ -1472,16 +1473,19 @@ def _text_outcome(text):
 @example("step 1 | lr-adamw/group0: 1e-4 | grad norm: 1\nstep 2 | lr-adamw/group1: 1e-4 | grad norm: 2\n")
 def test_lines_read_by_a_template_are_read_as_the_patterns_read_them(text):
     """A line of the same text as an earlier norm line's, but for its numbers, is read by one match of
-    a template made from that line: the history (steps, norms, loss, learning rate, notes) is the one
-    the patterns give line by line, whatever the numbers (signs, exponents, thousands commas, nan, inf,
-    padding) and the other lines among them."""
+    a template made from that line (by the compiled reader, gradtool/io/_logscan.c's template_lines, or
+    the template's pattern): the history (steps, norms, loss, learning rate, notes) is the one the
+    patterns give line by line, whatever the numbers (signs, exponents, thousands commas, nan, inf,
+    padding, digits of other scripts, long ones) and the other lines among them."""
     from gradtool.io import text_logs
 
-    fast = _text_outcome(text)
+    fast = _text_outcome(text)  # by the compiled reader of templates, when it is built
     with pytest.MonkeyPatch.context() as m:
+        m.setattr(text_logs, "_template_lines", lambda: None)
+        by_pattern = _text_outcome(text)  # by the template's pattern
         m.setattr(text_logs._LineTemplate, "of", classmethod(lambda cls, line, match: None))
         slow = _text_outcome(text)
-    assert fast == slow
+    assert fast == by_pattern == slow
 
 
 def test_a_megatron_log_is_read_by_its_template(monkeypatch):
@@ -1531,3 +1535,58 @@ def test_a_line_too_long_for_a_template_is_read_by_the_patterns(monkeypatch):
     h = text_logs.read_text_log("x.log", text=text)
     assert h.steps == list(range(1, 40)) and h.norms == [1 + s / 4 for s in range(1, 40)]
     assert made and not any(made)
+
+
+_MEGATRON_FIELDS = [("iteration", " ", "{}/ 1000"), ("consumed samples", ": ", "{}"),
+                    ("learning rate", ": ", "{}"), ("lm loss", ": ", "{}"), ("loss scale", ": ", "{}"),
+                    ("grad norm", ": ", "{}"), ("number of skipped iterations", ": ", "{}")]
+
+
+_READABLE = st.one_of(st.integers(0, 10**7).map(str), st.floats(-1e9, 1e9).map(repr),
+                      st.floats(0, 1e9).map(lambda v: f"{v:.3e}"), st.floats(0, 1e9).map(lambda v: f"{v:.6E}"),
+                      st.sampled_from(["nan", "inf", "infinity", "1.", "0012", "12e", "1e+5", "nax", "infinit"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_READABLE, _READABLE, _READABLE, _TEMPLATE_VALUES), min_size=7, max_size=7),
+       st.lists(st.integers(0, 3), min_size=7, max_size=7),
+       st.sampled_from(["", " |", "x", " | extra", "|"]), st.sampled_from([" | ", "  ", " |  "]),
+       st.lists(st.integers(1, 10**6).map(str), min_size=3, max_size=3),
+       st.sampled_from([None, None, None, "|", " |", "| "]), st.booleans())
+@example(["1", "8", "1e-4", "2.5", "1.0", "infinity", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], None, False)
+@example(["1", "8", "1e-4", "nan", "-1.0", "inf", "0"], [1] * 7, " |", " | ", ["1", "2", "3"], None, False)
+@example(["1", "8", "1e-4", "infinity", "1.0", "2.5", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], None, False)
+@example(["1", "8", "1e-4", "2.5", "1.0", "nax", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], None, False)
+@example(["1", "8", "1e-4", "2.5", "1.0", "1.5", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], "| ", False)
+@example(["1", "8", "1e-4", "nan", "1.0", "1.5", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], None, True)
+@example(["1", "8", "1e-4", "+2.5", "1.0", "1.5", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], None, True)
+@example(["1", "8", "1e-4", "2.5", "1.0", "1.5", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], None, True)
+@example(["1", "8", "1e-4", "12.5", "1.0", "1.5", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], None, True)
+@example(["1", "8", "1e-4", "-12.5", "1.0", "1.5", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], None, True)
+def test_the_compiled_template_reads_a_line_as_its_pattern(values, pads, tail, sep, base, line_sep,
+                                                          signed_loss):
+    """template_lines (gradtool/io/_logscan.c) on a line of a Megatron template's (its loss signed or not):
+    where it reads the line, the template's pattern matches it and its groups, by int() and float(), are
+    the numbers read; an ASCII line the pattern matches with short numbers is read by it (not left to
+    the pattern)."""
+    from gradtool.io import text_logs
+
+    scan = text_logs._template_lines()
+    if scan is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    first = sep.join(f"{n}{i}{f.format(v)}" for (n, i, f), v in
+                     zip(_MEGATRON_FIELDS, [base[0], base[1], "1.000e-04", "-2.0" if signed_loss else "2.0",
+                                            "1.0", base[2], "0"])) + " |"
+    template = text_logs._LineTemplate.of(first, text_logs._text_norm(first))
+    assert template is not None and template.ops is not None
+    line = ((line_sep or sep).join(f"{n}{i}{' ' * p}{f.format(v)}" for (n, i, f), v, p
+                                   in zip(_MEGATRON_FIELDS, values, pads)) + tail).lower()
+    stop, last, rows = scan(template.ops, [line, "no word here", line], 0)
+    m = template.pattern.fullmatch(line)
+    if rows:
+        assert m is not None and (stop, last, len(rows)) == (3, 2, 2)
+        want = [int(g) if k == 0 else float(g) for k, g in enumerate(m.groups())]
+        assert [repr(v) for v in rows[0]] == [repr(v) for v in want] and rows[0] == rows[1] or "nan" in line
+    else:
+        assert (stop, last) == (0, -1)
+        assert m is None or not line.isascii() or any(len(g) > 18 for g in m.groups())
