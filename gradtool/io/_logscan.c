@@ -86,7 +86,8 @@ static void crc32c_init(void) {
     }
     for (uint32_t i = 0; i < 256; i++)
         for (int t = 1; t < 8; t++)
-            crc32c_table[t][i] = (crc32c_table[t - 1][i] >> 8) ^ crc32c_table[0][crc32c_table[t - 1][i] & 0xFF];
+            crc32c_table[t][i] =
+                (crc32c_table[t - 1][i] >> 8) ^ crc32c_table[0][crc32c_table[t - 1][i] & 0xFF];
 }
 
 /* TFRecord's masked CRC-32C (Castagnoli) of p[0:n]: the CRC rotated right by 15 bits plus 0xA282EAD8. */
@@ -189,8 +190,8 @@ static PyObject *tfevent_scalars(PyObject *self, PyObject *args) {
     Py_ssize_t *tag_len = PyMem_RawMalloc(MAX_TAGS * sizeof(Py_ssize_t));
     int n_tags = 0;
     PyObject *result = NULL, *names = NULL;
-    if (found == NULL || steps == NULL || values == NULL || tags == NULL || slot_tag == NULL || tag_at == NULL ||
-        tag_len == NULL || lv.len != sv.len) {
+    if (found == NULL || steps == NULL || values == NULL || tags == NULL || slot_tag == NULL ||
+        tag_at == NULL || tag_len == NULL || lv.len != sv.len) {
         if (lv.len != sv.len) PyErr_SetString(PyExc_ValueError, "starts and lengths differ in size");
         else PyErr_NoMemory();
         goto done;
@@ -215,8 +216,8 @@ static PyObject *tfevent_scalars(PyObject *self, PyObject *args) {
         int64_t p = 10 + width;
         if (p + 6 > size || d[p] != 0x2A) continue;
         int64_t outer = d[p + 1], value = d[p + 3], k = d[p + 5];
-        if (outer >= 0x80 || p + 2 + outer != size || d[p + 2] != 0x0A || value != outer - 2 || d[p + 4] != 0x0A ||
-            k != value - 7 || k < 0 || d[p + 6 + k] != 0x15)
+        if (outer >= 0x80 || p + 2 + outer != size || d[p + 2] != 0x0A || value != outer - 2 ||
+            d[p + 4] != 0x0A || k != value - 7 || k < 0 || d[p + 6 + k] != 0x15)
             continue;
         const unsigned char *tag = d + p + 6;
         uint32_t h = 2166136261u; /* FNV-1a */

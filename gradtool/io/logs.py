@@ -340,8 +340,8 @@ def _record_keys(all_keys: dict[str, None], source: str, key: str | None) -> tup
 class RowItems:
     """Dict records given as columns, as a compiled reader gathers them: the (row, key, value) items of
     ``n_rows`` records in logging order (a record's in its keys' order), ``keys`` the distinct keys in
-    first-seen order (``key`` indexes them; no name twice), each value a float64 and whether the log wrote it as an
-    int (exact: at most 2^53). A record is ``{keys[k]: value}`` of its items, a later item of a key
+    first-seen order (``key`` indexes them; no name twice), each value a float64 and whether the log
+    wrote it as an int (exact: at most 2^53). A record is ``{keys[k]: value}`` of its items, a later item of a key
     replacing an earlier one (:meth:`records`)."""
 
     def __init__(self, n_rows: int, keys: list[str], row: Any, key: Any, value: Any, is_int: Any):

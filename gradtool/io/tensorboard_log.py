@@ -206,7 +206,8 @@ def _checked_events(buf: bytes, starts: Any, lengths: Any, offset: int, path: st
     raw = np.frombuffer(buf, np.uint8)
     at, size = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
     if data_ok is None:
-        bad = np.flatnonzero(_masked_crc32c(raw, at - 12, np.full(at.size, 8, np.int64)) != _u32_at(raw, at - 4))
+        length_crcs = _masked_crc32c(raw, at - 12, np.full(at.size, 8, np.int64))
+        bad = np.flatnonzero(length_crcs != _u32_at(raw, at - 4))
         if bad.size:
             _bad_length(path, offset + int(at[bad[0]]) - 12)
     scalars = _scalar_records(raw, at, size)

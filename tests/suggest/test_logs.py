@@ -1543,8 +1543,10 @@ _MEGATRON_FIELDS = [("iteration", " ", "{}/ 1000"), ("consumed samples", ": ", "
 
 
 _READABLE = st.one_of(st.integers(0, 10**7).map(str), st.floats(-1e9, 1e9).map(repr),
-                      st.floats(0, 1e9).map(lambda v: f"{v:.3e}"), st.floats(0, 1e9).map(lambda v: f"{v:.6E}"),
-                      st.sampled_from(["nan", "inf", "infinity", "1.", "0012", "12e", "1e+5", "nax", "infinit"]))
+                      st.floats(0, 1e9).map(lambda v: f"{v:.3e}"),
+                      st.floats(0, 1e9).map(lambda v: f"{v:.6E}"),
+                      st.sampled_from(["nan", "inf", "infinity", "1.", "0012", "12e", "1e+5", "nax",
+                                       "infinit"]))
 
 
 @settings(max_examples=300, deadline=None)
