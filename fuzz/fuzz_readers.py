@@ -49,6 +49,8 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
     out.append(("csv", b"step,loss,grad_norm\n1,2.0,1.5\n2,1.9,1.4\n"))
     out.append(("jsonl", b'{"step": 1, "gnorm": 1.0}\n{"step": 2, "gnorm": 2.0}\n'))
     out.append(("log", b"iteration 10/100 | lm loss: 2.0 | grad norm: 1.25 |\n"))
+    out.append(("log", "".join(f" iteration {i:8d}/     100 | learning rate: 1.000E-04 | lm loss: {2 + 1 / i:.6E} "
+                                f"| loss scale: 1.0 | grad norm: {1 + i / 8:.3f} |\n" for i in range(1, 40)).encode()))
     from tests import tensorboard_encoder as enc  # TensorBoard events: framing, CRCs, protobuf, purges
 
     out.append(("tfevents", b"".join(enc.record(e) for e in [
@@ -103,45 +105,26 @@ def resealed_tfrecords(data: bytes) -> bytes:
     return bytes(b)
 
 
-def read_tensorboard_both_ways(p: str) -> None:
-    """The compiled TFRecord framing and scalar reading and the NumPy ones must give the same scalars or
-    the same error."""
+def read_both_ways(p: str) -> None:
+    """A log read with the compiled log readers (gradtool/io/_logscan.c) and with the Python ones (the
+    loader switched off) must give the same history or the same error."""
     from gradtool.errors import GradtoolError
-    from gradtool.io import tensorboard_log
+    from gradtool.io import compiled
+    from gradtool.io.logs import read_norm_log
 
     got = []
-    saved = tensorboard_log._compiled_frames
-    for compiled in (True, False):
-        tensorboard_log._compiled_frames = saved if compiled else (lambda: None)
+    saved = compiled.log_readers
+    for on in (True, False):
+        compiled.log_readers = saved if on else (lambda: None)
         try:
-            series = tensorboard_log.scalar_series(p)
-            got.append({k: (s.tolist(), repr(v.tolist())) for k, (s, v) in series.items()})
+            h = read_norm_log(p)
+            got.append((h.steps, repr(h.norms), repr(h.loss), repr(h.lr), h.key, h.notes))
         except GradtoolError as exc:
             got.append(str(exc))
         finally:
-            tensorboard_log._compiled_frames = saved
+            compiled.log_readers = saved
     if got[0] != got[1]:
-        raise AssertionError(f"the compiled TensorBoard reader read {got[0]!r:.300}, NumPy {got[1]!r:.300}")
-
-
-def read_wandb_both_ways(p: str) -> None:
-    """The compiled and the Python W&B readers must give the same history or the same error."""
-    from gradtool.errors import GradtoolError
-    from gradtool.io import wandb_log
-
-    got = []
-    saved = wandb_log._compiled_reader
-    for compiled in (True, False):
-        wandb_log._compiled_reader = saved if compiled else (lambda: None)
-        try:
-            h = wandb_log.read_wandb_log(p)
-            got.append((h.steps, repr(h.norms), repr(h.loss), h.key, h.notes))
-        except GradtoolError as exc:
-            got.append(str(exc))
-        finally:
-            wandb_log._compiled_reader = saved
-    if got[0] != got[1]:
-        raise AssertionError(f"the compiled W&B reader read {got[0]!r:.300}, the Python one {got[1]!r:.300}")
+        raise AssertionError(f"the compiled readers read {got[0]!r:.300}, the Python ones {got[1]!r:.300}")
 
 
 def check(data: bytes, ext: str, tmp: str) -> None:
@@ -156,14 +139,8 @@ def check(data: bytes, ext: str, tmp: str) -> None:
     with open(p, "wb") as f:
         f.write(data)
     try:
-        if ext == "wandb":
-            read_wandb_both_ways(p)
-        elif ext in ("json", "csv", "jsonl", "log", "tfevents"):
-            if ext == "tfevents":
-                read_tensorboard_both_ways(p)
-            from gradtool.io.logs import read_norm_log
-
-            read_norm_log(p)
+        if ext in ("json", "csv", "jsonl", "log", "tfevents", "wandb"):
+            read_both_ways(p)
         else:
             from gradtool.io.dump import open_dump
             from gradtool.summarize import summarize_dump

@@ -47,53 +47,24 @@
 #define MAX_KEYS 256
 #define SLOTS 512 /* the key table: open addressing, at most half full */
 
-static uint32_t crc_table[8][256];
+typedef uint32_t crc_tables_t[8][256];
+static crc_tables_t crc32_tables, crc32c_tables; /* zlib's CRC-32; CRC-32C (Castagnoli) */
 
-static void crc_init(void) {
+/* The slicing-by-8 tables of the reflected CRC of polynomial `poly`. */
+static void crc_init(crc_tables_t t, uint32_t poly) {
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[0][i] = c;
+        for (int k = 0; k < 8; k++) c = c & 1 ? poly ^ (c >> 1) : c >> 1;
+        t[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+        for (int k = 1; k < 8; k++) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
 }
 
-/* zlib's crc32(data, crc): slicing by 8. */
-static uint32_t crc32_update(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
+/* The CRC of the tables `t` continued over p[0:n] from `crc` (zlib's crc32(data, crc) with crc32_tables):
+ * slicing by 8. */
+static uint32_t crc_update(const crc_tables_t t, uint32_t crc, const unsigned char *p, Py_ssize_t n) {
     crc = ~crc;
-    while (n >= 8) {
-        uint32_t a = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                            (uint32_t)p[3] << 24);
-        crc = crc_table[7][a & 0xFF] ^ crc_table[6][(a >> 8) & 0xFF] ^ crc_table[5][(a >> 16) & 0xFF] ^
-              crc_table[4][a >> 24] ^ crc_table[3][p[4]] ^ crc_table[2][p[5]] ^ crc_table[1][p[6]] ^
-              crc_table[0][p[7]];
-        p += 8;
-        n -= 8;
-    }
-    while (n--) crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    return ~crc;
-}
-
-static uint32_t crc32c_table[8][256];
-
-static void crc32c_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = c & 1 ? 0x82F63B78u ^ (c >> 1) : c >> 1;
-        crc32c_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc32c_table[t][i] =
-                (crc32c_table[t - 1][i] >> 8) ^ crc32c_table[0][crc32c_table[t - 1][i] & 0xFF];
-}
-
-/* TFRecord's masked CRC-32C (Castagnoli) of p[0:n]: the CRC rotated right by 15 bits plus 0xA282EAD8. */
-static uint32_t masked_crc32c(const unsigned char *p, Py_ssize_t n) {
-    uint32_t crc = 0xFFFFFFFFu;
-    const uint32_t(*t)[256] = (const uint32_t(*)[256])crc32c_table;
     while (n >= 8) {
         uint32_t a = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
                             (uint32_t)p[3] << 24);
@@ -103,7 +74,16 @@ static uint32_t masked_crc32c(const unsigned char *p, Py_ssize_t n) {
         n -= 8;
     }
     while (n--) crc = t[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    crc = ~crc;
+    return ~crc;
+}
+
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
+    return crc_update((const uint32_t(*)[256])crc32_tables, crc, p, n);
+}
+
+/* TFRecord's masked CRC-32C of p[0:n]: the CRC rotated right by 15 bits plus 0xA282EAD8. */
+static uint32_t masked_crc32c(const unsigned char *p, Py_ssize_t n) {
+    uint32_t crc = crc_update((const uint32_t(*)[256])crc32c_tables, 0, p, n);
     return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
 }
 
@@ -1026,7 +1006,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gradtool.io._logscan
                                     "Optional compiled log readers (see _logscan.c).", -1, methods};
 
 PyMODINIT_FUNC PyInit__logscan(void) {
-    crc_init();
-    crc32c_init();
+    crc_init(crc32_tables, 0xEDB88320u);
+    crc_init(crc32c_tables, 0x82F63B78u);
     return PyModule_Create(&module);
 }
