@@ -49,8 +49,9 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
     out.append(("csv", b"step,loss,grad_norm\n1,2.0,1.5\n2,1.9,1.4\n"))
     out.append(("jsonl", b'{"step": 1, "gnorm": 1.0}\n{"step": 2, "gnorm": 2.0}\n'))
     out.append(("log", b"iteration 10/100 | lm loss: 2.0 | grad norm: 1.25 |\n"))
-    out.append(("log", "".join(f" iteration {i:8d}/     100 | learning rate: 1.000E-04 | lm loss: {2 + 1 / i:.6E} "
-                                f"| loss scale: 1.0 | grad norm: {1 + i / 8:.3f} |\n" for i in range(1, 40)).encode()))
+    megatron = "".join(f" iteration {i:8d}/     100 | learning rate: 1.000E-04 | lm loss: {2 + 1 / i:.6E} "
+                       f"| loss scale: 1.0 | grad norm: {1 + i / 8:.3f} |\n" for i in range(1, 40))
+    out.append(("log", megatron.encode()))  # read by a line template
     from tests import tensorboard_encoder as enc  # TensorBoard events: framing, CRCs, protobuf, purges
 
     out.append(("tfevents", b"".join(enc.record(e) for e in [

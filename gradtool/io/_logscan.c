@@ -796,7 +796,8 @@ static PyObject *mlflow_metric_lines(PyObject *self, PyObject *arg) {
     }
     if (ok)
         result = Py_BuildValue("(y#y#y#)", (const char *)steps, lines * (Py_ssize_t)sizeof(int64_t),
-                               (const char *)stamps, lines * (Py_ssize_t)sizeof(int64_t), (const char *)values,
+                               (const char *)stamps, lines * (Py_ssize_t)sizeof(int64_t),
+                               (const char *)values,
                                lines * (Py_ssize_t)sizeof(double));
     else if (!PyErr_Occurred())
         result = Py_NewRef(Py_None);
@@ -989,8 +990,8 @@ static PyMethodDef methods[] = {
      "tfevent_scalars(buffer, starts, lengths) -> (found, steps, values, tags, names): the records laid out\n"
      "as add_scalar writes one scalar's event, read (see _logscan.c)."},
     {"mlflow_metric_lines", mlflow_metric_lines, METH_O,
-     "mlflow_metric_lines(buffer) -> (steps, timestamps, values) bytes of int64, int64, float64, or None: an\n"
-     "MLflow metric file of '<timestamp> <value> <step>' lines (see _logscan.c)."},
+     "mlflow_metric_lines(buffer) -> (steps, timestamps, values) bytes of int64, int64, float64, or None:\n"
+     "an MLflow metric file of '<timestamp> <value> <step>' lines (see _logscan.c)."},
     {"template_lines", template_lines, METH_VARARGS,
      "template_lines(ops, lines, start) -> (stop, last, rows): the lines a text log template's ops match,\n"
      "read, up to the first norm line they do not (see _logscan.c)."},
