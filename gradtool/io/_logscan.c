@@ -2,7 +2,7 @@
  * W&B run-log history rows (wandb_block, wandb_record: gradtool/io/wandb_log.py), TensorBoard event files'
  * TFRecord framing, CRCs and add_scalar events (tfrecord_frames, tfevent_scalars: tensorboard_log.py),
  * MLflow metric lines (mlflow_metric_lines: mlflow_store.py) and text log lines by a line template
- * (template_lines: text_logs.py). Each stops at, or leaves to the Python reader, whatever it does not read
+ * (template_text: text_logs.py). Each stops at, or leaves to the Python reader, whatever it does not read
  * exactly as that reader does; each Python reader is the fallback when the extension is not built.
  *
  * wandb_block(block, at, row, out) -> (stop, rows) reads, from byte `at` of one 32 KiB block of a W&B run
@@ -819,15 +819,14 @@ typedef struct {
     Py_ssize_t len;
 } op_t;
 
-/* Match line[0:n] against ops; 1 and the captured values in row (Python objects: an int for a step, a
- * float else) on a match, 0 when it does not match here (the pattern decides), -1 on an error. A slot:
- * step, ASCII digits (at most 18); else an optional sign where the template's line had one, ASCII digits,
- * an optional ".", digits, an optional exponent (taken only whole), read as float() reads it; or, where
- * the number does not start (words 1: the loss's, 2: the norm's), "nan", "inf" (2: "infinity" too). */
-static int match_ops(const op_t *ops, Py_ssize_t n_ops, const unsigned char *s, Py_ssize_t n, PyObject **row,
-                     int *n_row) {
+/* Match line[0:n] against ops; 1 and the captured values in row (int64 for a step, the bits of a float64
+ * else) on a match, 0 when it does not match here (the pattern decides). A slot: step, ASCII digits (at
+ * most 18); else an optional sign where the template's line had one, ASCII digits, an optional ".", digits,
+ * an optional exponent (taken only whole), read as float() reads it; or, where the number does not start
+ * (words 1: the loss's, 2: the norm's), "nan", "inf" (2: "infinity" too). */
+static int match_ops(const op_t *ops, Py_ssize_t n_ops, const unsigned char *s, Py_ssize_t n, int64_t *row) {
     Py_ssize_t pos = 0;
-    *n_row = 0;
+    int n_row = 0;
     for (Py_ssize_t k = 0; k < n_ops; k++) {
         const op_t *op = &ops[k];
         if (op->kind == OP_TEXT) {
@@ -842,12 +841,11 @@ static int match_ops(const op_t *ops, Py_ssize_t n_ops, const unsigned char *s, 
             q += op->is_signed && sign_ok;
             Py_ssize_t d = q;
             while (sign_ok && q < n && s[q] >= '0' && s[q] <= '9') q++;
-            PyObject *value = NULL;
+            double x = 0.0;
+            int64_t step = 0;
             if (q > d && op->step) {
                 if (q - d > 18) return 0;
-                int64_t x = 0;
-                for (Py_ssize_t i = d; i < q; i++) x = x * 10 + (s[i] - '0');
-                if ((value = PyLong_FromLongLong(x)) == NULL) return -1;
+                for (Py_ssize_t i = d; i < q; i++) step = step * 10 + (s[i] - '0');
             } else if (q > d) {
                 if (q < n && s[q] == '.') q++;
                 while (q < n && s[q] >= '0' && s[q] <= '9') q++;
@@ -859,22 +857,21 @@ static int match_ops(const op_t *ops, Py_ssize_t n_ops, const unsigned char *s, 
                         q = e;
                     }
                 }
-                double x;
-                if (op->captured) {
-                    if (decimal(s + pos, q - pos, 0, &x, 1) != NUMBER) return 0;
-                    if ((value = PyFloat_FromDouble(x)) == NULL) return -1;
-                }
+                if (op->captured && decimal(s + pos, q - pos, 0, &x, 1) != NUMBER) return 0;
             } else if (op->words && n - pos >= 3 && memcmp(s + pos, "nan", 3) == 0) {
                 q = pos + 3;
-                if (op->captured && (value = PyFloat_FromDouble(Py_NAN)) == NULL) return -1;
+                x = Py_NAN;
             } else if (op->words && n - pos >= 3 && memcmp(s + pos, "inf", 3) == 0) {
                 q = pos + 3;
                 if (op->words == 2 && n - q >= 5 && memcmp(s + q, "inity", 5) == 0) q += 5;
-                if (op->captured && (value = PyFloat_FromDouble(Py_HUGE_VAL)) == NULL) return -1;
+                x = Py_HUGE_VAL;
             } else {
                 return 0;
             }
-            if (op->captured) row[(*n_row)++] = value;
+            if (op->captured) {
+                if (!op->step) memcpy(&step, &x, sizeof step);
+                row[n_row++] = step;
+            }
             pos = q;
         }
     }
@@ -882,24 +879,100 @@ static int match_ops(const op_t *ops, Py_ssize_t n_ops, const unsigned char *s, 
 }
 
 static int holds_norm(const unsigned char *s, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i + 4 <= n; i++)
-        if (s[i] == 'n' && s[i + 1] == 'o' && s[i + 2] == 'r' && s[i + 3] == 'm') return 1;
+    const unsigned char *p = s, *end = s + n;
+    while (end - p >= 4 && (p = memchr(p, 'n', (size_t)(end - p - 3))) != NULL) {
+        if (p[1] == 'o' && p[2] == 'r' && p[3] == 'm') return 1;
+        p++;
+    }
     return 0;
 }
 
-/* template_lines(ops, lines, start) -> (stop, last, rows): from lines[start] on (lowercased str), the
- * lines holding "norm" that the template's ops match are read (a tuple of the captured numbers each, in
- * rows), the others skipped, up to `stop`, the first line holding "norm" that they do not match here (or
- * the end); `last`, the index of the last line read (start - 1: none). The caller reads the lines after
- * `last` itself (the others may start a block), and `stop` by the pattern. */
-static PyObject *template_lines(PyObject *self, PyObject *args) {
-    PyObject *ops_obj, *lines;
-    Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "O!O!n", &PyTuple_Type, &ops_obj, &PyList_Type, &lines, &start)) return NULL;
-    Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n_lines = PyList_GET_SIZE(lines), i, last = start - 1;
+/* Where str.splitlines() ends an ASCII line: \n, \r (\r\n one break), \v, \f, \x1c, \x1d, \x1e. */
+static int is_break(Py_UCS4 c) {
+    return c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e);
+}
+
+/* The line of text (kind, data, length n) that starts at pos, lowercased as str.lower() lowercases ASCII,
+ * into *buf (grown as needed, *cap bytes): its length, with *next the offset after its line break (as
+ * str.splitlines() splits); -1 when it holds a character that is not ASCII (left to the Python reader:
+ * other line breaks, other lowercasings), -2 when out of memory. */
+static Py_ssize_t lowered_line(int kind, const void *data, Py_ssize_t n, Py_ssize_t pos, unsigned char **buf,
+                               Py_ssize_t *cap, Py_ssize_t *next) {
+    Py_ssize_t end = n;
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const unsigned char *s = (const unsigned char *)data, *nl = memchr(s + pos, '\n', (size_t)(n - pos));
+        end = nl == NULL ? n : nl - s;
+    }
+    if (end - pos > *cap) {
+        Py_ssize_t want = 2 * (end - pos) + 256;
+        unsigned char *grown = PyMem_Realloc(*buf, (size_t)want);
+        if (grown == NULL) return -2;
+        *buf = grown, *cap = want;
+    }
+    unsigned char *out = *buf, odd = 0;
+    if (kind == PyUnicode_1BYTE_KIND) { /* one pass the compiler vectorises; the rare odd line again */
+        const unsigned char *s = (const unsigned char *)data + pos;
+        for (Py_ssize_t i = 0; i < end - pos; i++) {
+            unsigned char c = s[i];
+            odd |= (c >= 0x80) | (c < 0x20 && c != '\t');
+            out[i] = c | (unsigned char)(((unsigned char)(c - 'A') < 26) << 5);
+        }
+    } else {
+        odd = 1;
+    }
+    if (!odd) {
+        *next = end < n ? end + 1 : n;
+        return end - pos;
+    }
+    Py_ssize_t i = pos;
+    for (; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c >= 0x80) return -1;
+        if (is_break(c)) break;
+        if (i - pos >= *cap) { /* (kinds 2 and 4: the line's end was not known) */
+            Py_ssize_t want = 2 * *cap + 256;
+            unsigned char *grown = PyMem_Realloc(*buf, (size_t)want);
+            if (grown == NULL) return -2;
+            *buf = grown, *cap = want;
+        }
+        (*buf)[i - pos] = (unsigned char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+    }
+    *next = i >= n ? n : i + 1 + (PyUnicode_READ(kind, data, i) == '\r' && i + 1 < n &&
+                                  PyUnicode_READ(kind, data, i + 1) == '\n');
+    return i - pos;
+}
+
+/* Append rows[0:n_rows] (n_cols int64 or float64 bits each) to the bytearrays of list out, by column. */
+static int append_columns(PyObject *out, const int64_t *rows, Py_ssize_t n_rows, int n_cols) {
+    for (int j = 0; j < n_cols; j++) {
+        PyObject *col = PyList_GET_ITEM(out, j);
+        Py_ssize_t had = PyByteArray_GET_SIZE(col);
+        if (PyByteArray_Resize(col, had + n_rows * 8) < 0) return -1;
+        int64_t *to = (int64_t *)(void *)(PyByteArray_AS_STRING(col) + had);
+        for (Py_ssize_t r = 0; r < n_rows; r++) memcpy(&to[r], &rows[r * n_cols + j], 8);
+    }
+    return 0;
+}
+
+/* template_text(ops, text, pos, out) -> (stop, resume, rows): the lines of str text from offset pos on
+ * (the start of a line; lines as text.splitlines() gives them, lowercased), those holding "norm" that the
+ * template's ops match read, the others skipped, up to `stop`: the offset of the first line holding
+ * "norm" that they do not match here, or of the first line that holds or ends in a character that is not
+ * ASCII (or len(text)). The numbers captured are appended to out, a list of one bytearray per captured
+ * slot, in the line's order: int64 for the step, float64 else; `rows` lines were read, `resume` is the
+ * offset after the last line read (pos: none). The caller reads the lines from `resume` on itself (the
+ * lines skipped may start a block), and the line at `stop` by the pattern. */
+static PyObject *template_text(PyObject *self, PyObject *args) {
+    PyObject *ops_obj, *text, *out;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "O!UnO!", &PyTuple_Type, &ops_obj, &text, &pos, &PyList_Type, &out))
+        return NULL;
+    Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n = PyUnicode_GET_LENGTH(text);
     op_t *ops = PyMem_Calloc((size_t)n_ops + 1, sizeof(op_t));
-    PyObject *rows = PyList_New(0), *row[64];
-    if (ops == NULL || rows == NULL) goto failed;
+    unsigned char *line = NULL;
+    int64_t *rows = NULL;
+    Py_ssize_t cap = 0, n_rows = 0, rows_cap = 0;
+    if (ops == NULL) return PyErr_NoMemory();
     int captured = 0;
     for (Py_ssize_t k = 0; k < n_ops; k++) {
         PyObject *t = PyTuple_GET_ITEM(ops_obj, k);
@@ -921,39 +994,51 @@ static PyObject *template_lines(PyObject *self, PyObject *args) {
         }
     }
     if (PyErr_Occurred()) goto failed;
-    if (captured > 64) goto bad_ops;
-    for (i = start < 0 ? 0 : start; i < n_lines; i++) {
-        PyObject *line = PyList_GET_ITEM(lines, i);
-        if (!PyUnicode_Check(line)) break;
-        Py_ssize_t n;
-        const char *s = PyUnicode_AsUTF8AndSize(line, &n);
-        if (s == NULL) { /* (a lone surrogate: the pattern reads it) */
-            PyErr_Clear();
-            break;
-        }
-        if (!holds_norm((const unsigned char *)s, n)) continue;
-        int got, n_row;
-        if ((got = match_ops(ops, n_ops, (const unsigned char *)s, n, row, &n_row)) != 1) {
-            for (int k = 0; k < n_row; k++) Py_DECREF(row[k]);
-            if (got < 0) goto failed;
-            break;
-        }
-        PyObject *tuple = PyTuple_New(n_row);
-        if (tuple == NULL) goto failed;
-        for (int k = 0; k < n_row; k++) PyTuple_SET_ITEM(tuple, k, row[k]);
-        int appended = PyList_Append(rows, tuple);
-        Py_DECREF(tuple);
-        if (appended < 0) goto failed;
-        last = i;
+    if (captured > 64 || PyList_GET_SIZE(out) != captured) goto bad_ops;
+    for (Py_ssize_t j = 0; j < captured; j++)
+        if (!PyByteArray_Check(PyList_GET_ITEM(out, j))) goto bad_ops;
+    if (pos < 0 || pos > n) {
+        PyErr_SetString(PyExc_IndexError, "template_text: pos out of range");
+        goto failed;
     }
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t at = pos, resume = pos, next;
+    while (at < n) {
+        Py_ssize_t len = lowered_line(kind, data, n, at, &line, &cap, &next);
+        if (len == -2) {
+            PyErr_NoMemory();
+            goto failed;
+        }
+        if (len < 0) break;
+        if (n_rows == rows_cap) {
+            rows_cap = 2 * rows_cap + 1024;
+            int64_t *grown = PyMem_Realloc(rows, (size_t)rows_cap * (size_t)(captured ? captured : 1) * 8);
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto failed;
+            }
+            rows = grown;
+        }
+        if (match_ops(ops, n_ops, line, len, rows + n_rows * captured)) {
+            n_rows++;
+            resume = next;
+        } else if (holds_norm(line, len)) {
+            break;
+        }
+        at = next;
+    }
+    if (append_columns(out, rows, n_rows, captured) < 0) goto failed;
     PyMem_Free(ops);
-    PyObject *result = Py_BuildValue("(nnN)", i, last, rows);
-    return result;
+    PyMem_Free(line);
+    PyMem_Free(rows);
+    return Py_BuildValue("(nnn)", at, resume, n_rows);
 bad_ops:
-    PyErr_SetString(PyExc_ValueError, "template_lines: malformed ops");
+    PyErr_SetString(PyExc_ValueError, "template_text: malformed ops or out");
 failed:
     PyMem_Free(ops);
-    Py_XDECREF(rows);
+    PyMem_Free(line);
+    PyMem_Free(rows);
     return NULL;
 }
 
@@ -992,9 +1077,10 @@ static PyMethodDef methods[] = {
     {"mlflow_metric_lines", mlflow_metric_lines, METH_O,
      "mlflow_metric_lines(buffer) -> (steps, timestamps, values) bytes of int64, int64, float64, or None:\n"
      "an MLflow metric file of '<timestamp> <value> <step>' lines (see _logscan.c)."},
-    {"template_lines", template_lines, METH_VARARGS,
-     "template_lines(ops, lines, start) -> (stop, last, rows): the lines a text log template's ops match,\n"
-     "read, up to the first norm line they do not (see _logscan.c)."},
+    {"template_text", template_text, METH_VARARGS,
+     "template_text(ops, text, pos, out) -> (stop, resume, rows): the lines of text from offset pos that a\n"
+     "text log template's ops match, their numbers appended to out, up to the first norm line they do not\n"
+     "match (see _logscan.c)."},
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,

@@ -35,6 +35,7 @@ _TEXT_STEP = re.compile(rf"(?:iteration|iter|step|global_step|num_updates){_IS}(
 _MMENGINE_STEP = re.compile(
     r"epoch\(train\)\s*\[(\d+)\]\[\s*(\d+)/(\d+)\]|iter\(train\)\s*\[\s*(\d+)/\d+\]")
 _LLMC_STEP = re.compile(r"s:(\d+)")  # llm.c's main.log: "s:100 trl:3.2 lr:0.0006 norm:0.45"
+_LLMC_LINE = re.compile("\ns:")  # a line of llm.c's main.log: found 2x faster than by `"\ns:" in text`
 _LLMC_LOSS = re.compile(rf"\strl:({_NUMBER}|nan|inf)")  # its train loss; a "trl" among _TEXT_LOSS's names: 2x
 # "norm" alone, after a separator or a value: nanoGPT-derived loops' "| norm: 1.23 |", llm.c's "| norm 1.2
 # (+0.1z)|" and its main.log's "lr:0.0006 norm:0.45"; not "param norm", "layer_norm" (read only from a log
@@ -66,12 +67,15 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
     text = _read_text(path) if text is None else text
     if "\x1b" in text:
         text = _ANSI.sub("", text)
-    lines = text.lower().splitlines()  # names in any case; float() reads 1.0e-04, nan, inf
-    llmc = text.startswith("s:") or "\ns:" in text  # llm.c's main.log (s:100 trl:3.2 ...): checked once
-    lines, notes = _without_fairseq_epoch_ends(text, lines)
-    (records, template), bare = _text_records(lines, False, llmc), False
+    llmc = text.startswith("s:") or _LLMC_LINE.search(text) is not None  # llm.c's main.log (s:100 ...)
+    notes: list[str] = []
+    if is_fairseq(text):
+        lines, notes = _without_fairseq_epoch_ends(text, text.lower().splitlines())
+        text = "\n".join(lines)  # (lowercased: lowering it again changes nothing)
+    text = _newline_lines(text)
+    (records, template), bare = _text_records(text, False, llmc), False
     if not records:  # nanoGPT-derived loops and llm.c name the gradient norm "norm"
-        (records, template), bare = _text_records(lines, True, llmc), True
+        (records, template), bare = _text_records(text, True, llmc), True
     if not records:
         raise InputError(f"{path}: no 'grad norm: X' values found in this text log")
     hist = _noted(_text_history(records, path, template), notes)
@@ -116,30 +120,56 @@ def _fairseq_notes(epoch_ends: int) -> list[str]:
     return notes
 
 
-def _text_records(lines: list[str], bare: bool,
-                  llmc: bool) -> tuple[list[dict[str, Any] | tuple[str, ...]], _LineTemplate | None]:
-    """The records (step, grad_norm, loss, learning_rate) of a text log's lowercased ``lines``: see
-    :func:`read_text_log`; ``bare``: the norm named just "norm" (:data:`_BARE_NORM`); ``llmc``: lines
-    may be llm.c's ``s:100 trl:3.2 ...``. A line of the same text as an earlier step's line but for its
-    numbers is read by one match of that line's :class:`_LineTemplate`, as the patterns would read it:
-    its record is the numbers the template captured (a tuple), the template given beside the records."""
-    records: list[dict[str, Any] | tuple[str, ...]] = []
+# Where str.splitlines() ends a line besides "\n" (and in a text that is not ASCII, also \x85, \u2028, \u2029)
+_OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
+
+
+def _newline_lines(text: str) -> str:
+    """``text`` with every line break ``str.splitlines()`` knows made "\n" (\r\n as one): the same lines,
+    found by ``str.find`` (a pattern of the line breaks is 10x slower than the rest of the reader). The
+    usual log, whose lines end in "\n" only, is given back as it is (six searches for the others)."""
+    breaks = _OTHER_BREAKS if text.isascii() else _OTHER_BREAKS + "\x85\u2028\u2029"
+    if not any(c in text for c in breaks):
+        return text
+    lines = text.splitlines()
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _line_at(text: str, pos: int) -> tuple[str, int]:
+    """The line of ``text`` (see :func:`_newline_lines`) that starts at ``pos``, lowercased, and where the
+    next one starts: taken from 0 on, the lines ``text.lower().splitlines()`` gives, one at a time (so
+    that the compiled reader can read runs of them from the text itself)."""
+    if (end := text.find("\n", pos)) < 0:
+        return text[pos:].lower(), len(text)
+    return text[pos:end].lower(), end + 1
+
+
+def _text_records(text: str, bare: bool,
+                  llmc: bool) -> tuple[list[dict[str, Any] | tuple[str, ...] | _Run], _LineTemplate | None]:
+    """The records (step, grad_norm, loss, learning_rate) of a text log's lines (``text.lower()
+    .splitlines()``; every line break of ``text`` a "\n": see :func:`_newline_lines`): see
+    :func:`read_text_log`; ``bare``: the norm named just "norm" (:data:`_BARE_NORM`);
+    ``llmc``: lines may be llm.c's ``s:100 trl:3.2 ...``. A line of the same text as an earlier step's
+    line but for its numbers is read by one match of that line's :class:`_LineTemplate`, as the patterns
+    would read it: its record is the numbers the template captured (a tuple), or, for a run of such lines
+    the compiled reader read from the text, a :class:`_Run` of them; the template given beside the records."""
+    records: list[dict[str, Any] | tuple[str, ...] | _Run] = []
     block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
     template: _LineTemplate | None = None
     tried = hits = 0  # lines the template was tried on since it was made, and how many it read
     wait = backoff = 0  # norm lines to read before the next try to make one, when the last try failed
-    scan = _template_lines()
-    i, n = 0, len(lines)
-    while i < n:
-        line = lines[i]
-        i += 1
+    scan = _template_text()
+    pos, n = 0, len(text)
+    while pos < n:
+        start = pos
+        line, pos = _line_at(text, pos)
         if template is not None and "norm" in line:
             if scan is not None and template.ops is not None:  # the compiled reader reads a run of lines
-                _, last, rows = scan(template.ops, lines, i - 1)
+                _, resume, rows = scan(template.ops, text, start, template.out)
                 if rows:
-                    records.extend(rows)
-                    tried, hits, block = tried + len(rows), hits + len(rows), None
-                    i = last + 1  # (the lines after the last it read may start a block: read here)
+                    records.append(_Run(template, rows))
+                    tried, hits, block = tried + rows, hits + rows, None
+                    pos = resume  # (the lines after the last it read may start a block: read here)
                     continue
             tried += 1
             if (t := template.pattern.fullmatch(line)) is not None:
@@ -179,13 +209,24 @@ def _text_records(lines: list[str], bare: bool,
     return records, template
 
 
-def _template_lines() -> Any:
-    """The compiled reader of lines by a template (``template_lines``, gradtool/io/_logscan.c), or None
+def _template_text() -> Any:
+    """The compiled reader of lines by a template (``template_text``, gradtool/io/_logscan.c), or None
     (see :mod:`~gradtool.io.compiled`)."""
     from .compiled import log_readers
 
     readers = log_readers()
-    return None if readers is None else readers.template_lines
+    return None if readers is None else readers.template_text
+
+
+class _Run:
+    """A run of lines the compiled reader read by ``template``: its next ``rows`` rows of numbers (in
+    ``template.out``)."""
+
+    __slots__ = ("template", "start", "stop")
+
+    def __init__(self, template: _LineTemplate, rows: int) -> None:
+        self.template, self.stop = template, template.rows + rows
+        self.start, template.rows = template.rows, self.stop
 
 
 # A number of a line that a template may vary: _NUMBER, but not right after a letter, digit, "_" or "."
@@ -214,6 +255,11 @@ class _LineTemplate:
         # the pattern as the compiled log reader's operations (template_lines in gradtool/io/_logscan.c):
         # (0, text), (1,) for " +", (2, captured, signed, words, step) for a number; None with commas
         self.ops = ops
+        # the numbers the compiled reader read by the template: a bytearray per field (the line's order) of
+        # int64 (the step) or float64, and how many rows they hold (see _Run)
+        self.out = [bytearray() for _ in fields]
+        self.kinds = ["<i8" if k == "step" else "<f8" for k in fields]
+        self.rows = 0
 
     @classmethod
     def of(cls, line: str, m: re.Match[str]) -> _LineTemplate | None:
@@ -277,20 +323,59 @@ class _LineTemplate:
                 [float(v.replace(",", "")) for v in captured[i]] if self.commas else
                 list(map(float, captured[i])) for k, i in self.order}
 
+    def run_columns(self, run: _Run) -> dict[str, Any]:
+        """The numbers of ``run`` (read by the compiled reader), by field in the reader's order: NumPy
+        arrays of int64 steps and float64 values (copies)."""
+        import numpy as np
+
+        return {k: np.frombuffer(self.out[i], self.kinds[i])[run.start:run.stop].copy()
+                for k, i in self.order}
+
     def as_dicts(self, records: list[Any]) -> None:
-        """The rows this template captured among ``records`` made the reader's dicts, in place."""
+        """The rows this template captured among ``records`` (tuples, and its runs) made the reader's dicts
+        (Python ints and floats), in place."""
         at = [i for i, r in enumerate(records) if type(r) is tuple]
         if at:
             columns = self.columns([records[i] for i in at])
             for j, i in enumerate(at):
                 records[i] = {k: col[j] for k, col in columns.items()}
+        if any(type(r) is _Run and r.template is self for r in records):
+            expanded: list[Any] = []
+            for r in records:
+                if type(r) is _Run and r.template is self:
+                    columns = {k: col.tolist() for k, col in self.run_columns(r).items()}
+                    expanded.extend({k: col[j] for k, col in columns.items()}
+                                    for j in range(r.stop - r.start))
+                else:
+                    expanded.append(r)
+            records[:] = expanded
 
-    def history(self, rows: list[tuple[str, ...]], path: str) -> NormHistory | None:
+    def history(self, records: list[tuple[str, ...] | _Run], path: str) -> NormHistory | None:
         """The history of a log whose every record this template read (what :func:`from_records` makes
         of their dicts, from columns); None when they do not make one that way."""
+        import numpy as np
+
         from .logs import _columns, _with_others
 
-        columns = self.columns(rows)
+        parts: dict[str, list[Any]] = {k: [] for k, _ in self.order}
+        at = 0
+        while at < len(records):
+            if type(records[at]) is _Run:
+                got = self.run_columns(records[at])  # type: ignore[arg-type]
+                at += 1
+            else:  # tuples the pattern read: converted as the reader converts them, then to arrays
+                end = at
+                while end < len(records) and type(records[end]) is tuple:
+                    end += 1
+                try:
+                    got = {k: np.asarray(col, dtype=np.int64 if k == "step" else np.float64)
+                           for k, col in self.columns(records[at:end]).items()}  # type: ignore[arg-type]
+                except OverflowError:  # a step beyond int64: the general reader's
+                    return None
+                at = end
+            for k, col in got.items():
+                parts[k].append(col)
+        columns = {k: np.concatenate(col) for k, col in parts.items()}
         fast = _columns(columns["step"], columns["grad_norm"], columns.get("loss"),
                         columns.get("learning_rate"), types_known=True, lists=False)
         if fast is None:
@@ -329,7 +414,9 @@ def _text_history(records: list[Any], path: str, template: _LineTemplate | None 
     """The history of a text log's ``records``: by their steps, or by their order when most have none;
     ``template``: the one that read the records that are tuples (see :func:`_text_records`)."""
     if template is not None:
-        if set(map(type, records)) == {tuple} and (hist := template.history(records, path)) is not None:
+        if (set(map(type, records)) <= {tuple, _Run} and all(type(r) is tuple or r.template is template
+                                                             for r in records)
+                and (hist := template.history(records, path)) is not None):
             return hist
         template.as_dicts(records)
     n, with_step = len(records), sum("step" in r for r in records)

@@ -1449,7 +1449,14 @@ def _template_logs(draw):
             lines.append(f"[step={draw(st.integers(0, 99))}/99]")
         else:
             lines.append("")
-    return "\n".join(lines) + "\n"
+        if draw(st.integers(0, 9)) == 0:  # a line in capitals, or with a character that is not ASCII
+            lines[-1] = draw(st.sampled_from([lines[-1].upper(), lines[-1] + " \u00e9", "\u2588" + lines[-1],
+                                              lines[-1].replace("e", "\u0130"), "\U0001f600 " + lines[-1]]))
+    # lines end as str.splitlines() ends them; mostly "\n"
+    breaks = draw(st.lists(st.sampled_from(["\n"] * 12 + ["\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d",
+                                                           "\x1e", "\x85", "\u2028", "\u2029", "\n\r"]),
+                           min_size=len(lines), max_size=len(lines)))
+    return "".join(line + brk for line, brk in zip(lines, breaks))
 
 
 def _text_outcome(text):
@@ -1473,19 +1480,21 @@ def _text_outcome(text):
 @example("step 1 | lr-adamw/group0: 1e-4 | grad norm: 1\nstep 2 | lr-adamw/group1: 1e-4 | grad norm: 2\n")
 def test_lines_read_by_a_template_are_read_as_the_patterns_read_them(text):
     """A line of the same text as an earlier norm line's, but for its numbers, is read by one match of
-    a template made from that line (by the compiled reader, gradtool/io/_logscan.c's template_lines, or
+    a template made from that line (by the compiled reader, gradtool/io/_logscan.c's template_text, or
     the template's pattern): the history (steps, norms, loss, learning rate, notes) is the one the
     patterns give line by line, whatever the numbers (signs, exponents, thousands commas, nan, inf,
-    padding, digits of other scripts, long ones) and the other lines among them."""
+    padding, digits of other scripts, long ones), the other lines among them, their case, line breaks
+    and characters that are not ASCII."""
     from gradtool.io import text_logs
 
     fast = _text_outcome(text)  # by the compiled reader of templates, when it is built
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(text_logs, "_template_lines", lambda: None)
+        m.setattr(text_logs, "_template_text", lambda: None)
         by_pattern = _text_outcome(text)  # by the template's pattern
         m.setattr(text_logs._LineTemplate, "of", classmethod(lambda cls, line, match: None))
         slow = _text_outcome(text)
-    assert fast == by_pattern == slow
+    plain = _text_outcome("\n".join(text.lower().splitlines()))  # lines split and lowered by Python
+    assert fast == by_pattern == slow == plain
 
 
 def test_a_megatron_log_is_read_by_its_template(monkeypatch):
@@ -1567,13 +1576,13 @@ _READABLE = st.one_of(st.integers(0, 10**7).map(str), st.floats(-1e9, 1e9).map(r
 @example(["1", "8", "1e-4", "-12.5", "1.0", "1.5", "0"], [0] * 7, " |", " | ", ["1", "2", "3"], None, True)
 def test_the_compiled_template_reads_a_line_as_its_pattern(values, pads, tail, sep, base, line_sep,
                                                           signed_loss):
-    """template_lines (gradtool/io/_logscan.c) on a line of a Megatron template's (its loss signed or not):
+    """template_text (gradtool/io/_logscan.c) on a line of a Megatron template's (its loss signed or not):
     where it reads the line, the template's pattern matches it and its groups, by int() and float(), are
     the numbers read; an ASCII line the pattern matches with short numbers is read by it (not left to
     the pattern)."""
     from gradtool.io import text_logs
 
-    scan = text_logs._template_lines()
+    scan = text_logs._template_text()
     if scan is None:
         pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
     first = sep.join(f"{n}{i}{f.format(v)}" for (n, i, f), v in
@@ -1583,12 +1592,102 @@ def test_the_compiled_template_reads_a_line_as_its_pattern(values, pads, tail, s
     assert template is not None and template.ops is not None
     line = ((line_sep or sep).join(f"{n}{i}{' ' * p}{f.format(v)}" for (n, i, f), v, p
                                    in zip(_MEGATRON_FIELDS, values, pads)) + tail).lower()
-    stop, last, rows = scan(template.ops, [line, "no word here", line], 0)
+    text = f"{line}\nno word here\n{line}"
+    stop, resume, rows = scan(template.ops, text, 0, template.out)
     m = template.pattern.fullmatch(line)
     if rows:
-        assert m is not None and (stop, last, len(rows)) == (3, 2, 2)
+        assert m is not None and (stop, resume, rows) == (len(text), len(text), 2)
         want = [int(g) if k == 0 else float(g) for k, g in enumerate(m.groups())]
-        assert [repr(v) for v in rows[0]] == [repr(v) for v in want] and rows[0] == rows[1] or "nan" in line
+        got = [np.frombuffer(col, kind).tolist() for col, kind in zip(template.out, template.kinds)]
+        first, second = ([repr(c[k]) for c in got] for k in (0, 1))
+        assert [repr(v) for v in want] == first == second or "nan" in line
     else:
-        assert (stop, last) == (0, -1)
+        assert (stop, resume) == (0, 0) and template.out == [bytearray()] * len(template.out)
         assert m is None or not line.isascii() or any(len(g) > 18 for g in m.groups())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("aB \tnorm1.:|") + ["\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d",
+                                                                 "\x1e", "\x1f", "\x85", "\u2028", "\u2029",
+                                                                 "\u0130", "\u212a", "\u03a3"])))
+@example("a\r\nb\n\rc\r")
+@example("\u03a3\n\u03a3a\u03a3\nK\u212a")
+def test_a_text_log_is_read_line_by_line_as_splitlines_splits_it(text):
+    """The text reader takes a log's lines one at a time (_line_at, after _newline_lines): from 0 on, the
+    lines text.lower().splitlines() gives (every line break str.splitlines() knows, \\r\\n as one;
+    lowercased line by line as the whole text is: a final sigma, the Kelvin sign, dotted capital I)."""
+    from gradtool.io.text_logs import _line_at, _newline_lines
+
+    lines, pos, newline = [], 0, _newline_lines(text)
+    while pos < len(newline):
+        line, pos = _line_at(newline, pos)
+        lines.append(line)
+    assert lines == text.lower().splitlines()
+
+
+_SPLITLINES_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _lines_with_offsets(text):
+    """(start, line, next) of each line of text as str.splitlines() splits it (a reference, by pattern)."""
+    out, pos = [], 0
+    while pos < len(text):
+        m = _SPLITLINES_BREAK.search(text, pos)
+        end, nxt = (len(text), len(text)) if m is None else (m.start(), m.end())
+        out.append((pos, text[pos:end], nxt))
+        pos = nxt
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["line"] * 3 + ["upper", "accent", "wide", "plain", "other"]),
+                          st.lists(_READABLE, min_size=3, max_size=3)), min_size=1, max_size=8),
+       st.lists(st.sampled_from(["\n", "\n", "\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85",
+                                 "\u2028", "\n\r"]), min_size=8, max_size=8), st.booleans())
+@example([("line", ["1", "2.5", "1.5"]), ("upper", ["2", "2.5", "1.5"]), ("plain", ["1"] * 3),
+          ("line", ["3", "2.5", "1.5"])], ["\r\n"] * 8, True)
+@example([("line", ["1", "2.5", "1.5"]), ("wide", ["2", "2.5", "1.5"])], ["\n"] * 8, False)
+@example([("line", ["1", "2.5", "1.5"]), ("plain", ["1"] * 3), ("line", ["3", "2.5", "1.5"])],
+         ["\n", "\x85", "\n"] + ["\n"] * 5, True)
+def test_the_compiled_template_reads_a_text_as_its_lines(kinds, breaks, end_with_break):
+    """template_text (gradtool/io/_logscan.c) on a text of lines (any line breaks, capitals, characters
+    that are not ASCII, of one byte or more): the lines before `stop` holding "norm" are the template's
+    (lowercased: its pattern matches them, giving the numbers read, in order), `resume` is where the line
+    after the last one read starts, and the line at `stop` is one left to Python: not ASCII, or ended by
+    a line break that is not, or holding "norm" and not matched (or a step too long)."""
+    from gradtool.io import text_logs
+
+    scan = text_logs._template_text()
+    if scan is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    row = " iteration {}/ 1000 | lm loss: {} | grad norm: {} |"
+    template = text_logs._LineTemplate.of(row.format(1, "2.0", "1.0"), text_logs._text_norm(
+        row.format(1, "2.0", "1.0")))
+    lines = []
+    for kind, (step, loss, norm) in kinds:
+        line = row.format(step, loss, norm)
+        lines.append({"line": line, "upper": line.upper(), "accent": line + " \u00e9", "wide": "\u2588" + line,
+                      "plain": "saving checkpoint", "other": f"grad norm: {norm}"}[kind])
+    text = "".join(line + brk for line, brk in zip(lines, breaks))
+    if not end_with_break:
+        text = text.rstrip("".join(set(breaks)))
+    stop, resume, rows = scan(template.ops, text, 0, template.out)
+    want, last_next = [], 0
+    for start, line, nxt in _lines_with_offsets(text):
+        lowered = line.lower()
+        if start >= stop:
+            assert start == stop
+            if (line + text[start + len(line):nxt]).isascii():  # a line and line break it reads
+                m = template.pattern.fullmatch(lowered)
+                assert "norm" in lowered and (m is None or len(m.group(1)) > 18)
+            break
+        if "norm" in lowered:
+            m = template.pattern.fullmatch(lowered)
+            assert m is not None and line.isascii()
+            want.append([int(m.group(1))] + [float(g) for g in m.groups()[1:]])
+            last_next = nxt
+    else:
+        assert stop == len(text)
+    got = list(zip(*(np.frombuffer(col, kind).tolist() for col, kind in zip(template.out, template.kinds))))
+    assert rows == len(want) == len(got) and resume == last_next
+    assert [repr(v) for r in got for v in r] == [repr(v) for r in want for v in r]
