@@ -67,6 +67,16 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
               + [history(i, i, {"train/grad_norm": 1.5 + i, "train/loss": "NaN" if i == 3 else 2.0,
                                 "train/global_step": 10 * i, "img": {"_type": "image"}}) for i in range(400)])
     out.append(("wandb", p.read_bytes()))
+    out.append(("log", megatron.replace("\n", "\r\n").upper().encode()))  # CRLF and capitals
+    from tests.suggest.test_mlflow import T0, hf_metrics, sql_store  # SQLite: rows by C or by sqlite3
+    from tests.suggest.test_trackio import _points, trackio_project
+
+    p = pathlib.Path(tmp, "mlflow.db")
+    sql_store(p, [("r1", "one", T0, "active", hf_metrics(40))])
+    out.append(("db", p.read_bytes()))
+    p = pathlib.Path(tmp, "trackio.db")
+    trackio_project(p, [("r1", "one", "2026-01-01T00:00:00+00:00", _points(40), 0)])
+    out.append(("db", p.read_bytes()))
     return out
 
 
@@ -140,7 +150,7 @@ def check(data: bytes, ext: str, tmp: str) -> None:
     with open(p, "wb") as f:
         f.write(data)
     try:
-        if ext in ("json", "csv", "jsonl", "log", "tfevents", "wandb"):
+        if ext in ("json", "csv", "jsonl", "log", "tfevents", "wandb", "db"):
             read_both_ways(p)
         else:
             from gradtool.io.dump import open_dump

@@ -1042,6 +1042,186 @@ failed:
     return NULL;
 }
 
+/* SQLite rows into columns (sqlite_rows: mlflow_store.py, trackio_store.py), through the very SQLite
+ * library the sqlite3 module uses: its functions' addresses come from Python (ctypes, from the _sqlite3
+ * module's library), so nothing here links against SQLite or needs its header. The declarations below
+ * are SQLite's stable C API. */
+typedef struct sqlite3 sqlite3;
+typedef struct sqlite3_stmt sqlite3_stmt;
+typedef struct {
+    int (*open_v2)(const char *, sqlite3 **, int, const char *);
+    int (*close)(sqlite3 *);
+    int (*exec)(sqlite3 *, const char *, void *, void *, char **);
+    int (*prepare_v2)(sqlite3 *, const char *, int, sqlite3_stmt **, const char **);
+    int (*bind_text)(sqlite3_stmt *, int, const char *, int, void (*)(void *));
+    int (*step)(sqlite3_stmt *);
+    int (*column_count)(sqlite3_stmt *);
+    int (*column_type)(sqlite3_stmt *, int);
+    double (*column_double)(sqlite3_stmt *, int);
+    long long (*column_int64)(sqlite3_stmt *, int);
+    const void *(*column_blob)(sqlite3_stmt *, int);
+    const unsigned char *(*column_text)(sqlite3_stmt *, int);
+    int (*column_bytes)(sqlite3_stmt *, int);
+    int (*finalize)(sqlite3_stmt *);
+} sqlite_api_t;
+#define SQLITE_API_FUNCTIONS 14
+#define SQLITE_OPEN_READONLY 0x00000001
+#define SQLITE_OPEN_URI 0x00000040
+#define SQLITE_ROW 100
+#define SQLITE_DONE 101
+#define SQLITE_INTEGER 1
+#define SQLITE_FLOAT 2
+#define SQLITE_TEXT 3
+#define SQLITE_BLOB 4
+
+typedef struct {
+    unsigned char *data;
+    size_t len, cap;
+} growing_t;
+
+static int grow_append(growing_t *g, const void *p, size_t n) {
+    if (g->len + n > g->cap) {
+        size_t want = 2 * g->cap + n + 4096;
+        unsigned char *grown = PyMem_RawRealloc(g->data, want);
+        if (grown == NULL) return -1;
+        g->data = grown, g->cap = want;
+    }
+    memcpy(g->data + g->len, p, n);
+    g->len += n;
+    return 0;
+}
+
+/* One value of a result row into its column, as the Python reader takes it; 0, or 1 for a value that
+ * reader would take otherwise (or fail on), -1 out of memory. Kinds: 'f' float64 as np.fromiter(...,
+ * float64) reads the sqlite3 module's value (an INTEGER converted, a FLOAT, the TEXT "nan"); 'i' int64 (an
+ * INTEGER); 'j' bytes, the values joined by "\n" (a BLOB, or ASCII TEXT; neither holding "\n" or "\r"). */
+static int take_value(const sqlite_api_t *api, sqlite3_stmt *st, int j, char kind, growing_t *col,
+                      long long row) {
+    int type = api->column_type(st, j);
+    if (kind == 'f' || kind == 'i') {
+        double d;
+        long long i;
+        if (type == SQLITE_INTEGER) {
+            i = api->column_int64(st, j);
+            d = (double)i;
+        } else if (type == SQLITE_FLOAT && kind == 'f') {
+            d = api->column_double(st, j);
+        } else if (type == SQLITE_TEXT && kind == 'f') {
+            const unsigned char *t = api->column_text(st, j);
+            if (api->column_bytes(st, j) != 3 || t == NULL || memcmp(t, "nan", 3) != 0) return 1;
+            d = Py_NAN;
+        } else {
+            return 1;
+        }
+        return kind == 'f' ? grow_append(col, &d, 8) : grow_append(col, &i, 8);
+    }
+    if (type != SQLITE_BLOB && type != SQLITE_TEXT) return 1;
+    const unsigned char *p = type == SQLITE_BLOB ? api->column_blob(st, j) : api->column_text(st, j);
+    int n = api->column_bytes(st, j); /* (after the value: the length of the UTF-8 text) */
+    if (p == NULL && n > 0) return 1;
+    if (n > 0 && (memchr(p, '\n', (size_t)n) != NULL || memchr(p, '\r', (size_t)n) != NULL)) return 1;
+    if (type == SQLITE_TEXT) {
+        unsigned char high = 0;
+        for (int k = 0; k < n; k++) high |= p[k];
+        if (high >= 0x80) return 1;
+    }
+    if (row > 0 && grow_append(col, "\n", 1) < 0) return -1;
+    return n > 0 ? grow_append(col, p, (size_t)n) : 0;
+}
+
+/* sqlite_rows(api, uri, sql, params, kinds) -> (rows, columns) or None: the rows of the query `sql`
+ * (its ? bound to the str params) on the database at the URI `uri`, opened read-only (query_only,
+ * trusted_schema off), each column j taken by kinds[j] (see take_value): float64 and int64 as bytes, 'j'
+ * as the values joined by line breaks. None when a value is not one of its kind, or SQLite reports
+ * anything but rows (the database busy, damaged, ...): the Python reader runs the query then. api: the
+ * addresses of SQLite's functions, in sqlite_api_t's order. The GIL is released while SQLite runs. */
+static PyObject *sqlite_rows(PyObject *self, PyObject *args) {
+    PyObject *api_obj, *params;
+    const char *uri, *sql, *kinds;
+    if (!PyArg_ParseTuple(args, "O!ssO!s", &PyTuple_Type, &api_obj, &uri, &sql, &PyTuple_Type, &params,
+                          &kinds))
+        return NULL;
+    sqlite_api_t api;
+    void **slots = (void **)&api;
+    if (PyTuple_GET_SIZE(api_obj) != SQLITE_API_FUNCTIONS ||
+        sizeof api != SQLITE_API_FUNCTIONS * sizeof(void *)) {
+        PyErr_SetString(PyExc_ValueError, "sqlite_rows: api must hold 14 function addresses");
+        return NULL;
+    }
+    for (int k = 0; k < SQLITE_API_FUNCTIONS; k++) {
+        slots[k] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(api_obj, k));
+        if (slots[k] == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "sqlite_rows: a NULL function");
+            return NULL;
+        }
+    }
+    Py_ssize_t n_params = PyTuple_GET_SIZE(params), width = (Py_ssize_t)strlen(kinds);
+    const char *texts[8];
+    Py_ssize_t lengths[8];
+    if (n_params > 8 || width < 1 || width > 8) {
+        PyErr_SetString(PyExc_ValueError, "sqlite_rows: at most 8 params and 1 to 8 columns");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < n_params; k++) {
+        PyObject *p = PyTuple_GET_ITEM(params, k);
+        if (!PyUnicode_Check(p) || (texts[k] = PyUnicode_AsUTF8AndSize(p, &lengths[k])) == NULL ||
+            lengths[k] > INT_MAX) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "sqlite_rows: params must be str");
+            return NULL;
+        }
+    }
+    for (Py_ssize_t j = 0; j < width; j++)
+        if (kinds[j] != 'f' && kinds[j] != 'i' && kinds[j] != 'j') {
+            PyErr_SetString(PyExc_ValueError, "sqlite_rows: kinds are 'f', 'i' or 'j'");
+            return NULL;
+        }
+    growing_t cols[8];
+    memset(cols, 0, sizeof cols);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    long long rows = 0;
+    int ok = 0, oom = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (api.open_v2(uri, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL) == 0 &&
+        api.exec(db, "PRAGMA query_only = ON; PRAGMA trusted_schema = OFF", NULL, NULL, NULL) == 0 &&
+        api.prepare_v2(db, sql, -1, &st, NULL) == 0 && st != NULL && api.column_count(st) == width) {
+        int bound = 1;
+        for (Py_ssize_t k = 0; k < n_params && bound; k++)
+            bound = api.bind_text(st, (int)k + 1, texts[k], (int)lengths[k], (void (*)(void *))-1) == 0;
+        int rc = bound ? SQLITE_ROW : 0, got = 0;
+        while (bound && (rc = api.step(st)) == SQLITE_ROW) {
+            for (Py_ssize_t j = 0; j < width && got == 0; j++)
+                got = take_value(&api, st, (int)j, kinds[j], &cols[j], rows);
+            if (got != 0) break;
+            rows++;
+        }
+        ok = bound && got == 0 && rc == SQLITE_DONE;
+        oom = got < 0;
+    }
+    if (st != NULL) api.finalize(st);
+    if (db != NULL) api.close(db);
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (oom) {
+        PyErr_NoMemory();
+    } else if (!ok) {
+        result = Py_NewRef(Py_None);
+    } else {
+        PyObject *out = PyTuple_New(width);
+        for (Py_ssize_t j = 0; out != NULL && j < width; j++) {
+            const char *data = (const char *)cols[j].data;
+            Py_ssize_t len = (Py_ssize_t)cols[j].len;
+            PyObject *c = kinds[j] == 'j' ? PyBytes_FromStringAndSize(data, len)
+                                          : PyByteArray_FromStringAndSize(data, len);
+            if (c == NULL) Py_CLEAR(out);
+            else PyTuple_SET_ITEM(out, j, c);
+        }
+        if (out != NULL) result = Py_BuildValue("(LN)", rows, out);
+    }
+    for (int j = 0; j < 8; j++) PyMem_RawFree(cols[j].data);
+    return result;
+}
+
 static PyObject *crc32(PyObject *self, PyObject *args) {
     Py_buffer view;
     unsigned int crc = 0;
@@ -1081,6 +1261,9 @@ static PyMethodDef methods[] = {
      "template_text(ops, text, pos, out) -> (stop, resume, rows): the lines of text from offset pos that a\n"
      "text log template's ops match, their numbers appended to out, up to the first norm line they do not\n"
      "match (see _logscan.c)."},
+    {"sqlite_rows", sqlite_rows, METH_VARARGS,
+     "sqlite_rows(api, uri, sql, params, kinds) -> (rows, columns) or None: a read-only query's rows as\n"
+     "columns, through SQLite's functions at the addresses api (see _logscan.c)."},
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,

@@ -27,9 +27,9 @@ def read_sqlite_log(path: str, key: str | None = None, run: str | None = None,
     source = source or path
     with _opened(path, source) as (con, tables, kind):
         if kind == "mlflow":
-            return mlflow_store.read_sqlite_tables(con, tables, key, run, source)
+            return mlflow_store.read_sqlite_tables(con, tables, key, run, source, _uri(path))
         if kind == "trackio":
-            return trackio_store.read_trackio_project(con, key, run, source)
+            return trackio_store.read_trackio_project(con, key, run, source, _uri(path))
         raise InputError(f"{source}: an SQLite database, but not an MLflow tracking store (no metrics "
                          "and runs tables) nor a Trackio project (no metrics table of run_name, step, "
                          "metrics)")
@@ -68,12 +68,11 @@ def _opened(path: str, source: str) -> Iterator[tuple[Any, set[str], str | None]
     "trackio" or None). An SQLite error, then or while the caller reads it, is an InputError."""
     import sqlite3
     from contextlib import closing
-    from urllib.parse import quote
 
     from .trackio_store import is_trackio_project
 
     try:
-        con = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True)
+        con = sqlite3.connect(_uri(path), uri=True)
     except sqlite3.Error as exc:
         raise InputError(f"{source}: cannot open the SQLite database ({exc})") from None
     kind = None
@@ -90,3 +89,11 @@ def _opened(path: str, source: str) -> Iterator[tuple[Any, set[str], str | None]
         why = " ".join(str(exc).split())  # SQLite quotes the schema, line breaks and all
         raise InputError(f"{source}: cannot read the {KINDS.get(kind or '', 'database')} "
                          f"({why if len(why) < 200 else why[:197] + '...'})") from None
+
+
+def _uri(path: str) -> str:
+    """The URI that opens the database at ``path`` read-only (for sqlite3.connect, and the compiled reader's
+    own connection: :func:`~gradtool.io.compiled.sqlite_rows`)."""
+    from urllib.parse import quote
+
+    return f"file:{quote(os.path.abspath(path))}?mode=ro"

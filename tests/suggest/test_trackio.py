@@ -189,9 +189,9 @@ _row = st.tuples(st.integers(0, 40), st.dictionaries(_row_key, _row_value, max_s
 @settings(deadline=None)  # SQLite files written and read: the first example opens sqlite3
 @given(rows=st.lists(_row, min_size=1, max_size=25))
 def test_decoding_rows_at_once_equals_row_by_row(tmp_path_factory, monkeypatch_module, rows):
-    # msgspec's typed rows and decode_lines (gradtool[speedups]) and json.loads per row give the same
-    # history or error
-    from gradtool.io import trackio_store
+    # msgspec's typed rows (the rows read by the compiled reader, or fetched by sqlite3) and decode_lines
+    # (gradtool[speedups]) and json.loads per row give the same history or error
+    from gradtool.io import compiled, trackio_store
 
     db = tmp_path_factory.mktemp("t") / "p.db"
     con = sqlite3.connect(db)
@@ -214,6 +214,8 @@ def test_decoding_rows_at_once_equals_row_by_row(tmp_path_factory, monkeypatch_m
 
     fastest = outcome()  # typed rows when they fit, else decoded at once, else row by row
     with monkeypatch_module.context() as m:
+        m.setattr(compiled, "sqlite_rows", lambda: None)  # the rows fetched by sqlite3, not by C
+        assert outcome() == fastest
         m.setattr(trackio_store, "_typed_history", lambda *args: None)
         assert outcome() == fastest
         m.setattr(trackio_store, "_decoded_at_once", lambda blobs: None)
@@ -251,10 +253,10 @@ def _fitting_rows(draw):
 def test_typed_rows_give_what_dict_rows_give(tmp_path_factory, monkeypatch_module, rows, key, empty):
     """Rows that fit one type (how the Trainer logs, nonfinite values as Trackio's words "NaN",
     "Infinity", "-Infinity"; ``empty``: a row of no JSON somewhere): the typed decode answers, and its
-    history (steps
-    from the row's own step or train/global_step, several trainings, the keys' order in other_keys and
-    notes) is the dict path's."""
-    from gradtool.io import trackio_store
+    history (steps from the row's own step or train/global_step, several trainings, the keys' order in
+    other_keys and notes) is the dict path's, the rows read by the compiled reader or fetched by
+    sqlite3."""
+    from gradtool.io import compiled, trackio_store
 
     if empty is not None:
         rows = rows[:empty[0]] + [(0, empty[1])] + rows[empty[0]:]
@@ -279,6 +281,8 @@ def test_typed_rows_give_what_dict_rows_give(tmp_path_factory, monkeypatch_modul
         typed = trackio_store._typed_history
         m.setattr(trackio_store, "_typed_history", lambda *a: answered.append(typed(*a)) or answered[-1])
         fast = outcome()
+        m.setattr(compiled, "sqlite_rows", lambda: None)  # the rows fetched by sqlite3, not by C
+        assert outcome() == fast
         m.setattr(trackio_store, "_typed_history", lambda *args: None)
         assert outcome() == fast
     if (len({tuple(sorted(doc)) for _, doc in rows}) == 1 and isinstance(rows[0][1], dict)
@@ -299,7 +303,8 @@ def test_the_typed_path_reads_the_trainers_rows(tmp_path, monkeypatch, fetch_row
     def typed():
         with sqlite_logs._opened(str(db), "p.db") as (con, _, _):
             return trackio_store._typed_history(
-                con.execute("SELECT step, metrics FROM metrics WHERE run_id = 'r1' ORDER BY rowid"), None, "p.db")
+                lambda: con.execute("SELECT step, metrics FROM metrics WHERE run_id = 'r1' ORDER BY rowid"),
+                None, "p.db")
 
     h = typed()
     assert h is not None and h.kind == "trackio" and h.key == "train/grad_norm"
