@@ -412,11 +412,10 @@ def _between_ops(text: str, after_slot: bool, before_slot: bool) -> list[tuple[A
 
 def _text_history(records: list[Any], path: str, template: _LineTemplate | None = None) -> NormHistory:
     """The history of a text log's ``records``: by their steps, or by their order when most have none;
-    ``template``: the one that read the records that are tuples (see :func:`_text_records`)."""
+    ``template``: the one that read the records that are tuples or runs (see :func:`_text_records`: an
+    earlier template's were made dicts when it was replaced)."""
     if template is not None:
-        if (set(map(type, records)) <= {tuple, _Run} and all(type(r) is tuple or r.template is template
-                                                             for r in records)
-                and (hist := template.history(records, path)) is not None):
+        if set(map(type, records)) <= {tuple, _Run} and (hist := template.history(records, path)) is not None:
             return hist
         template.as_dicts(records)
     n, with_step = len(records), sum("step" in r for r in records)
