@@ -186,17 +186,22 @@ def write_mlflow_db(path: str, norms: np.ndarray) -> None:
 
 
 def write_trackio_db(path: str, norms: np.ndarray) -> None:
-    """A Trackio project (its metrics table, as trackio 0.43 writes it) of one run: one row per value, as
-    the Hugging Face Trainer logs them (grad_norm, loss, learning rate, global step; JSON as bytes)."""
+    """A Trackio project (its metrics table and the indexes on it, as trackio 0.43 writes them) of one run:
+    one row per value, as the Hugging Face Trainer logs them (grad_norm, loss, learning rate, global step;
+    JSON as bytes)."""
     import json
     import sqlite3
 
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE metrics (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, "
                 "timestamp TEXT NOT NULL, run_name TEXT NOT NULL, step INTEGER NOT NULL, "
-                "metrics TEXT NOT NULL)")
+                "metrics TEXT NOT NULL, log_id TEXT, space_id TEXT)")
+    for index in ("idx_metrics_run_step ON metrics(run_id, step)",  # trackio 0.43's indexes
+                  "idx_metrics_run_timestamp ON metrics(run_id, timestamp)"):
+        con.execute(f"CREATE INDEX {index}")
     rows = ((i, json.dumps({"train/loss": 2.0, "train/grad_norm": float(v), "train/learning_rate": 1e-4,
-                            "train/global_step": i + 1}).encode()) for i, v in enumerate(norms))
+                            "train/global_step": i + 1}, separators=(",", ":")).encode())  # as orjson
+            for i, v in enumerate(norms))
     con.executemany("INSERT INTO metrics (run_id, timestamp, run_name, step, metrics) "
                     "VALUES ('r0', '2026-11-24T10:00:00+00:00', 'bench', ?, ?)", rows)
     con.commit()

@@ -50,8 +50,8 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
     runs = [Run(str(rid), str(name), _seconds(first), str(rid)) for rid, name, first in _runs(con, by)]
 
     def rows_of(r: Run, limit: int = -1) -> list[tuple[Any, Any, Any]]:  # (rowid, step, metrics JSON)
-        return con.execute(f"SELECT rowid, step, metrics FROM metrics WHERE {by} = ? ORDER BY rowid LIMIT ?",
-                           (r.where, limit)).fetchall()
+        return con.execute(f"SELECT rowid, step, metrics FROM metrics NOT INDEXED WHERE {by} = ? "
+                           "ORDER BY rowid LIMIT ?", (r.where, limit)).fetchall()
 
     def records(r: Run, rows: list[tuple[Any, Any, Any]]) -> list[dict[str, Any]]:
         docs = _decoded_at_once([m for _, _, m in rows])
@@ -66,7 +66,7 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
         return [k for k in names if k != "_step"]
 
     chosen = choose_run_with_norm(runs, keys, key, run, source, "Trackio", "a Trackio project")
-    sql = f"SELECT step, metrics FROM metrics WHERE {by} = ? ORDER BY rowid"
+    sql = f"SELECT step, metrics FROM metrics NOT INDEXED WHERE {by} = ? ORDER BY rowid"
     try:
         hist = _typed_history(lambda: con.execute(sql, (chosen.where,)), key, source,
                               None if uri is None else (uri, sql, chosen.where)) \
@@ -80,10 +80,16 @@ def read_trackio_project(con: Any, key: str | None, run: str | None, source: str
 def _runs(con: Any, by: str) -> list[tuple[Any, Any, Any]]:
     """(run, its least run name, its first timestamp) of each run of the project, runs in the order they
     first appear. A project of one run is read by a plain aggregate: grouping sorts every row (10^6 rows:
-    0.5 s against 0.25 s for the distinct runs, which stop at the second, and the aggregate)."""
+    0.5 s against 0.25 s for the distinct runs, which stop at the second, and the aggregate).
+
+    Trackio indexes its metrics by run (``(run_id, step)``, ``(run_id, timestamp)``), and SQLite would
+    read a run's rows through such an index, looking each row up and sorting them all again by rowid
+    (10^6 rows: 2.4 s, or 1.6 s to group them, against 0.46 s and 0.45 s for a scan of the table in rowid
+    order). Every query that reads rows says ``NOT INDEXED``: one pass over the table, in the order the
+    rows were logged, whatever the run."""
     if len(con.execute(f"SELECT DISTINCT {by} FROM metrics LIMIT 2").fetchall()) == 1:
         return con.execute(f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics").fetchall()
-    return con.execute(f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics GROUP BY {by} "
+    return con.execute(f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics NOT INDEXED GROUP BY {by} "
                        "ORDER BY MIN(rowid)").fetchall()
 
 
@@ -137,7 +143,8 @@ def _one_per_line(blobs: list[Any]) -> bytes | None:
         joined = b"\n".join(blobs)  # rows of bytes: joined without a list of them made first
     except TypeError:  # text (older trackio), or a value that is neither (a number in a tampered row)
         try:
-            joined = b"\n".join([b.encode("utf-8", "surrogatepass") if isinstance(b, str) else b for b in blobs])
+            joined = b"\n".join([b.encode("utf-8", "surrogatepass") if isinstance(b, str) else b
+                                  for b in blobs])
         except (TypeError, UnicodeError):
             return None
     if joined.count(b"\n") != len(blobs) - 1 or b"\r" in joined:  # a row of several lines
