@@ -48,6 +48,10 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
     out.append(("json", b'{"log_history": [{"step": 1, "grad_norm": 1.5, "loss": 2.0}, {"step": 2, "grad_norm": NaN}]}'))
     out.append(("csv", b"step,loss,grad_norm\n1,2.0,1.5\n2,1.9,1.4\n"))
     out.append(("jsonl", b'{"step": 1, "gnorm": 1.0}\n{"step": 2, "gnorm": 2.0}\n'))
+    norms = ["NaN", "1.5", '"Infinity"', "-0.0"]  # the compiled reader's columns: NaN tokens and words
+    rows = [f'{{"train/loss":{2 + 1 / i},"train/grad_norm":{norms[i % 4]},"train/global_step":{i}}}\n'
+            + ('{"eval/loss": 1e-3, "train/global_step": %d}\n' % i if i % 9 == 0 else "") for i in range(1, 30)]
+    out.append(("jsonl", "".join(rows).encode()))
     out.append(("log", b"iteration 10/100 | lm loss: 2.0 | grad norm: 1.25 |\n"))
     megatron = "".join(f" iteration {i:8d}/     100 | learning rate: 1.000E-04 | lm loss: {2 + 1 / i:.6E} "
                        f"| loss scale: 1.0 | grad norm: {1 + i / 8:.3f} |\n" for i in range(1, 40))

@@ -114,8 +114,8 @@ def _version_message() -> str:
         reader += ", turned off by GRADTOOL_NO_KERNELS"
     speedups = [name for name, module in (("msgspec", "msgspec"), ("python-isal", "isal")) if find_spec(module)]
     return ("%(prog)s, version %(version)s (compiled stats kernel: " + kernel
-            + "; compiled log readers (W&B, TensorBoard, MLflow, Trackio, text): " + reader + "; speedups: "
-            + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
+            + "; compiled log readers (W&B, TensorBoard, MLflow, Trackio, JSON Lines, text): " + reader
+            + "; speedups: " + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
 
 
 @click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})

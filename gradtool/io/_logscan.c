@@ -1222,6 +1222,208 @@ static PyObject *sqlite_rows(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* json_rows(text) -> (rows, keys, values, flags, first_keys) or None: JSON Lines of flat objects of numbers
+ * (a JSON Lines log; a Trackio project's rows joined by "\n") read into one column per key, without a dict
+ * per line. text: bytes-like, or a str of ASCII only. keys: the keys (bytes) in first-seen order, as
+ * dict.fromkeys over the lines' dicts gives them; values[k]: float64 bytearray of each row's value of
+ * keys[k] (NaN where the row has none); flags[k]: uint8 bytearray, 0 where the row has none, 1 a float, 2
+ * an int (exact: at most 15 digits); first_keys: how many keys the first row has. Blank lines are no rows;
+ * a key given twice in a row keeps its later value (as json.loads). A value is a JSON number, Python's
+ * NaN, Infinity, -Infinity tokens, or Trackio's "NaN", "Infinity", "-Infinity" strings (as floats). None
+ * for anything else (a line that is not such an object, another string, true, false, null, a nested value,
+ * a key with an escape or a byte outside printable ASCII, a number Python reads otherwise, more than
+ * JSON_MAX_KEYS keys, or columns that would take more bytes than the text): the caller's decoder decides
+ * there. GIL held (the float parser's slow path is CPython's). */
+#define JSON_MAX_KEYS 256
+#define JSON_SLOTS 1024
+
+typedef struct {
+    int col[JSON_SLOTS]; /* a slot's column + 1; 0: an empty slot */
+    const unsigned char *name[JSON_MAX_KEYS];
+    Py_ssize_t len[JSON_MAX_KEYS];
+} json_keys_t;
+
+/* The column of key[0:len]; n_cols (the next column's) for a key not seen before, then taken as it. */
+static int json_column(json_keys_t *t, const unsigned char *key, Py_ssize_t len, int n_cols) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (Py_ssize_t k = 0; k < len; k++) h = (h ^ key[k]) * 16777619u;
+    for (uint32_t slot = h % JSON_SLOTS;; slot = (slot + 1) % JSON_SLOTS) {
+        int c = t->col[slot] - 1;
+        if (c < 0) {
+            if (n_cols < JSON_MAX_KEYS) {
+                t->col[slot] = n_cols + 1;
+                t->name[n_cols] = key;
+                t->len[n_cols] = len;
+            }
+            return n_cols;
+        }
+        if (t->len[c] == len && memcmp(t->name[c], key, (size_t)len) == 0) return c;
+    }
+}
+
+static int json_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+/* A JSON value token v[0:n] (no string) as json.loads reads it: INTEGER, NUMBER (in *out) or UNSURE. */
+static int json_number(const unsigned char *v, Py_ssize_t n, double *out) {
+    Py_ssize_t i = n > 0 && v[0] == '-';
+    Py_ssize_t first = i;
+    while (i < n && v[i] >= '0' && v[i] <= '9') i++;
+    if (i == n && i > first) { /* an integer: int() of it */
+        if (i - first > 15 || (v[first] == '0' && i - first > 1)) return UNSURE;
+        int64_t x = 0;
+        for (Py_ssize_t k = first; k < n; k++) x = x * 10 + (v[k] - '0');
+        *out = (double)(first ? -x : x); /* -0: 0, as int("-0") */
+        return INTEGER;
+    }
+    if ((n == 3 && memcmp(v, "NaN", 3) == 0) || (n == 8 && memcmp(v, "Infinity", 8) == 0) ||
+        (n == 9 && memcmp(v, "-Infinity", 9) == 0)) /* Python's json tokens */
+        return classify(v, n, out, 1);
+    return decimal(v, n, 1, out, 1);
+}
+
+static PyObject *json_rows(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    int have_view = 0;
+    const unsigned char *b;
+    Py_ssize_t n;
+    if (PyUnicode_Check(arg)) {
+        if (!PyUnicode_IS_ASCII(arg)) Py_RETURN_NONE;
+        b = PyUnicode_DATA(arg);
+        n = PyUnicode_GET_LENGTH(arg);
+    } else {
+        if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+        have_view = 1;
+        b = view.buf;
+        n = view.len;
+    }
+    Py_ssize_t lines = 1;
+    for (const unsigned char *p = b, *end = b + n; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++)
+        lines++;
+    json_keys_t *keys = PyMem_Calloc(1, sizeof(json_keys_t));
+    PyObject *values = PyList_New(0), *flags = PyList_New(0), *result = NULL;
+    double *val[JSON_MAX_KEYS];
+    unsigned char *flag[JSON_MAX_KEYS];
+    int follow[JSON_MAX_KEYS + 1]; /* the column that came after column c (JSON_MAX_KEYS: a row's start) */
+    for (int c = 0; c <= JSON_MAX_KEYS; c++) follow[c] = -1;
+    int n_cols = 0, first_keys = -1, ok = keys != NULL && values != NULL && flags != NULL;
+    if (keys == NULL) PyErr_NoMemory();
+    Py_ssize_t i = 0, row = 0;
+    while (ok && i < n) {
+        while (i < n && json_space(b[i])) i++;
+        if (i == n) break;
+        if (b[i] == '\n') {
+            i++;
+            continue;
+        }
+        if (b[i++] != '{') goto give_up;
+        int after = JSON_MAX_KEYS;
+        while (i < n && json_space(b[i])) i++;
+        int empty = i < n && b[i] == '}';
+        if (empty) i++;
+        while (!empty) {
+            if (i >= n || b[i] != '"') goto give_up;
+            Py_ssize_t k0 = ++i, klen;
+            int c = follow[after]; /* the key that came next last time (a log's rows repeat their keys) */
+            if (c >= 0 && (klen = keys->len[c]) < n - k0 && b[k0 + klen] == '"' &&
+                memcmp(b + k0, keys->name[c], (size_t)klen) == 0) {
+                i = k0 + klen + 1;
+            } else {
+                c = -1;
+                while (i < n && b[i] != '"') {
+                    if (b[i] < 0x20 || b[i] >= 0x7F || b[i] == '\\') goto give_up;
+                    i++;
+                }
+                if (i >= n) goto give_up;
+                klen = i++ - k0;
+            }
+            while (i < n && json_space(b[i])) i++;
+            if (i >= n || b[i++] != ':') goto give_up;
+            while (i < n && json_space(b[i])) i++;
+            double x = 0.0;
+            int kind;
+            if (i < n && b[i] == '"') { /* Trackio's nonfinite floats */
+                Py_ssize_t v0 = ++i;
+                while (i < n && b[i] != '"' && b[i] != '\n') i++;
+                if (i >= n || b[i] != '"') goto give_up;
+                Py_ssize_t vlen = i++ - v0;
+                if (!((vlen == 3 && memcmp(b + v0, "NaN", 3) == 0) ||
+                      (vlen == 8 && memcmp(b + v0, "Infinity", 8) == 0) ||
+                      (vlen == 9 && memcmp(b + v0, "-Infinity", 9) == 0)))
+                    goto give_up;
+                kind = classify(b + v0, vlen, &x, 1);
+            } else {
+                Py_ssize_t v0 = i;
+                while (i < n && b[i] != ',' && b[i] != '}' && b[i] != '\n' && !json_space(b[i])) i++;
+                kind = json_number(b + v0, i - v0, &x);
+            }
+            if (kind != NUMBER && kind != INTEGER) goto give_up;
+            if (c < 0) c = json_column(keys, b + k0, klen, n_cols);
+            if (c == n_cols) { /* a new key: its columns, NaN and 0 so far */
+                if (n_cols == JSON_MAX_KEYS || (double)(n_cols + 1) * 9.0 * (double)lines > n + 4096.0)
+                    goto give_up; /* the columns would take more than the text */
+                PyObject *v = PyByteArray_FromStringAndSize(NULL, lines * (Py_ssize_t)sizeof(double));
+                PyObject *f = v == NULL ? NULL : PyByteArray_FromStringAndSize(NULL, lines);
+                int failed = f == NULL || PyList_Append(values, v) < 0 || PyList_Append(flags, f) < 0;
+                Py_XDECREF(v);
+                Py_XDECREF(f);
+                if (failed) {
+                    ok = 0;
+                    break;
+                }
+                val[n_cols] = (double *)PyByteArray_AS_STRING(v);
+                flag[n_cols] = (unsigned char *)PyByteArray_AS_STRING(f);
+                for (Py_ssize_t r = 0; r < lines; r++) val[n_cols][r] = Py_NAN;
+                memset(flag[n_cols], 0, (size_t)lines);
+                n_cols++;
+            }
+            follow[after] = c;
+            after = c;
+            val[c][row] = x;
+            flag[c][row] = kind == INTEGER ? 2 : 1;
+            while (i < n && json_space(b[i])) i++;
+            if (i < n && b[i] == ',') {
+                i++;
+                while (i < n && json_space(b[i])) i++;
+                continue;
+            }
+            if (i < n && b[i] == '}') {
+                i++;
+                break;
+            }
+            goto give_up;
+        }
+        if (!ok) break;
+        while (i < n && json_space(b[i])) i++;
+        if (i < n && b[i] != '\n') goto give_up;
+        if (first_keys < 0) first_keys = n_cols;
+        row++;
+    }
+    if (ok) {
+        PyObject *names = PyList_New(n_cols);
+        for (int c = 0; names != NULL && c < n_cols; c++) {
+            PyObject *name = PyBytes_FromStringAndSize((const char *)keys->name[c], keys->len[c]);
+            if (name == NULL) Py_CLEAR(names);
+            else PyList_SET_ITEM(names, c, name);
+        }
+        for (int c = 0; names != NULL && c < n_cols; c++)
+            if (PyByteArray_Resize(PyList_GET_ITEM(values, c), row * (Py_ssize_t)sizeof(double)) < 0 ||
+                PyByteArray_Resize(PyList_GET_ITEM(flags, c), row) < 0)
+                Py_CLEAR(names);
+        if (names != NULL)
+            result = Py_BuildValue("(nNOOi)", row, names, values, flags, first_keys < 0 ? 0 : first_keys);
+    }
+    goto done;
+give_up:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(keys);
+    Py_XDECREF(values);
+    Py_XDECREF(flags);
+    if (have_view) PyBuffer_Release(&view);
+    return result;
+}
+
 static PyObject *crc32(PyObject *self, PyObject *args) {
     Py_buffer view;
     unsigned int crc = 0;
@@ -1264,6 +1466,10 @@ static PyMethodDef methods[] = {
     {"sqlite_rows", sqlite_rows, METH_VARARGS,
      "sqlite_rows(api, uri, sql, params, kinds) -> (rows, columns) or None: a read-only query's rows as\n"
      "columns, through SQLite's functions at the addresses api (see _logscan.c)."},
+    {"json_rows", json_rows, METH_O,
+     "json_rows(text) -> (rows, keys, values, flags, first_keys) or None: JSON Lines of flat objects of\n"
+     "numbers as one float64 column and one uint8 column of flags (0 absent, 1 float, 2 int) per key (see\n"
+     "_logscan.c)."},
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,

@@ -378,6 +378,36 @@ class RowItems:
         return out
 
 
+class KeyColumns:
+    """Dict records given as one column per key (the compiled JSON Lines reader's: ``json_rows`` in
+    gradtool/io/_logscan.c), with :class:`RowItems`' interface: ``keys`` in first-seen order, each with a
+    float64 column of the rows' values (NaN where a row has none) and a uint8 column of flags (0: the row
+    has no such key, 1: a float, 2: an int, exact)."""
+
+    def __init__(self, n_rows: int, keys: list[str], values: list[Any], flags: list[Any]):
+        self.n_rows, self.keys = n_rows, keys
+        self._values, self._flags = values, flags
+
+    def column(self, name: str | None) -> tuple[Any, Any, Any]:
+        """(given, values, is_int) of key ``name`` over the rows (see :meth:`RowItems.column`)."""
+        import numpy as np
+
+        if name not in self.keys:
+            return (np.zeros(self.n_rows, dtype=bool), np.full(self.n_rows, np.nan),
+                    np.zeros(self.n_rows, dtype=bool))
+        k = self.keys.index(name)
+        flags = self._flags[k]
+        return flags != 0, self._values[k], flags == 2
+
+    def records(self) -> list[dict[str, Any]]:
+        """The records as dicts (the general path of :func:`from_records`)."""
+        out: list[dict[str, Any]] = [{} for _ in range(self.n_rows)]
+        for name, values, flags in zip(self.keys, self._values, self._flags):
+            for r in flags.nonzero()[0].tolist():
+                out[r][name] = int(values[r]) if flags[r] == 2 else float(values[r])
+        return out
+
+
 def joined_row_items(parts: list[RowItems]) -> RowItems:
     """The records of ``parts`` one after the other (a resumed run's logs), their keys merged by name."""
     import numpy as np
@@ -929,6 +959,41 @@ def _msgspec_lines(text: str) -> list[Any] | None:
 JSONL_SAMPLE_LINES = 1000
 
 
+def json_columns(text: str | bytes, source: str, key: str | None, kind: str = "jsonl",
+                 own_steps: Any = None) -> NormHistory | None:
+    """The history of JSON Lines of flat objects of numbers (a JSON Lines log; a Trackio run's rows joined by
+    line breaks) read by the compiled reader, ``json_rows`` (gradtool/io/_logscan.c), into one column per
+    key, and computed from the columns by :func:`from_row_items`: what :func:`from_records` gives for the
+    lines' dicts (10^6 lines: ~0.3 s against ~0.6 s by msgspec into typed rows). ``own_steps``: each line's
+    own step (a Trackio row's), kept under ``_step`` after the first line's keys, as a dict record of it
+    would have it. None (the decoders decide, with the same result) when the compiled readers are off, or
+    a line is anything else: strings (but Trackio's ``"NaN"``, ``"Infinity"``, ``"-Infinity"``), true,
+    false, null, nested values, escapes or non-ASCII text, integers of more than 15 digits, more than 256
+    keys or columns larger than the text; or with ``own_steps``, a ``_step`` key of the log's own or a
+    blank line (a row that is no object)."""
+    import numpy as np
+
+    from .compiled import log_readers
+
+    readers = log_readers()
+    got = None if readers is None else readers.json_rows(text)
+    if got is None or not got[0]:
+        return None
+    n, names, values, flags, first = got
+    keys = [name.decode("ascii") for name in names]
+    columns = [np.frombuffer(v, np.float64) for v in values]
+    given = [np.frombuffer(f, np.uint8) for f in flags]
+    if own_steps is not None:
+        steps = np.asarray(own_steps)
+        if "_step" in keys or steps.shape != (n,) or steps.dtype.kind not in "iu" or \
+                (n and int(np.abs(steps).max()) > 1 << 53):
+            return None
+        keys.insert(first, "_step")
+        columns.insert(first, steps.astype(np.float64))
+        given.insert(first, np.full(n, 2, dtype=np.uint8))
+    return from_row_items(KeyColumns(n, keys, columns, given), source, kind, key)
+
+
 def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "jsonl",
                    own_steps: list[Any] | None = None, nonfinite_words: bool = False) -> NormHistory | None:
     """JSON Lines decoded by msgspec straight into typed rows, without a dict per line: the keys come from
@@ -1041,7 +1106,7 @@ def _quoted_nonfinite(text: str) -> str | None:
 
 def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
     text = _read_text(path) if text is None else text
-    typed = _msgspec_typed(text, path, key)
+    typed = json_columns(text, path, key) or _msgspec_typed(text, path, key)
     if typed is None and (quoted := _quoted_nonfinite(text)) is not None:
         typed = _msgspec_typed(quoted, path, key, nonfinite_words=True)
     if typed is not None:

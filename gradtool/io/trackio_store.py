@@ -95,30 +95,32 @@ def _runs(con: Any, by: str) -> list[tuple[Any, Any, Any]]:
 
 def _typed_history(rows: Callable[[], Any], key: str | None, source: str,
                    query: tuple[str, str, str] | None = None) -> Any:
-    """The history of a run's rows (``rows()``: a cursor of its (step, metrics JSON) rows) with the JSON
-    decoded by msgspec straight into typed rows (see :func:`~gradtool.io.logs._msgspec_typed`; no dict
-    per row: 10^6 rows ~2x faster than :func:`_decoded_at_once` and :func:`~gradtool.io.logs.from_records`),
-    each row's ``step`` beside it as ``_step``. ``query`` (the database's URI, the query, the run): the
+    """The history of a run's rows (``rows()``: a cursor of its (step, metrics JSON) rows), each row's
+    ``step`` beside it as ``_step``, without a dict per row: the JSON read into columns by the compiled
+    reader (:func:`~gradtool.io.logs.json_columns`), else decoded by msgspec straight into typed rows (see
+    :func:`~gradtool.io.logs._msgspec_typed`; 10^6 rows ~2x faster than :func:`_decoded_at_once` and
+    :func:`~gradtool.io.logs.from_records`). ``query`` (the database's URI, the query, the run): the
     compiled reader of rows (:func:`~gradtool.io.compiled.sqlite_rows`) runs it instead, when built, and
     gives the steps and the JSON joined by line breaks without a Python tuple per row (where a row is not
     an int step and JSON of one ASCII line, the cursor is read). Else the rows are taken ``FETCH_ROWS`` at a
     time, their JSON joined as they come (10^6 row tuples held at once cost ~250 MB). None (the dict path
-    decides, with the same result) when msgspec is not installed or a row does not fit: a key the first
-    rows did not show, a string or NaN token for a number, a row of several lines, a ``_step`` key of its
-    own."""
+    decides, with the same result) when neither the compiled readers nor msgspec are there or a row does
+    not fit either: a key the first rows did not show, a string or NaN token for a number, a row of several
+    lines, a ``_step`` key of its own."""
     from operator import itemgetter
 
-    from .compiled import sqlite_rows
-    from .logs import _msgspec_typed
+    from .compiled import log_readers, sqlite_rows
+    from .logs import _msgspec_typed, json_columns
 
-    if importlib.util.find_spec("msgspec") is None:
+    typed = importlib.util.find_spec("msgspec") is not None
+    if not typed and log_readers() is None:
         return None
     compiled = sqlite_rows() if query is not None else None
     got = None if compiled is None else compiled(query[0], query[1], (query[2],), "ij")  # type: ignore[index]
     if got is not None:
         import numpy as np
 
-        steps = np.frombuffer(got[1][0], np.int64).tolist()
+        steps: Any = np.frombuffer(got[1][0], np.int64)
         joined = got[1][1]
     else:
         cursor = rows()
@@ -130,6 +132,12 @@ def _typed_history(rows: Callable[[], Any], key: str | None, source: str,
                 return None
             parts.append(part)
         joined = b"\n".join(parts)
+        if not set(map(type, steps)) <= {int}:
+            return None
+    hist = json_columns(joined, source, key, "trackio", own_steps=steps)
+    if hist is not None or not typed:
+        return hist
+    steps = steps if type(steps) is list else steps.tolist()
     return _msgspec_typed(joined, source, key, "trackio", own_steps=steps, nonfinite_words=True)
 
 
