@@ -1067,6 +1067,7 @@ typedef struct {
 #define SQLITE_API_FUNCTIONS 14
 #define SQLITE_OPEN_READONLY 0x00000001
 #define SQLITE_OPEN_URI 0x00000040
+#define SQLITE_OPEN_NOMUTEX 0x00008000
 #define SQLITE_ROW 100
 #define SQLITE_DONE 101
 #define SQLITE_INTEGER 1
@@ -1182,7 +1183,7 @@ static PyObject *sqlite_rows(PyObject *self, PyObject *args) {
     long long rows = 0;
     int ok = 0, oom = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (api.open_v2(uri, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL) == 0 &&
+    if (api.open_v2(uri, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX, NULL) == 0 &&
         api.exec(db, "PRAGMA query_only = ON; PRAGMA trusted_schema = OFF", NULL, NULL, NULL) == 0 &&
         api.prepare_v2(db, sql, -1, &st, NULL) == 0 && st != NULL && api.column_count(st) == width) {
         int bound = 1;
