@@ -85,8 +85,8 @@ def _runs(con: Any, by: str) -> list[tuple[Any, Any, Any]]:
     Trackio indexes its metrics by run (``(run_id, step)``, ``(run_id, timestamp)``), and SQLite would
     read a run's rows through such an index, looking each row up and sorting them all again by rowid
     (10^6 rows: 2.4 s, or 1.6 s to group them, against 0.46 s and 0.45 s for a scan of the table in rowid
-    order). Every query that reads rows says ``NOT INDEXED``: one pass over the table, in the order the
-    rows were logged, whatever the run."""
+    order). Every query that reads a run's rows, or groups the runs, says ``NOT INDEXED``: one pass over the
+    table, in the order the rows were logged."""
     if len(con.execute(f"SELECT DISTINCT {by} FROM metrics LIMIT 2").fetchall()) == 1:
         return con.execute(f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics").fetchall()
     return con.execute(f"SELECT {by}, MIN(run_name), MIN(timestamp) FROM metrics NOT INDEXED GROUP BY {by} "
