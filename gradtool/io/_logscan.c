@@ -1425,6 +1425,71 @@ done:
     return result;
 }
 
+/* item_columns(values, rows, ids, n_rows, n_keys) -> (values, flags): the (row, key, value) items a reader
+ * gathered (values float64, rows int32 in logging order, ids int32 key << 1 | is_int; see wandb_block) as
+ * one float64 column of each key's value per row (NaN where the row has none) and one uint8 column of flags
+ * (0: none, 1: a float, 2: an int), a row's later item of a key replacing an earlier one; the columns of
+ * json_rows. ValueError for an item out of range. */
+static PyObject *item_columns(PyObject *self, PyObject *args) {
+    Py_buffer vv, rv, iv;
+    Py_ssize_t n_rows, n_keys;
+    if (!PyArg_ParseTuple(args, "y*y*y*nn", &vv, &rv, &iv, &n_rows, &n_keys)) return NULL;
+    PyObject *values = NULL, *flags = NULL, *result = NULL;
+    double **column = NULL;
+    unsigned char **flag = NULL;
+    Py_ssize_t n = vv.len / (Py_ssize_t)sizeof(double);
+    if (rv.len != n * (Py_ssize_t)sizeof(int32_t) || iv.len != rv.len || n_rows < 0 || n_keys < 0 ||
+        n_keys > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "items of different lengths, or a bad count");
+        goto done;
+    }
+    values = PyList_New(n_keys);
+    flags = PyList_New(n_keys);
+    if (values == NULL || flags == NULL) goto done;
+    for (Py_ssize_t k = 0; k < n_keys; k++) {
+        PyObject *v = PyByteArray_FromStringAndSize(NULL, n_rows * (Py_ssize_t)sizeof(double));
+        if (v == NULL) goto done;
+        PyList_SET_ITEM(values, k, v);
+        PyObject *f = PyByteArray_FromStringAndSize(NULL, n_rows);
+        if (f == NULL) goto done;
+        PyList_SET_ITEM(flags, k, f);
+        double *d = (double *)PyByteArray_AS_STRING(v);
+        for (Py_ssize_t r = 0; r < n_rows; r++) d[r] = Py_NAN;
+        memset(PyByteArray_AS_STRING(f), 0, (size_t)n_rows);
+    }
+    column = PyMem_Calloc((size_t)n_keys + 1, sizeof(double *));
+    flag = PyMem_Calloc((size_t)n_keys + 1, sizeof(unsigned char *));
+    if (column == NULL || flag == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n_keys; k++) {
+        column[k] = (double *)PyByteArray_AS_STRING(PyList_GET_ITEM(values, k));
+        flag[k] = (unsigned char *)PyByteArray_AS_STRING(PyList_GET_ITEM(flags, k));
+    }
+    const double *value = vv.buf;
+    const int32_t *row = rv.buf, *id = iv.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t r = row[i], k = id[i] >> 1;
+        if (r < 0 || r >= n_rows || k < 0 || k >= n_keys) {
+            PyErr_SetString(PyExc_ValueError, "an item's row or key out of range");
+            goto done;
+        }
+        column[k][r] = value[i];
+        flag[k][r] = (id[i] & 1) ? 2 : 1;
+    }
+    result = PyTuple_Pack(2, values, flags);
+done:
+    PyMem_Free(column);
+    PyMem_Free(flag);
+    Py_XDECREF(values);
+    Py_XDECREF(flags);
+    PyBuffer_Release(&vv);
+    PyBuffer_Release(&rv);
+    PyBuffer_Release(&iv);
+    return result;
+}
+
 static PyObject *crc32(PyObject *self, PyObject *args) {
     Py_buffer view;
     unsigned int crc = 0;
@@ -1471,6 +1536,9 @@ static PyMethodDef methods[] = {
      "json_rows(text) -> (rows, keys, values, flags, first_keys) or None: JSON Lines of flat objects of\n"
      "numbers as one float64 column and one uint8 column of flags (0 absent, 1 float, 2 int) per key (see\n"
      "_logscan.c)."},
+    {"item_columns", item_columns, METH_VARARGS,
+     "item_columns(values, rows, ids, n_rows, n_keys) -> (values, flags): gathered (row, key, value) items\n"
+     "as one float64 and one uint8 flags column per key, as json_rows gives them (see _logscan.c)."},
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc]) -> zlib.crc32(data, crc), as wandb_block computes it (tests)."},
     {"number", number, METH_O,

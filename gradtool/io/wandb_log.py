@@ -249,6 +249,25 @@ class _Rows:
             self.ids += struct.pack("<i", k << 1 | (type(value) is int))
         self.rows += 1
 
+    def columns(self) -> Any:
+        """The rows as :class:`~gradtool.io.logs.KeyColumns`, one column per key made from the items by the
+        compiled ``item_columns`` (10^6 rows of eight values: ~0.03 s, against ~0.4 s for :meth:`items`
+        and the columns ``from_row_items`` takes from them); None when keys of different bytes decode alike
+        (:meth:`items` merges them) or the columns would take more than twice the items' bytes (a log of
+        many keys, each in few rows)."""
+        import numpy as np
+
+        from .logs import KeyColumns
+
+        names = [k.decode("utf-8", "replace") for k in self.keys]
+        scatter = getattr(self._reader, "item_columns", None)
+        if scatter is None or len(set(names)) != len(names) or \
+                len(names) * self.rows * 9 > max(2 * 16 * (len(self.values) // 8), 1 << 20):
+            return None
+        values, flags = scatter(self.values, self._rows, self.ids, self.rows, len(names))
+        return KeyColumns(self.rows, names, [np.frombuffer(v, np.float64) for v in values],
+                          [np.frombuffer(f, np.uint8) for f in flags])
+
     def items(self) -> Any:
         """The rows as :class:`~gradtool.io.logs.RowItems` (views of the columns, not copies)."""
         import numpy as np
@@ -278,14 +297,17 @@ def _read_each(path: str, source: str, consume: Callable[[bytes], None],
         raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
 
 
-def _row_items(path: str, source: str, reader: Any, key: str | None = None) -> Any:
-    """The history rows of the W&B run log at ``path`` as :class:`~gradtool.io.logs.RowItems`, read by the
-    compiled ``reader`` and, where it leaves a record, by :func:`history_rows`; None when a value needs
-    the rows as dicts (an integer beyond 2^53). ``key``: the norm's key given with --key (its values are
-    read whatever it is)."""
+def _row_items(path: str, source: str, reader: Any, key: str | None = None, columns: bool = False) -> Any:
+    """The history rows of the W&B run log at ``path`` as :class:`~gradtool.io.logs.RowItems` (with
+    ``columns``: as :class:`~gradtool.io.logs.KeyColumns` where they fit, see :meth:`_Rows.columns`), read
+    by the compiled ``reader`` and, where it leaves a record, by :func:`history_rows`; None when a value
+    needs the rows as dicts (an integer beyond 2^53). ``key``: the norm's key given with --key (its values
+    are read whatever it is)."""
     rows = _Rows(reader, key)
     _read_each(path, source, rows.record, rows.scan)
-    return rows.items() if rows.exact else None
+    if not rows.exact:
+        return None
+    return (rows.columns() if columns else None) or rows.items()
 
 
 def _rows_of(path: str, source: str) -> list[dict[str, Any]]:
@@ -314,7 +336,8 @@ def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
     parts = run.parts if run is not None and run.parts else (path,)
     named = [(p, source if len(parts) == 1 else p) for p in parts]
     reader = _compiled_reader()
-    items = [_row_items(p, s, reader, key) for p, s in named] if reader is not None else [None]
+    items = [_row_items(p, s, reader, key, columns=len(named) == 1) for p, s in named] \
+        if reader is not None else [None]
     if None in items:  # no compiled reader, or integers float64 cannot hold
         hist = from_records([row for p, s in named for row in _rows_of(p, s)], source, "wandb", key)
     else:

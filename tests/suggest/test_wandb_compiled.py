@@ -320,3 +320,64 @@ def test_a_split_records_part_with_a_whole_records_crc_is_damaged(tmp_path):
     p.write_bytes(bytes(data))
     for compiled in (True, False):
         assert _read(p, None, compiled) == (InputError, f"{p}: damaged W&B log (bad record at byte {at})")
+
+
+@needs_reader
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 4), st.one_of(st.floats(), st.integers(-2**53, 2**53))),
+                         max_size=6), max_size=25))
+def test_item_columns_are_the_items_columns(rows):
+    """The compiled item_columns (one column per key, as KeyColumns holds them) gives, key by key, what
+    RowItems.column takes from the items: whether each row has the key, its value there (a row's later
+    item of a key replacing an earlier one) and whether it is an int."""
+    order = list(dict.fromkeys([*(k for items in rows for k, _ in items), *range(5)]))
+    first_seen = {k: i for i, k in enumerate(order)}  # key ids in first-seen order, as the readers give them
+    flat = [(r, first_seen[k], float(v), type(v) is int) for r, items in enumerate(rows) for k, v in items]
+    row = np.array([f[0] for f in flat], dtype=np.int32)
+    key = np.array([f[1] for f in flat], dtype=np.int32)
+    value = np.array([f[2] for f in flat], dtype=np.float64)
+    is_int = np.array([f[3] for f in flat], dtype=bool)
+    names = [f"k{i}" for i in range(5)]
+    items = logs.RowItems(len(rows), names, row, key, value, is_int)
+    ids = (key << 1 | is_int).astype(np.int32)
+    values, flags = scan.item_columns(value.tobytes(), row.tobytes(), ids.tobytes(), len(rows), len(names))
+    columns = logs.KeyColumns(len(rows), names, [np.frombuffer(v, np.float64) for v in values],
+                              [np.frombuffer(f, np.uint8) for f in flags])
+    for name in [*names, "absent"]:
+        (g1, v1, i1), (g2, v2, i2) = columns.column(name), items.column(name)
+        assert g1.tolist() == g2.tolist() and i1.tolist() == i2.tolist()
+        assert v1.tobytes() == v2.tobytes() or np.array_equal(v1, v2, equal_nan=True)
+    got, want = columns.records(), items.records()  # a row's keys in the keys' order: the same keys first
+    assert [repr(sorted(r.items())) for r in got] == [repr(sorted(r.items())) for r in want]  # seen
+    assert list(dict.fromkeys(k for r in got for k in r)) == list(dict.fromkeys(k for r in want for k in r))
+
+
+@needs_reader
+def test_item_columns_refuse_items_out_of_range():
+    one = np.zeros(1).tobytes()
+    with pytest.raises(ValueError):
+        scan.item_columns(one, np.array([1], np.int32).tobytes(), np.array([0], np.int32).tobytes(), 1, 1)
+    with pytest.raises(ValueError):
+        scan.item_columns(one, np.array([0], np.int32).tobytes(), np.array([2], np.int32).tobytes(), 1, 1)
+    with pytest.raises(ValueError):
+        scan.item_columns(one, b"", b"", 1, 1)
+
+
+@needs_reader
+def test_a_trainer_log_is_read_into_one_column_per_key(tmp_path):
+    """A log's rows become KeyColumns (no per-key pass over the items); a log of many keys each in few rows
+    (columns larger than twice the items) and keys whose bytes decode alike keep the items."""
+    recs = [_history(i, [(b"train/grad_norm", repr(0.5 + i).encode()), (b"train/loss", b"2")], i)
+            for i in range(3000)]
+    p = str(write_log(tmp_path / "run-x.wandb", recs))
+    columns = wandb_log._row_items(p, p, scan, columns=True)
+    assert isinstance(columns, logs.KeyColumns) and columns.keys == ["train/grad_norm", "train/loss", "_step"]
+    assert columns.column("train/loss")[1].tolist() == [2.0] * 3000 and columns.column("_step")[2].all()
+    sparse = recs + [_history(3000 + j, [(f"grad_2.0_norm/p{j}".encode(), b"1.0")], 3000 + j)
+                     for j in range(400)]
+    p = str(write_log(tmp_path / "run-y.wandb", sparse))
+    assert isinstance(wandb_log._row_items(p, p, scan, columns=True), logs.RowItems)
+    alike = recs[:5] + [_history(5, [(b"train/grad_norm", b"1.0"), (b"\xff", b"1"), (b"\xfe", b"2")], 5)]
+    p = str(write_log(tmp_path / "run-z.wandb", alike))
+    items = wandb_log._row_items(p, p, scan, columns=True)
+    assert isinstance(items, logs.RowItems) and items.keys.count("\ufffd") == 1
