@@ -8,7 +8,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import gradtool.clip_dump as clip_module
@@ -54,6 +54,7 @@ _shapes = st.sampled_from([(5,), (3, 7), (7, 3), (4, 5, 6), (2, 3, 4, 5), (1, 33
 
 
 @settings(max_examples=60, deadline=None)
+@example(shape=(5,), axes="-1", dtype="float64", chunk=1, policy="zero", nan=True, c=0.5, fmt="npz", seed=3)
 @given(shape=_shapes, axes=st.sampled_from(["-1", "1,2", "-2,-1", "2,3", "0", "0,1", "1", "0,2", "all"]),
        dtype=st.sampled_from(["float32", "float16", "bfloat16", "float64"]), chunk=st.sampled_from([1, 7, 64, 1000]),
        policy=st.sampled_from(["propagate", "zero"]), nan=st.booleans(), c=st.sampled_from([0.5, 3.0, 1e9]),
@@ -80,11 +81,21 @@ def test_streamed_slices_equal_the_whole_tensor(tmp_path_factory, shape, axes, d
     spec = ClipSpec("norm", max=c, axes=ax, nonfinite=policy, select=["w"])
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(clip_module, "STREAM_CHUNK", chunk)
-        streamed, s_files, _ = _clip(src, str(tmp / f"s.{EXT[fmt]}"), spec, fmt, False, monkeypatch)
+        streamed, s_files, sliced = _clip(src, str(tmp / f"s.{EXT[fmt]}"), spec, fmt, False, monkeypatch)
         whole, w_files, _ = _clip(src, str(tmp / f"w.{EXT[fmt]}"), spec, fmt, True, monkeypatch)
-    assert s_files == w_files
     assert _report(streamed, False) == _report(whole, False)
     _assert_close_norms(streamed, whole)
+    norms_before = [repr([t.norm_before for t in r.tensors]) for r in (streamed, whole)]
+    if sliced or norms_before[0] == norms_before[1]:
+        assert s_files == w_files
+    else:  # axes over the whole tensor: one norm, taken in chunks of ``chunk`` by the streamed path and in
+        # the library's chunks by the whole one, so its last bits (float64 squares are rounded) and the
+        # scale's may differ; the slices' norms are taken alike, and so are the norms of the same cuts
+        for name, (dtype_s, shape_s, data_s) in s_files.items():
+            dtype_w, shape_w, data_w = w_files[name]
+            a, b = np.frombuffer(data_s, dtype_s), np.frombuffer(data_w, dtype_w)
+            assert (dtype_s, shape_s) == (dtype_w, shape_w)
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-12, equal_nan=True)
 
 
 @pytest.mark.parametrize("fmt", ["npz", "safetensors", "hdf5"])
