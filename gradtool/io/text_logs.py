@@ -93,8 +93,10 @@ _FAIRSEQ_EPOCH_END = "| train | "
 
 def is_fairseq(text: str) -> bool:
     """True for fairseq's console (``fairseq-train``'s log, simple or JSON format): its interval lines
-    come from its logger "train_inner"."""
-    return "| train_inner | " in text
+    come from its logger "train_inner". A log without an underscore (Megatron's console has none) is told
+    by one search for it at ``memchr``'s speed: the search for the phrase runs at a tenth of that on lines
+    full of " | " (0.08 s on a 10^6-line Megatron log)."""
+    return "_" in text and "| train_inner | " in text
 
 
 def _without_fairseq_epoch_ends(text: str, lines: list[str]) -> tuple[list[str], list[str]]:
