@@ -1316,13 +1316,16 @@ static PyObject *sqlite_rows(PyObject *self, PyObject *args) {
  * a key with an escape or a byte outside printable ASCII, a number Python reads otherwise, more than
  * JSON_MAX_KEYS keys, or columns that would take more bytes than the text): the caller's decoder decides
  * there. GIL held (the float parser's slow path is CPython's). */
-#define JSON_MAX_KEYS 256
-#define JSON_SLOTS 1024
+#define JSON_MAX_KEYS 4096 /* a log of each parameter's norm (Lightning's grad_norm): a key per parameter */
+#define JSON_SLOTS 8192
 
 typedef struct {
     int col[JSON_SLOTS]; /* a slot's column + 1; 0: an empty slot */
     const unsigned char *name[JSON_MAX_KEYS];
     Py_ssize_t len[JSON_MAX_KEYS];
+    double *val[JSON_MAX_KEYS];          /* each column's values */
+    unsigned char *flag[JSON_MAX_KEYS];  /* and flags */
+    int follow[JSON_MAX_KEYS + 1];       /* the column that came after column c (JSON_MAX_KEYS: row start) */
 } json_keys_t;
 
 /* The column of key[0:len]; n_cols (the next column's) for a key not seen before, then taken as it. */
@@ -1383,10 +1386,10 @@ static PyObject *json_rows(PyObject *self, PyObject *arg) {
         lines++;
     json_keys_t *keys = PyMem_Calloc(1, sizeof(json_keys_t));
     PyObject *values = PyList_New(0), *flags = PyList_New(0), *result = NULL;
-    double *val[JSON_MAX_KEYS];
-    unsigned char *flag[JSON_MAX_KEYS];
-    int follow[JSON_MAX_KEYS + 1]; /* the column that came after column c (JSON_MAX_KEYS: a row's start) */
-    for (int c = 0; c <= JSON_MAX_KEYS; c++) follow[c] = -1;
+    double **val = keys == NULL ? NULL : keys->val;
+    unsigned char **flag = keys == NULL ? NULL : keys->flag;
+    int *follow = keys == NULL ? NULL : keys->follow;
+    for (int c = 0; follow != NULL && c <= JSON_MAX_KEYS; c++) follow[c] = -1;
     int n_cols = 0, first_keys = -1, ok = keys != NULL && values != NULL && flags != NULL;
     if (keys == NULL) PyErr_NoMemory();
     Py_ssize_t i = 0, row = 0;

