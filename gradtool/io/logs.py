@@ -619,6 +619,22 @@ def _values_by_step(rows: Iterable[dict[str, Any]], skey: str | None) -> Callabl
     return values_of
 
 
+def _table_values_by_step(table: Any, header: list[str], skey: str | None) -> Callable[[list[str]], dict]:
+    """``values_of`` for :func:`tensor_norms_from` over an all-numeric CSV parsed whole (``table``, one
+    column per name of ``header``, the step column finite integers): what :func:`_values_by_step` gives
+    for its rows, as :class:`StepValues` (a 500-parameter CSV of 20,000 rows: ~14 -> ~1 s)."""
+    import numpy as np
+
+    def values_of(wanted: list[str]) -> dict[str, StepValues]:
+        if skey is None:
+            return {k: StepValues(np.zeros(0, np.int64), np.zeros(0)) for k in wanted}
+        steps = table[:, header.index(skey)].astype(np.int64)
+        order = np.argsort(steps, kind="stable")
+        return {k: StepValues(*last_per_key(steps, table[:, header.index(k)], order)) for k in wanted}
+
+    return values_of
+
+
 def _column(rows: list[dict[str, Any]], key: str) -> list[Any]:
     """``[r.get(key) for r in rows]`` without a Python call per row when every row has the key (the
     usual log): ``map(itemgetter)`` runs in C, ~6x faster on 10^6 rows."""
@@ -1172,8 +1188,13 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
     if fast is not None:
         hist = _noted(NormHistory(*fast[0][:4], source=path, key=fast[1], kind="csv", _arrays=fast[0][4]),
                       fast[0][5] + cut)
-        rows = islice(csv.DictReader(io.StringIO(text), header, delimiter=delim), 1, None)  # after the header
-        hist = tensor_norms_from(hist, header, _values_by_step(rows, _find_key(header, STEP_KEYS)))
+        skey = _find_key(header, STEP_KEYS)
+        if fast[2] is not None and len(set(header)) == len(header):
+            values_of = _table_values_by_step(fast[2], header, skey)
+        else:
+            rows = islice(csv.DictReader(io.StringIO(text), header, delimiter=delim), 1, None)  # after the header
+            values_of = _values_by_step(rows, skey)
+        hist = tensor_norms_from(hist, header, values_of)
         return _note_bucketed(_with_others(hist, header, key), header, text, delim)
     try:
         table = list(csv.reader(io.StringIO(text), delimiter=delim))
@@ -1282,10 +1303,11 @@ def csv_numbers_msgspec(body: str, delim: str, ncols: int) -> Any:
     return np.fromiter(values, np.float64, len(values)).reshape(lines, ncols)
 
 
-def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tuple[tuple, str] | None:
+def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tuple[tuple, str, Any] | None:
     """A rectangular all-numeric CSV parsed in C: by msgspec when the cells are strict JSON numbers
     (:func:`csv_numbers_msgspec`), else by NumPy's ``loadtxt`` (10^6 rows in about a second); None (empty
-    cells, words, quotes) sends the caller to the general row-by-row path."""
+    cells, words, quotes) sends the caller to the general row-by-row path. (the history's columns, the norm's
+    key, and the whole table when the log holds per-parameter norms and every column parsed, else None)."""
     import numpy as np
 
     nkey = _find_norm_key(header, key)
@@ -1293,23 +1315,29 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
         return None
     keys = [_find_key(header, STEP_KEYS), nkey, *loss_and_lr_keys(header)]
     wanted = [header.index(k) for k in keys if k is not None]
+    whole = any(tensor_norm_keys(header, nkey))  # per-parameter norms: every column kept (see read_csv)
     import warnings
 
     cut = text.find("\n")
     table = csv_numbers_msgspec(text[cut + 1:], delim, len(header)) if cut >= 0 else None
-    if table is not None:
-        table = table[:, wanted]
-    else:
+    for usecols in ([None] if whole else []) + [wanted]:
+        if table is not None:
+            break
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "input contained no data": a header-only file (below)
                 table = np.loadtxt(io.StringIO(text), delimiter=delim, skiprows=1, dtype=np.float64,
-                                   usecols=wanted, ndmin=2, comments=None)
+                                   usecols=usecols, ndmin=2, comments=None)
         except (ValueError, IndexError, TypeError):
-            return None
-    if table.shape[0] == 0:
+            continue
+        if usecols is None and table.shape[1] != len(header):  # rows of another width than the header's
+            table = None
+            continue
+        if usecols is not None:  # only the wanted columns (a column of words elsewhere)
+            whole, wanted = False, list(range(len(wanted)))
+    if table is None or table.shape[0] == 0:
         return None
-    cols = iter(table.T)
+    cols = iter(table[:, wanted].T)
     step_col = next(cols) if keys[0] is not None else None
     if step_col is not None and not (np.all(np.isfinite(step_col)) and np.all(step_col == np.round(step_col))):
         return None
@@ -1317,7 +1345,7 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
     loss = next(cols) if keys[2] is not None else None
     lr = next(cols) if keys[3] is not None else None
     result = _columns(None if step_col is None else step_col.astype(np.int64), norms, loss, lr, lists=False)
-    return None if result is None else (result, nkey)
+    return None if result is None else (result, nkey, table if whole else None)
 
 
 def read_tensorboard(path: str, key: str | None = None) -> NormHistory:

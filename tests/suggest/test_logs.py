@@ -1,4 +1,5 @@
 import importlib.util
+import csv
 import json
 import math
 import os
@@ -498,7 +499,11 @@ _cell = st.one_of(
                      "", " 1.5", "2 ", '"3"', "x", "0x10", "1,5", "01"]))
 _csv_header = st.sampled_from([["step", "grad_norm", "loss"], ["grad_norm"],
                                ["step", "loss", "grad_norm", "lr"],
-                               ["epoch", "step", "grad_norm", "learning_rate"]])
+                               ["epoch", "step", "grad_norm", "learning_rate"],
+                               # per-parameter norms (Lightning's grad_norm): taken from the whole table
+                               ["step", "grad_2.0_norm_total", "grad_2.0_norm/w", "grad_inf_norm/w"],
+                               ["grad_2.0_norm_total", "grad_2.0_norm/w"],
+                               ["step", "grad_2.0_norm_total", "grad_2.0_norm/w", "grad_2.0_norm/w"]])
 
 
 @settings(max_examples=300, deadline=None)
@@ -527,13 +532,42 @@ def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, t
                 else:
                     m.setattr(logs_mod, name, value)
             try:
-                return _as_tuple(logs_mod.read_csv("x.csv", text=text))
+                h = logs_mod.read_csv("x.csv", text=text)
             except (InputError, UsageError) as exc:
                 return type(exc)
+            if not whole:  # (the per-parameter norms of rows read by the csv module after the fast path: from
+                return _as_tuple(h)  # every training's rows, the general path's from the last's; left alone)
+            return _as_tuple(h), repr(h.tensor_norms), repr(h.tensor_max_abs)
+
+    header_line = text.splitlines()[0] if text.splitlines() else ""
+    fast = logs_mod._csv_fast(text, next(csv.reader([header_line], delimiter=delim), []), delim, None) \
+        if header_line else None
+    whole = fast is not None and fast[2] is not None  # the table parsed whole: per-parameter norms from it
 
     ref = read(_csv_fast=lambda *a: None)
     assert read() == ref
     assert read(msgspec=None) == ref
+
+
+@pytest.mark.parametrize("text", [
+    "step,grad_2.0_norm_total,grad_2.0_norm/w,grad_inf_norm/w\n0,1.0,0.5\n1,2.0,0.6\n",  # rows short of the header
+    "step,grad_2.0_norm_total,grad_2.0_norm/w\n0,1.0,0.5\n1,2.0,nan\n1,3.0,0.7\n2,4.0,0.8\n",  # a step again
+    "step,grad_2.0_norm_total,grad_2.0_norm/w,name\n0,1.0,0.5,a\n1,2.0,0.6,b\n",  # a column of words
+])
+def test_per_parameter_norms_of_a_numeric_csv_are_the_general_readers(text):
+    """A CSV of per-parameter norms parsed whole (each parameter's norms found at the steps by a binary
+    search) gives the general csv-module reader's history; where the table cannot be parsed whole (rows
+    of another width, words), the wanted columns are and the rows give the per-parameter norms."""
+    from gradtool.io import logs as logs_mod
+
+    def read():
+        h = logs_mod.read_csv("x.csv", text=text)
+        return _as_tuple(h), repr(h.tensor_norms), repr(h.tensor_max_abs)
+
+    fast = read()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(logs_mod, "_csv_fast", lambda *a: None)
+        assert read() == fast
 
 
 @settings(max_examples=300, deadline=None)
