@@ -7,6 +7,7 @@ generated events, written by an encoder of this test's own (tests/tensorboard_en
 from __future__ import annotations
 
 import importlib.util
+import math
 import struct
 import sys
 
@@ -440,3 +441,22 @@ def test_the_compiled_reader_finds_add_scalars_records(tmp_path):
     assert np.frombuffer(steps, np.int64).tolist() == [0, 127, 128, 2**28 - 1]
     assert np.frombuffer(values, np.float64).tolist() == [0.0, 31.75, 32.0, float(np.float32((2**28 - 1) / 4))]
     assert np.frombuffer(tags, np.int32).tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_signalling_nan_is_read_as_nan_without_a_warning(tmp_path, monkeypatch, compiled):
+    """A float32 signalling NaN (bits 0x7FA00000) logged as a norm: NaN, the same both ways, and no NumPy
+    RuntimeWarning on stderr (its cast to float64 raised "invalid value encountered in cast")."""
+    import struct
+    import warnings
+
+    if not compiled:
+        monkeypatch.setenv("GRADTOOL_NO_KERNELS", "1")
+    p = tmp_path / "events.out.tfevents.1.host"
+    snan = enc.pb_bytes(1, enc.pb_bytes(1, b"train/grad_norm") + b"\x15" + struct.pack("<I", 0x7FA00000))
+    enc.write_events(p, [enc.file_version_event()] + [
+        enc.summary_event(s, [snan if s == 3 else enc.scalar_value("train/grad_norm", 1.0)]) for s in range(10)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        h = read_norm_log(str(p))
+    assert h.steps == list(range(10)) and math.isnan(h.norms[3]) and h.norms[:3] == [1.0] * 3
