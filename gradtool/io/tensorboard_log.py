@@ -326,7 +326,7 @@ def _scalar_records_here(raw: Any, at: Any, size: Any) -> _ScalarRecords:
                 found[rows[same]] = False
         found[rows[left]] = False  # more tags of this length than that: read one by one
     where = (p + 7 + k)[found]
-    with np.errstate(invalid="ignore"):  # a signalling NaN made quiet, as struct's unpack makes it: no warning
+    with np.errstate(invalid="ignore"):  # a signalling NaN made quiet (as struct makes it), no warning
         values = raw[where[:, None] + np.arange(4)].copy().view("<f4").ravel().astype(np.float64)
     return _ScalarRecords(found, steps[found], values, tags[found], names)
 

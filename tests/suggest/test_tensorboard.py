@@ -455,7 +455,8 @@ def test_a_signalling_nan_is_read_as_nan_without_a_warning(tmp_path, monkeypatch
     p = tmp_path / "events.out.tfevents.1.host"
     snan = enc.pb_bytes(1, enc.pb_bytes(1, b"train/grad_norm") + b"\x15" + struct.pack("<I", 0x7FA00000))
     enc.write_events(p, [enc.file_version_event()] + [
-        enc.summary_event(s, [snan if s == 3 else enc.scalar_value("train/grad_norm", 1.0)]) for s in range(10)])
+        enc.summary_event(s, [snan if s == 3 else enc.scalar_value("train/grad_norm", 1.0)])
+        for s in range(10)])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         h = read_norm_log(str(p))
