@@ -1360,10 +1360,7 @@ static int json_number(const unsigned char *v, Py_ssize_t n, double *out) {
         *out = (double)(first ? -x : x); /* -0: 0, as int("-0") */
         return INTEGER;
     }
-    if ((n == 3 && memcmp(v, "NaN", 3) == 0) || (n == 8 && memcmp(v, "Infinity", 8) == 0) ||
-        (n == 9 && memcmp(v, "-Infinity", 9) == 0)) /* Python's json tokens */
-        return classify(v, n, out, 1);
-    return decimal(v, n, 1, out, 1);
+    return classify(v, n, out, 1); /* Python's NaN, Infinity, -Infinity tokens, or a JSON number */
 }
 
 static PyObject *json_rows(PyObject *self, PyObject *arg) {
