@@ -550,7 +550,7 @@ def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, t
 
 
 @pytest.mark.parametrize("text", [
-    "step,grad_2.0_norm_total,grad_2.0_norm/w,grad_inf_norm/w\n0,1.0,0.5\n1,2.0,0.6\n",  # rows short of the header
+    "step,grad_2.0_norm_total,grad_2.0_norm/w,grad_inf_norm/w\n0,1.0,0.5\n1,2.0,0.6\n",  # rows short of it
     "step,grad_2.0_norm_total,grad_2.0_norm/w\n0,1.0,0.5\n1,2.0,nan\n1,3.0,0.7\n2,4.0,0.8\n",  # a step again
     "step,grad_2.0_norm_total,grad_2.0_norm/w,name\n0,1.0,0.5,a\n1,2.0,0.6,b\n",  # a column of words
 ])
