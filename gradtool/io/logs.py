@@ -289,7 +289,11 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
     fast = _vectorised(rows, nkey, skey, lkey, rkey, split_trainings)
     if fast is not None:
         hist = _noted(NormHistory(*fast[:4], source, nkey, kind, fast[4]), fast[5])
-        return tensor_norms_from(_with_others(hist, all_keys, key), all_keys, _values_by_step(rows, skey))
+        start = 0  # per-parameter norms from the last training's rows, as below (every row here has a norm)
+        if split_trainings and skey and any(tensor_norm_keys(all_keys, nkey)):
+            start = _last_training(_column(rows, skey))[0]
+        return tensor_norms_from(_with_others(hist, all_keys, key), all_keys,
+                                 _values_by_step(rows[start:], skey))
     notes: list[str] = []
     if split_trainings and skey:  # the steps of the norm rows, in log order: several trainings?
         ordered = [(i, int(st)) for i, r in enumerate(rows) if _num(r.get(nkey)) is not None
@@ -438,12 +442,10 @@ def from_row_items(items: RowItems, source: str, kind: str, key: str | None = No
     all_keys = dict.fromkeys(items.keys)
     nkey, skey, lkey, rkey = _record_keys(all_keys, source, key)
     has_norm, norm, _ = items.column(nkey)
-    has_step, step, step_int = items.column(skey)
+    has_step, step, _ = items.column(skey)
     finite = has_step & np.isfinite(step)
     if np.any(np.abs(step[finite]) >= 2.0 ** 53):  # int(step) beyond float64's integers: as the records do
         return from_records(items.records(), source, kind, key)
-    whole = int(step_int.view(np.int8).sum()) if skey else n
-    every_row = bool(has_norm.all()) and (skey is None or whole == n)  # _vectorised's case: norm, int step
     start, notes = 0, []
     if skey is not None:
         at = np.flatnonzero(has_norm & finite)
@@ -471,7 +473,7 @@ def from_row_items(items: RowItems, source: str, kind: str, key: str | None = No
     loss, lr = at_won(lkey, skey is not None), at_won(rkey)
     hist = NormHistory(None, None, None, None, source, nkey, kind, (steps, norm[won], loss, lr))
     hist = _noted(hist, notes)
-    low = 0 if every_row else start  # the rows from_records reads per-parameter norms from
+    low = start  # the rows from_records reads per-parameter norms from: the last training's
 
     def values_of(wanted: list[str]) -> dict[str, StepValues]:
         out: dict[str, StepValues] = {}
@@ -1064,7 +1066,9 @@ def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "j
         return None
     skey, (lkey, rkey) = _find_key(seen, STEP_KEYS), loss_and_lr_keys(seen)
     number: Any = float | Literal["NaN", "Infinity", "-Infinity"] if nonfinite_words else float
-    kinds = {nkey: (number,), skey: (int,), lkey: (number | None, None), rkey: (number | None, None)}
+    # the norm's entry last: --key may name the loss or learning rate, whose optional type must not
+    # replace the norm's required one (a row without it is no norm row)
+    kinds = {lkey: (number | None, None), rkey: (number | None, None), skey: (int,), nkey: (number,)}
     fields = [(f"f{i}", *kinds.get(k, (msgspec.Raw, msgspec.UNSET))) for i, k in enumerate(keys)]
     try:
         row = msgspec.defstruct("LogRow", fields, rename={f"f{i}": k for i, k in enumerate(keys)},
@@ -1192,9 +1196,10 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
         skey = _find_key(header, STEP_KEYS)
         if fast[2] is not None and len(set(header)) == len(header):
             values_of = _table_values_by_step(fast[2], header, skey)
-        else:
-            rows = islice(csv.DictReader(io.StringIO(text), header, delimiter=delim), 1, None)  # no header
-            values_of = _values_by_step(rows, skey)
+        else:  # the rows after the header, from the last training's first, as the general path makes them
+            lines = (r for r in csv.reader(io.StringIO(text), delimiter=delim) if r)  # (blank lines: none)
+            values_of = _values_by_step((dict(zip(header, r)) for r in islice(lines, 1 + fast[3], None)),
+                                        skey)
         hist = tensor_norms_from(hist, header, values_of)
         return _note_bucketed(_with_others(hist, header, key), header, text, delim)
     try:
@@ -1304,11 +1309,13 @@ def csv_numbers_msgspec(body: str, delim: str, ncols: int) -> Any:
     return np.fromiter(values, np.float64, len(values)).reshape(lines, ncols)
 
 
-def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tuple[tuple, str, Any] | None:
+def _csv_fast(text: str, header: list[str], delim: str,
+              key: str | None) -> tuple[tuple, str, Any, int] | None:
     """A rectangular all-numeric CSV parsed in C: by msgspec when the cells are strict JSON numbers
     (:func:`csv_numbers_msgspec`), else by NumPy's ``loadtxt`` (10^6 rows in about a second); None (empty
     cells, words, quotes) sends the caller to the general row-by-row path. Else (the history's columns, the
-    norm's key, the whole table when the log holds per-parameter norms and every column parsed, or None)."""
+    norm's key, the whole table from the last training's first row when the log holds per-parameter norms
+    and every column parsed, or None, and the row that training starts at)."""
     import numpy as np
 
     nkey = _find_norm_key(header, key)
@@ -1346,7 +1353,10 @@ def _csv_fast(text: str, header: list[str], delim: str, key: str | None) -> tupl
     loss = next(cols) if keys[2] is not None else None
     lr = next(cols) if keys[3] is not None else None
     result = _columns(None if step_col is None else step_col.astype(np.int64), norms, loss, lr, lists=False)
-    return None if result is None else (result, nkey, table if whole else None)
+    start = 0  # the row the last training starts at (every row has a norm): its per-parameter norms
+    if result is not None and step_col is not None and any(tensor_norm_keys(header, nkey)):
+        start = _last_training(step_col.astype(np.int64).tolist())[0]
+    return None if result is None else (result, nkey, table[start:] if whole else None, start)
 
 
 def read_tensorboard(path: str, key: str | None = None) -> NormHistory:

@@ -165,6 +165,10 @@ _LOG_VALUES = st.one_of(st.integers(-3, 60), st.floats(width=32), st.floats(0, 1
        key=st.sampled_from([None, "grad_norm", "loss", "grad_2.0_norm_total"]))
 @example(rows=[{"step": 1, "grad_norm": 1.0}, {"step": 0, "grad_norm": 2.0}, {"step": 1, "grad_norm": 3.0}],
          key=None)
+@example(rows=[{}, {"loss": 2**60}], key="loss")  # --key the loss: a row without it is no norm row (msgspec)
+@example(rows=[{"step": 0, "grad_norm": 1.0, "grad_2.0_norm/w": 5.0}, {"step": 1, "grad_norm": 1.0},
+               {"step": 0, "grad_norm": 2.0}, {"step": 1, "grad_norm": 2.0, "grad_2.0_norm/w": 6.0}],
+         key=None)  # two trainings: per-parameter norms from the last's rows only (step 0 has none: left out)
 def test_a_jsonl_logs_history_from_the_columns_is_the_dict_paths(rows, key):
     from gradtool.io import logs as logs_mod
 

@@ -226,3 +226,34 @@ def test_per_parameter_norms_logged_on_step_and_on_epoch(tmp_path):
     assert h.key == "grad_2.0_norm_total_step"
     assert h.tensor_norms == {n: [row[i] for row in norms] for i, n in enumerate(NAMES)}
     assert not h.notes
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "csv-words", "jsonl-no-kernels"])
+def test_per_parameter_norms_come_from_the_last_training_only(tmp_path, monkeypatch, fmt):
+    """A log of two trainings (steps start over): the last is read, and so are its per-parameter norms
+    only. A parameter the last training did not log at one of its steps is left out with a note, not
+    filled in from the earlier training's row of that step (the fast paths did so; the general one not)."""
+    if fmt.endswith("no-kernels"):
+        monkeypatch.setenv("GRADTOOL_NO_KERNELS", "1")
+    rows = [{"step": 0, "grad_2.0_norm_total": 1.0, "grad_2.0_norm/w": 5.0, "grad_2.0_norm/b": 0.5},
+            {"step": 1, "grad_2.0_norm_total": 1.0, "grad_2.0_norm/w": 5.5, "grad_2.0_norm/b": 0.6},
+            {"step": 0, "grad_2.0_norm_total": 2.0, "grad_2.0_norm/b": 0.7},
+            {"step": 1, "grad_2.0_norm_total": 2.0, "grad_2.0_norm/w": 6.0, "grad_2.0_norm/b": 0.8}]
+    if fmt.startswith("jsonl"):
+        p = tmp_path / "log.jsonl"
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        p = tmp_path / "metrics.csv"
+        header = ["step", "grad_2.0_norm_total", "grad_2.0_norm/w", "grad_2.0_norm/b"]
+        cells = [[str(r.get(k, "nan")) for k in header] for r in rows]  # (nan: a number, the table whole)
+        if fmt == "csv-words":  # a column of words: the fast path reads the norms' rows with the csv module
+            header, cells = header + ["note"], [c + ["x"] for c in cells]
+        cells[2][2] = "nan" if fmt == "csv" else "-"  # ("-": not a number, so w not logged there)
+        p.write_text("\n".join(",".join(c) for c in [header, *cells]) + "\n")
+    h = read_norm_log(str(p))
+    assert h.steps == [0, 1] and h.norms == [2.0, 2.0]
+    assert h.tensor_norms["b"] == [0.7, 0.8]
+    if fmt == "csv":  # NaN logged at step 0 (a value): kept
+        assert [repr(v) for v in h.tensor_norms["w"]] == ["nan", "6.0"]
+    else:
+        assert "w" not in h.tensor_norms and any("norms of w left out" in n for n in h.notes)
