@@ -289,11 +289,9 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
     fast = _vectorised(rows, nkey, skey, lkey, rkey, split_trainings)
     if fast is not None:
         hist = _noted(NormHistory(*fast[:4], source, nkey, kind, fast[4]), fast[5])
-        start = 0  # per-parameter norms from the last training's rows, as below (every row here has a norm)
-        if split_trainings and skey and any(tensor_norm_keys(all_keys, nkey)):
-            start = _last_training(_column(rows, skey))[0]
+        # per-parameter norms from the last training's rows, as below (every row here has a norm)
         return tensor_norms_from(_with_others(hist, all_keys, key), all_keys,
-                                 _values_by_step(rows[start:], skey))
+                                 _values_by_step(rows[fast[6]:], skey))
     notes: list[str] = []
     if split_trainings and skey:  # the steps of the norm rows, in log order: several trainings?
         ordered = [(i, int(st)) for i, r in enumerate(rows) if _num(r.get(nkey)) is not None
@@ -392,6 +390,14 @@ class KeyColumns:
         self.n_rows, self.keys = n_rows, keys
         self._values, self._flags = values, flags
 
+    @classmethod
+    def of_buffers(cls, n_rows: int, keys: list[str], values: list[Any], flags: list[Any]) -> KeyColumns:
+        """From the compiled readers' bytearrays (``json_rows``, ``item_columns``; or arrays), not copied."""
+        import numpy as np
+
+        return cls(n_rows, keys, [np.frombuffer(v, np.float64) for v in values],
+                   [np.frombuffer(f, np.uint8) for f in flags])
+
     def column(self, name: str | None) -> tuple[Any, Any, Any]:
         """(given, values, is_int) of key ``name`` over the rows (see :meth:`RowItems.column`)."""
         import numpy as np
@@ -480,8 +486,7 @@ def from_row_items(items: RowItems, source: str, kind: str, key: str | None = No
         for name in wanted:
             given, values, _ = items.column(name)
             sel = np.flatnonzero(given[low:] & finite[low:]) + low if skey else np.zeros(0, dtype=np.int64)
-            at = np.trunc(step[sel]).astype(np.int64)
-            out[name] = StepValues(*last_per_key(at, values[sel], np.argsort(at, kind="stable")))
+            out[name] = StepValues.last_of(np.trunc(step[sel]).astype(np.int64), values[sel])
         return out
 
     return tensor_norms_from(_with_others(hist, all_keys, key), all_keys, values_of)
@@ -571,6 +576,13 @@ class StepValues:
     def __init__(self, steps: Any, values: Any):
         self.steps, self.values = steps, values
 
+    @classmethod
+    def last_of(cls, steps: Any, values: Any) -> StepValues:
+        """Of ``values`` logged at ``steps`` (int64, in logging order): each step's last."""
+        import numpy as np
+
+        return cls(*last_per_key(steps, values, np.argsort(steps, kind="stable")))
+
 
 def tensor_norms_from(hist: NormHistory, keys: Iterable[str],
                       values_of: Callable[[list[str]], dict[str, Any]]) -> NormHistory:
@@ -632,8 +644,7 @@ def _table_values_by_step(table: Any, header: list[str], skey: str | None) -> Ca
         if skey is None:
             return {k: StepValues(np.zeros(0, np.int64), np.zeros(0)) for k in wanted}
         steps = table[:, header.index(skey)].astype(np.int64)
-        order = np.argsort(steps, kind="stable")
-        return {k: StepValues(*last_per_key(steps, table[:, header.index(k)], order)) for k in wanted}
+        return {k: StepValues.last_of(steps, table[:, header.index(k)]) for k in wanted}
 
     return values_of
 
@@ -672,7 +683,8 @@ def _vectorised(rows: list[dict[str, Any]], nkey: str, skey: str | None, lkey: s
 
 
 Columns = tuple[list[int] | None, list[float] | None, list[float | None] | None, list[float | None] | None,
-                tuple, list[str]]  # what _columns gives: the four columns as lists, as arrays, notes
+                tuple, list[str], int]  # what _columns gives: the four columns as lists, as arrays, notes,
+# and the row the last training starts at
 
 
 def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = False, lists: bool = True,
@@ -683,8 +695,8 @@ def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = Fal
     int steps, float norms and float-or-None loss and learning rate (a typed decoder checked them), so
     they are passed through without scanning their types again. ``lists=False``: columns that are arrays
     are not turned into lists (None in their place; ``NormHistory`` makes them from the arrays on first use).
-    The last element: notes on the log (several trainings in it: only the last is kept; see
-    :func:`_last_training`)."""
+    Then notes on the log (several trainings in it: only the last is kept; see :func:`_last_training`),
+    and the row of the columns as given that the last training starts at (0 for one training)."""
     import numpy as np
 
     try:
@@ -695,6 +707,7 @@ def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = Fal
     n = step_arr.size
     in_order = n < 2 or bool(np.all(step_arr[1:] > step_arr[:-1]))  # the usual log: no step twice, sorted
     notes: list[str] = []
+    cut = 0
     if not in_order and split_trainings and bool(np.any(step_arr[1:] < step_arr[:-1])):
         cut, notes = _last_training(step_arr.tolist())
         if cut:  # the last training's rows only
@@ -741,7 +754,7 @@ def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = Fal
     else:
         steps_v, step_arr = kept(steps, step_arr, int)
     norms_v, norm_arr = kept(norms, norm_arr, float)
-    return steps_v, norms_v, loss_p[0], lr_p[0], (step_arr, norm_arr, loss_p[1], lr_p[1]), notes
+    return steps_v, norms_v, loss_p[0], lr_p[0], (step_arr, norm_arr, loss_p[1], lr_p[1]), notes, cut
 
 
 def _loads(text: str, source: str) -> Any:
@@ -1015,17 +1028,15 @@ def json_columns(text: str | bytes, source: str, key: str | None, kind: str = "j
         return None
     n, names, values, flags, first = got
     keys = [name.decode("ascii") for name in names]
-    columns = [np.frombuffer(v, np.float64) for v in values]
-    given = [np.frombuffer(f, np.uint8) for f in flags]
     if own_steps is not None:
         steps = np.asarray(own_steps)
         if "_step" in keys or steps.shape != (n,) or steps.dtype.kind not in "iu" or \
                 (n and int(np.abs(steps).max()) > 1 << 53):
             return None
         keys.insert(first, "_step")
-        columns.insert(first, steps.astype(np.float64))
-        given.insert(first, np.full(n, 2, dtype=np.uint8))
-    return from_row_items(KeyColumns(n, keys, columns, given), source, kind, key)
+        values.insert(first, steps.astype(np.float64))
+        flags.insert(first, np.full(n, 2, dtype=np.uint8))
+    return from_row_items(KeyColumns.of_buffers(n, keys, values, flags), source, kind, key)
 
 
 def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "jsonl",
@@ -1353,10 +1364,10 @@ def _csv_fast(text: str, header: list[str], delim: str,
     loss = next(cols) if keys[2] is not None else None
     lr = next(cols) if keys[3] is not None else None
     result = _columns(None if step_col is None else step_col.astype(np.int64), norms, loss, lr, lists=False)
-    start = 0  # the row the last training starts at (every row has a norm): its per-parameter norms
-    if result is not None and step_col is not None and any(tensor_norm_keys(header, nkey)):
-        start = _last_training(step_col.astype(np.int64).tolist())[0]
-    return None if result is None else (result, nkey, table[start:] if whole else None, start)
+    if result is None:
+        return None
+    start = result[6]  # the row the last training starts at (every row has a norm): its per-parameter norms
+    return result, nkey, table[start:] if whole else None, start
 
 
 def read_tensorboard(path: str, key: str | None = None) -> NormHistory:

@@ -255,8 +255,6 @@ class _Rows:
         and the columns ``from_row_items`` takes from them); None when keys of different bytes decode alike
         (:meth:`items` merges them) or the columns would take more than twice the items' bytes (a log of
         many keys, each in few rows)."""
-        import numpy as np
-
         from .logs import KeyColumns
 
         names = [k.decode("utf-8", "replace") for k in self.keys]
@@ -265,8 +263,7 @@ class _Rows:
                 len(names) * self.rows * 9 > max(2 * 16 * (len(self.values) // 8), 1 << 20):
             return None
         values, flags = scatter(self.values, self._rows, self.ids, self.rows, len(names))
-        return KeyColumns(self.rows, names, [np.frombuffer(v, np.float64) for v in values],
-                          [np.frombuffer(f, np.uint8) for f in flags])
+        return KeyColumns.of_buffers(self.rows, names, values, flags)
 
     def items(self) -> Any:
         """The rows as :class:`~gradtool.io.logs.RowItems` (views of the columns, not copies)."""
