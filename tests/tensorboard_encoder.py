@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from tests.protobuf_encoder import pb_bytes, pb_double, pb_float, pb_int
+from tests.protobuf_encoder import pb_bytes, pb_double, pb_float, pb_int, varint
 
 
 def _table() -> list[int]:
@@ -45,6 +45,48 @@ def scalar_value(tag: str, x: float) -> bytes:
 def histogram_value(tag: str) -> bytes:
     """A Summary.Value holding a histogram (HistogramProto with min = 0, max = 1)."""
     return pb_bytes(1, pb_bytes(1, tag.encode()) + pb_bytes(5, pb_double(1, 0.0) + pb_double(2, 1.0)))
+
+
+# TensorProto's dtype → (struct format of a value, the field TensorBoard's make_ndarray reads values from)
+TENSOR_DTYPES = {1: ("<f", 5), 2: ("<d", 6), 3: ("<i", 7), 4: ("<B", 7), 5: ("<h", 7), 6: ("<b", 7),
+                 9: ("<q", 10), 14: ("<H", 13), 17: ("<H", 7), 19: ("<e", 13)}
+
+
+def tensor_proto(dtype: int, values: list, dims: list[int] | None = None, content: bool = False,
+                 packed: bool = True) -> bytes:
+    """A TensorProto of ``dtype`` (see TENSOR_DTYPES) holding ``values``, as C++'s AsProtoTensorContent
+    writes it (``content``: the values' little-endian bytes in ``tensor_content``) or as Python's
+    make_tensor_proto and PyTorch's ``new_style`` scalars write it (the dtype's repeated field, ``packed``
+    or one field each; half and bfloat16 values given as their 16 bits). ``dims``: the shape's sizes
+    (``[]`` or None for a scalar's shape, written or left out)."""
+    fmt, field = TENSOR_DTYPES[dtype]
+    out = pb_int(1, dtype)
+    if dims is not None:
+        out += pb_bytes(2, b"".join(pb_bytes(2, pb_int(1, d)) for d in dims))
+    if content:
+        return out + pb_bytes(4, b"".join(struct.pack(fmt, v) for v in values))
+    if field in (5, 6):
+        width = 4 if field == 5 else 8
+        if packed:
+            return out + pb_bytes(field, b"".join(struct.pack(fmt, v) for v in values))
+        return out + b"".join((pb_float if width == 4 else pb_double)(field, v) for v in values)
+    if dtype == 19:  # half values in half_val as their bits
+        values = [struct.unpack("<H", struct.pack("<e", v))[0] for v in values]
+    if packed:
+        return out + pb_bytes(field, b"".join(varint(v) for v in values))
+    return out + b"".join(pb_int(field, v) for v in values)
+
+
+def plugin_metadata(plugin: str) -> bytes:
+    """A SummaryMetadata naming ``plugin`` (its plugin_data's plugin_name)."""
+    return pb_bytes(1, pb_bytes(1, plugin.encode()))
+
+
+def tensor_value(tag: str, tensor: bytes, plugin: str | None = "scalars") -> bytes:
+    """A Summary.Value holding the TensorProto ``tensor``, with metadata naming ``plugin`` (none if None),
+    as tf.summary.scalar writes a scalar (metadata after the tensor, as TensorFlow 2 writes it)."""
+    meta = b"" if plugin is None else pb_bytes(9, plugin_metadata(plugin))
+    return pb_bytes(1, pb_bytes(1, tag.encode()) + pb_bytes(8, tensor) + meta)
 
 
 def event(step: int, body: bytes, wall_time: float = 1.7e9) -> bytes:

@@ -1372,11 +1372,15 @@ def _csv_fast(text: str, header: list[str], delim: str,
 
 def read_tensorboard(path: str, key: str | None = None) -> NormHistory:
     """The scalars of a TensorBoard event file, or of a run directory of them (see
-    :mod:`~gradtool.io.tensorboard_log`: read without tensorboard, as its ``EventAccumulator`` keeps them)."""
+    :mod:`~gradtool.io.tensorboard_log`: read without tensorboard, as its ``EventAccumulator`` keeps them,
+    and scalars written as tensors as its scalars dashboard shows them)."""
     from .tensorboard_log import scalar_series
 
     series = scalar_series(path)
     tags = list(series)
+    if not tags:
+        raise InputError(f"{path}: no scalar among its TensorBoard events (histograms, images and tensors of "
+                         "other plugins are not read)")
     nkey = _find_norm_key(tags, key)
     if nkey is None:
         raise InputError(f"{path}: no gradient-norm scalar among {', '.join(tags[:20])}; name it with --key"

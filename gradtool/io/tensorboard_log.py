@@ -6,11 +6,16 @@ TFRecords: a little-endian uint64 length, its masked CRC-32C, the data, the data
 record is an ``Event`` protobuf (tensorboard's ``event.proto``): ``wall_time`` = 1 (double), ``step`` = 2
 (int64) and one of ``file_version`` = 3, ``summary`` = 5, ``session_log`` = 7 (and others: graphs, run
 metadata); a ``Summary`` holds repeated ``value`` = 1, each a ``tag`` = 1 and one of ``simple_value`` = 2
-(a float32: what ``add_scalar`` writes) and other kinds (histograms, images, tensors).
+(a float32: what ``add_scalar`` writes) and other kinds (histograms, images, ``tensor`` = 8), and a
+``metadata`` = 9 naming the plugin the value is for.
 
 What TensorBoard's ``EventAccumulator`` keeps of a run's scalars is kept here (tested against it): each
 tag's ``simple_value`` scalars in the order read, a run directory's event files in name order, and the
-events a restart orphaned purged as it purges them. TensorBoard reads records with a CRC-32C computed
+events a restart orphaned purged as it purges them. Scalars written as tensors (TensorFlow 2's
+``tf.summary.scalar``, Keras' ``TensorBoard`` callback, ``add_scalar(..., new_style=True)``) are kept as
+TensorBoard's scalars dashboard shows them (tested against its ``plugin_event_accumulator``): the
+tensors of one number of each tag whose metadata (from its first value with metadata) names the plugin
+``scalars``. TensorBoard reads records with a CRC-32C computed
 byte by byte in Python (~30 us an event); here the CRCs of all records are computed together with NumPy,
 a byte position at a time across records; the records of one scalar's event as ``add_scalar`` writes
 them are found and read together with NumPy too, and the other events by the protobuf field reader of
@@ -25,14 +30,22 @@ import os
 import struct
 from collections.abc import Iterator
 from functools import cache
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from ..errors import InputError
-from .protowire import FIXED32, LENGTH_DELIMITED, VARINT, _tag_at, _varint
+from .protowire import FIXED32, FIXED64, LENGTH_DELIMITED, VARINT, _tag_at, _varint
 
 _EVENT_WHAT = frozenset((3, 4, 5, 6, 7, 8, 9))  # Event's oneof "what": file_version, graph_def, summary, ...
 _FILE_VERSION, _SUMMARY, _SESSION_LOG = 3, 5, 7
 _VALUE_KINDS = frozenset((3, 4, 5, 6, 8))  # Summary.Value's oneof "value" besides simple_value = 2: histo...
+_TENSOR, _METADATA = 8, 9  # Summary.Value's tensor (a TensorProto) and metadata (a SummaryMetadata)
+_SCALARS_PLUGIN = "scalars"
+# TensorProto's dtype (types.proto's DataType) → (NumPy type, the field of its values as make_ndarray reads
+# them): float = 1, double = 2, int32 = 3, uint8 = 4, int16 = 5, int8 = 6, int64 = 9, bfloat16 = 14,
+# uint16 = 17, half = 19 (half_val = 13 holds the 16 bits of half and bfloat16 values)
+_TENSOR_DTYPES = {1: ("<f4", 5), 2: ("<f8", 6), 3: ("<i4", 7), 4: ("<u1", 7), 5: ("<i2", 7), 6: ("<i1", 7),
+                  9: ("<i8", 10), 14: ("<u2", 13), 17: ("<u2", 7), 19: ("<f2", 13)}
+_BFLOAT16 = 14  # read as its 16 bits (NumPy has no bfloat16): the top half of a float32
 _START = 1  # SessionLog.SessionStatus.START
 _FLOAT = struct.Struct("<f")
 _LONG_RECORD = 4096  # records longer than this have their CRC computed one by one
@@ -59,16 +72,17 @@ def event_files(path: str) -> list[str]:
 
 
 def scalar_series(path: str) -> dict[str, tuple[Any, Any]]:
-    """Every tag's ``simple_value`` scalars of the run at ``path`` (an event file, or a directory of
-    them) as arrays of steps (int64) and values (float64) in the order read, tags in the order first
-    seen, after TensorBoard's
+    """Every tag's scalars of the run at ``path`` (an event file, or a directory of them) as arrays of
+    steps (int64) and values (float64) in the order read, tags in the order first seen, after TensorBoard's
     purges: with ``file_version`` 2 or later (every writer since TensorFlow 1.0) a ``SessionLog.START``
     event at step s drops every scalar at step s or later; without it, an event with a summary whose step
-    is before the latest step seen drops the scalars of its tags at its step or later."""
+    is before the latest step seen drops the scalars of its tags at its step or later. A tag's scalars are
+    its ``simple_value`` values and, when its first value with metadata names the ``scalars`` plugin, its
+    tensors of one number (``make_ndarray(tensor).item()``, widened to float64)."""
     import numpy as np
 
     series: dict[str, _Points] = {}
-    state = _Purges()
+    state = _RunState()
     for f in event_files(path):
         for scalars, others in _events(f):
             at = 0  # the scalar records between two other events are added together
@@ -79,17 +93,20 @@ def scalar_series(path: str) -> dict[str, tuple[Any, Any]]:
                     at = end
                 if event is not None:
                     _add_event(series, state, *event)
-    return {tag: points.arrays() for tag, points in series.items()}
+    return {tag: points.arrays() for tag, points in series.items()
+            if points.simple or state.plugins.get(tag) == _SCALARS_PLUGIN}
 
 
 class _Points:
     """A tag's scalars as they are read: pieces of step and value arrays, and the points added one by one
-    since the last piece (as lists)."""
+    since the last piece (as lists); ``simple``: whether any was a ``simple_value`` (else they are all
+    tensors', scalars only if the tag's plugin is ``scalars``)."""
 
     def __init__(self) -> None:
         self.pieces: list[tuple[Any, Any]] = []
         self.steps: list[int] = []
         self.values: list[float] = []
+        self.simple = False
 
     def _close(self) -> None:
         import numpy as np
@@ -99,8 +116,10 @@ class _Points:
             self.steps, self.values = [], []
 
     def extend(self, steps: Any, values: Any) -> None:
+        """Add ``simple_value`` scalars as arrays."""
         self._close()
         self.pieces.append((steps, values))
+        self.simple = True
 
     def keep_before(self, step: int) -> None:
         self._close()
@@ -115,27 +134,32 @@ class _Points:
         return np.concatenate([s for s, _ in self.pieces]), np.concatenate([v for _, v in self.pieces])
 
 
-def _add_event(series: dict[str, _Points], state: _Purges, step: int, kind: int, what: Any) -> None:
+def _add_event(series: dict[str, _Points], state: _RunState, step: int, kind: int, what: Any) -> None:
     """One event (see :func:`_event`): the purges it makes, then its scalars."""
     if kind != _SUMMARY or not state.by_session_log:  # (a summary can purge only by its step)
         state.apply(series, step, kind, what)
     if kind == _SUMMARY:
-        for tag, value in what:
-            if value is not None:
-                if (points := series.get(tag)) is None:
-                    points = series[tag] = _Points()
+        for value in what:
+            if value.plugin is not None and value.tag not in state.plugins:
+                state.plugins[value.tag] = value.plugin
+            if value.scalar is not None:
+                if (points := series.get(value.tag)) is None:
+                    points = series[value.tag] = _Points()
                 points.steps.append(step)
-                points.values.append(value)
+                points.values.append(value.scalar)
+                points.simple |= not value.tensor
 
 
-class _Purges:
-    """The state TensorBoard's ``EventAccumulator`` keeps to find orphaned events (``purge_orphaned_data``),
-    carried from file to file of a run."""
+class _RunState:
+    """What TensorBoard keeps of a run's events read so far, carried from file to file of the run: the state
+    its ``EventAccumulator`` keeps to find orphaned events (``purge_orphaned_data``), and each tag's plugin
+    (from the tag's first value with metadata, as its ``plugin_event_accumulator`` keeps it)."""
 
     def __init__(self) -> None:
         self.file_version: float | None = None
         self.by_session_log = False  # file_version 2 or later: only SessionLog.START purges
         self.most_recent_step = -1
+        self.plugins: dict[str, str] = {}
 
     def apply(self, series: dict[str, _Points], step: int, kind: int, what: Any) -> None:
         """Drop the scalars the event (``step``, oneof ``kind`` with ``what``: see :func:`_event`) orphans,
@@ -150,8 +174,8 @@ class _Purges:
             if kind == _SESSION_LOG and what == _START:
                 _drop_from(series, "", step)
         elif step < self.most_recent_step and kind == _SUMMARY:
-            for tag, _ in what:
-                _drop_from(series, tag, step)
+            for value in what:
+                _drop_from(series, value.tag, step)
         else:
             self.most_recent_step = step
 
@@ -221,7 +245,7 @@ def _checked_events(buf: bytes, starts: Any, lengths: Any, offset: int, path: st
                              f"{exc})") from None
     used = scalars.found.copy()  # (a summary of images or histograms alone, often long, is not checked)
     used[[n for n, (_, kind, what) in others if kind in (_FILE_VERSION, _SESSION_LOG) or (
-        kind == _SUMMARY and any(value is not None for _, value in what))]] = True
+        kind == _SUMMARY and any(value.scalar is not None for value in what))]] = True
     if data_ok is None:
         bad = np.flatnonzero(_masked_crc32c(raw, at[used], size[used]) != _u32_at(raw, (at + size)[used]))
     else:
@@ -244,7 +268,7 @@ class _ScalarRecords:
         self.steps, self.values, self.tags, self.names = steps, values, tags, names
         self.size = self.index.size
 
-    def add_to(self, series: dict[str, _Points], state: _Purges, a: int, b: int) -> None:
+    def add_to(self, series: dict[str, _Points], state: _RunState, a: int, b: int) -> None:
         """Add the scalars ``a:b`` (consecutive events of the file but for records of no event) to
         ``series``, as their events would be one by one: together, tag by tag in the order the tags first
         come, when no summary can purge (``file_version`` 2 or later); else one by one."""
@@ -253,7 +277,7 @@ class _ScalarRecords:
         if not state.by_session_log:
             for i in range(a, b):
                 _add_event(series, state, int(self.steps[i]), _SUMMARY,
-                           [(self.names[self.tags[i]], float(self.values[i]))])
+                           [_Value(self.names[self.tags[i]], float(self.values[i]))])
             return
         tags = self.tags[a:b]
         steps, values = self.steps[a:b], self.values[a:b]
@@ -468,32 +492,167 @@ def _event(buf: bytes) -> tuple[int, int, Any]:
     return step, kind, what
 
 
-def _summary_values(summary: bytes) -> list[tuple[str, float | None]]:
-    """(tag, ``simple_value`` or None for a value of another kind or none) of each value of a ``Summary``."""
+class _Value(NamedTuple):
+    """A ``Summary.Value`` as read: its tag, its scalar (a ``simple_value``, or a tensor's one number when
+    ``tensor``; None for a value of another kind, or a tensor of no number or of several), and the
+    ``plugin_name`` of its metadata (None without metadata)."""
+
+    tag: str
+    scalar: float | None
+    tensor: bool = False
+    plugin: str | None = None
+
+
+def _summary_values(summary: bytes) -> list[_Value]:
+    """The values of a ``Summary`` (see :class:`_Value`). A value's fields are read as protobuf parses
+    them: the oneof's last member wins, a message given twice is merged (its pieces parsed concatenated)."""
     out = []
     i, n = 0, len(summary)
     while i < n:
         if summary[i] == 0x0A and i + 3 < n and (size := summary[i + 1]) < 0x80 and summary[i + 2] == 0x0A \
                 and (k := summary[i + 3]) == size - 7 and i + 2 + size <= n and summary[i + 4 + k] == 0x15:
             # a value laid out as writers write a scalar's: 0a L 0a K <tag> 15 <float32>, L and K < 128
-            out.append((summary[i + 4:i + 4 + k].decode("utf-8"), _FLOAT.unpack_from(summary, i + 5 + k)[0]))
+            out.append(_Value(summary[i + 4:i + 4 + k].decode("utf-8"),
+                              _FLOAT.unpack_from(summary, i + 5 + k)[0]))
             i += 2 + size
             continue
         t, v, i = _tag_at(summary, i, n)
         if t != 1 << 3 | LENGTH_DELIMITED:
             continue
-        tag, scalar = b"", None
+        tag, scalar, kind = b"", None, 0
+        tensor: list[bytes] = []
+        metadata: list[bytes] | None = None
         j, m = 0, len(v)
         while j < m:
             u, w, j = _tag_at(v, j, m)
             if u == 1 << 3 | LENGTH_DELIMITED:
                 tag = w
             elif u == 2 << 3 | FIXED32:
-                scalar = w
+                scalar, kind = w, 2
+            elif u == _METADATA << 3 | LENGTH_DELIMITED:
+                metadata = [*(metadata or ()), w]
             elif u >> 3 in _VALUE_KINDS and u & 7 == LENGTH_DELIMITED:  # another kind: the oneof's now
-                scalar = None
-        out.append((tag.decode("utf-8"), None if scalar is None else _FLOAT.unpack(scalar)[0]))
+                tensor = [*tensor, w] if kind == _TENSOR == u >> 3 else [w]
+                kind = u >> 3
+        plugin = None if metadata is None else _plugin_name(b"".join(metadata))
+        if kind == _TENSOR:
+            out.append(_Value(tag.decode("utf-8"), _tensor_scalar(b"".join(tensor)), True, plugin))
+        else:
+            out.append(_Value(tag.decode("utf-8"), None if kind != 2 else _FLOAT.unpack(scalar)[0],
+                              False, plugin))
     return out
+
+
+def _plugin_name(metadata: bytes) -> str:
+    """``SummaryMetadata.plugin_data.plugin_name`` (fields 1 and 1; "" when absent)."""
+    plugin_data = []
+    i, n = 0, len(metadata)
+    while i < n:
+        t, v, i = _tag_at(metadata, i, n)
+        if t == 1 << 3 | LENGTH_DELIMITED:
+            plugin_data.append(v)
+    data, name = b"".join(plugin_data), b""
+    i, n = 0, len(data)
+    while i < n:
+        t, v, i = _tag_at(data, i, n)
+        if t == 1 << 3 | LENGTH_DELIMITED:
+            name = v
+    return name.decode("utf-8")
+
+
+def _tensor_scalar(tensor: bytes) -> float | None:
+    """The one number of a ``TensorProto`` as TensorBoard's ``make_ndarray(tensor).item()`` reads it, as a
+    float; None when it holds no number or several, or is of a type other than the real ones of
+    ``_TENSOR_DTYPES``. Fields: ``dtype`` = 1, ``tensor_shape`` = 2 (``dim`` = 2, each a ``size`` = 1),
+    ``tensor_content`` = 4 (the values' bytes, little-endian), or the values in the field of the dtype
+    (packed or not): ``float_val`` = 5, ``double_val`` = 6, ``int_val`` = 7, ``int64_val`` = 10,
+    ``half_val`` = 13. One value given for a tensor of one element is its element."""
+    import numpy as np
+
+    dtype, content = 0, b""
+    shape: list[bytes] = []
+    vals: dict[int, list[Any]] = {}
+    i, n = 0, len(tensor)
+    while i < n:
+        t, v, i = _tag_at(tensor, i, n)
+        f, wire = t >> 3, t & 7
+        if t == 1 << 3 | VARINT:
+            dtype = v & 0xFFFFFFFF
+        elif t == 2 << 3 | LENGTH_DELIMITED:
+            shape.append(v)
+        elif t == 4 << 3 | LENGTH_DELIMITED:
+            content = v
+        elif f in (5, 6, 7, 10, 13):
+            vals.setdefault(f, []).append((wire, v))
+    if dtype not in _TENSOR_DTYPES:
+        return None
+    elements = 1
+    for size in _dim_sizes(b"".join(shape)):
+        elements *= size
+    if elements != 1:
+        return None
+    name, field = _TENSOR_DTYPES[dtype]
+    np_type = np.dtype(name)
+    if content:
+        if len(content) != np_type.itemsize:
+            return None
+        raw = np.frombuffer(content, np_type)
+    else:
+        numbers = _repeated(field, vals.get(field, []))
+        if len(numbers) != 1:
+            return None
+        if field in (5, 6):
+            raw = np.array(numbers, np_type)
+        elif field == 13:  # the 16 bits of a half or bfloat16
+            raw = np.array([numbers[0] & 0xFFFF], np.uint16).view(np_type)
+        else:  # an int32 or int64 field: the varint's low bits, two's complement, cast as make_ndarray does
+            bits = 64 if field == 10 else 32
+            x = numbers[0] & ((1 << bits) - 1)
+            raw = np.array([x - (1 << bits) if x >> (bits - 1) else x], np.int64).astype(np_type)
+    if dtype == _BFLOAT16:
+        return float((raw.astype(np.uint32) << 16).view(np.float32)[0])
+    return float(raw[0])
+
+
+def _repeated(field: int, pieces: list[tuple[int, Any]]) -> list[Any]:
+    """The values of the repeated numeric field ``field`` of a ``TensorProto`` from its ``(wire type,
+    value)`` pieces, packed or not: floats for ``float_val`` (5) and ``double_val`` (6), ints otherwise."""
+    out: list[Any] = []
+    fmt = "<f" if field == 5 else "<d" if field == 6 else None
+    for wire, v in pieces:
+        if fmt is not None:
+            width = struct.calcsize(fmt)
+            if wire == LENGTH_DELIMITED:
+                if len(v) % width:
+                    raise ValueError("packed field of a partial value")
+                out.extend(x for (x,) in struct.iter_unpack(fmt, v))
+            elif wire == (FIXED32 if width == 4 else FIXED64):
+                out.append(struct.unpack(fmt, v)[0])
+        elif wire == LENGTH_DELIMITED:
+            j = 0
+            while j < len(v):
+                x, j = _varint(v, j)
+                out.append(x)
+        elif wire == VARINT:
+            out.append(v)
+    return out
+
+
+def _dim_sizes(shape: bytes) -> list[int]:
+    """The ``size`` (int64) of each ``dim`` of a ``TensorShapeProto``."""
+    sizes = []
+    i, n = 0, len(shape)
+    while i < n:
+        t, v, i = _tag_at(shape, i, n)
+        if t == 2 << 3 | LENGTH_DELIMITED:
+            size, j, m = 0, 0, len(v)
+            while j < m:
+                u, w, j = _tag_at(v, j, m)
+                if u == 1 << 3 | VARINT:
+                    w &= (1 << 64) - 1
+                    size = w - (1 << 64) if w >> 63 else w
+            sizes.append(size)
+    return sizes
 
 
 def _session_status(session_log: bytes) -> int:

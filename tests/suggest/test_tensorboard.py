@@ -461,3 +461,169 @@ def test_a_signalling_nan_is_read_as_nan_without_a_warning(tmp_path, monkeypatch
         warnings.simplefilter("error")
         h = read_norm_log(str(p))
     assert h.steps == list(range(10)) and math.isnan(h.norms[3]) and h.norms[:3] == [1.0] * 3
+
+
+def _dashboard_scalars(path):
+    """What TensorBoard's scalars dashboard shows of the run at ``path``: its ``plugin_event_accumulator``
+    (every value as a tensor, simple values migrated) and the data provider's choice of tags (metadata of
+    the ``scalars`` plugin and the scalar data class), each tensor read by ``make_ndarray(...).item()``."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator as pea
+    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.util import tensor_util
+
+    acc = pea.EventAccumulator(str(path), size_guidance={"tensors": 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags()["tensors"]:
+        try:
+            meta = acc.SummaryMetadata(tag)
+        except KeyError:  # a tag of no metadata
+            continue
+        if meta.plugin_data.plugin_name == "scalars" and meta.data_class == summary_pb2.DATA_CLASS_SCALAR:
+            out[tag] = [(e.step, repr(float(tensor_util.make_ndarray(e.tensor_proto).item())))
+                        for e in acc.Tensors(tag)]
+    return out
+
+
+_NUMBERS = {1: st.floats(width=32), 2: st.floats(), 3: st.integers(-2**31, 2**31 - 1), 4: st.integers(0, 255),
+            5: st.integers(-2**15, 2**15 - 1), 6: st.integers(-128, 127), 9: st.integers(-2**63, 2**63 - 1),
+            17: st.integers(0, 2**16 - 1), 19: st.floats(width=16)}
+_SHAPES = st.sampled_from([None, [], [1], [1, 1]])
+_one_number = st.sampled_from(sorted(_NUMBERS)).flatmap(lambda d: st.tuples(st.just(d), _NUMBERS[d]))
+_value_specs = st.one_of(
+    st.tuples(st.just("simple"), st.sampled_from(["train/loss", "lr"]), st.floats(width=32)),
+    # a scalar as tf.summary.scalar (tensor_content), make_tensor_proto or new_style add_scalar write it
+    st.tuples(st.just("scalar"), st.sampled_from(["train/grad_norm", "epoch_loss"]), _one_number, _SHAPES,
+              st.sampled_from(["content", "packed", "unpacked"]), st.booleans()),
+    st.tuples(st.just("other"), st.sampled_from(["custom", "nometa"]), _one_number, _SHAPES),
+    st.tuples(st.just("wide"), st.just("custom"), st.lists(st.floats(width=32), min_size=2, max_size=3)))
+
+
+def _encoded(spec, first_of_tag):
+    kind, tag = spec[:2]
+    if kind == "simple":
+        return enc.scalar_value(tag, spec[2])
+    if kind == "scalar":
+        (dtype, x), dims, form, meta = spec[2:]
+        tensor = enc.tensor_proto(dtype, [x], dims, content=form == "content", packed=form == "packed")
+        return enc.tensor_value(tag, tensor, "scalars" if meta or first_of_tag else None)
+    if kind == "other":
+        (dtype, x), dims = spec[2:]
+        return enc.tensor_value(tag, enc.tensor_proto(dtype, [x], dims), None if tag == "nometa" else "custom")
+    return enc.tensor_value(tag, enc.tensor_proto(1, spec[2], [len(spec[2])]), "custom")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.just("brain.Event:2"),  # (older versions' purges: the plugin accumulator's differ from the other's)
+       st.lists(st.lists(st.one_of(st.tuples(st.integers(0, 40), st.lists(_value_specs, max_size=4)),
+                                   st.tuples(st.integers(0, 40), st.none())), max_size=10),
+                min_size=1, max_size=2),
+       st.sampled_from([13, 8 << 20]))
+@example("brain.Event:2", [[(3, [("scalar", "train/grad_norm", (1, 2.5), None, "content", True)]),
+                            (4, [("scalar", "train/grad_norm", (3, -7), [1], "packed", False)]),
+                            (2, None),  # a restart at step 2 drops steps 3 and 4
+                            (2, [("scalar", "train/grad_norm", (19, 0.5), [], "unpacked", False)])]], 8 << 20)
+def test_scalars_written_as_tensors_are_what_tensorboards_dashboard_shows(tmp_path_factory, version, files,
+                                                                         window):
+    """TensorFlow 2's tf.summary.scalar, Keras' callback and add_scalar(new_style=True) write a scalar as a
+    tensor of one number with metadata naming the plugin ``scalars`` (on every value, or the first of a
+    tag only): read as TensorBoard's scalars dashboard reads them, whatever the dtype (float, double,
+    half, the integer types), the field holding the number (tensor_content, the dtype's repeated field
+    packed or not), the shape ((), (1,), (1, 1), left out), beside simple values, tensors of another
+    plugin or of no metadata, tensors of several numbers, and restarts (SessionLog.START)."""
+    pytest.importorskip("tensorboard")
+    d = tmp_path_factory.mktemp("run")
+    for n, events in enumerate(files):
+        seen: set[str] = set()
+        encoded = [enc.file_version_event(version), enc.session_log_event(0, 1)] if n == 0 else []
+        for step, specs in events:
+            if specs is None:
+                encoded.append(enc.session_log_event(step, 1))
+                continue
+            values = []
+            for spec in specs:  # (the first value of a tag in a file has its metadata, as writers write)
+                values.append(_encoded(spec, spec[1] not in seen))
+                seen.add(spec[1])
+            encoded.append(enc.summary_event(step, values))
+        enc.write_events(d / f"events.out.tfevents.{1700000000 + n}.host", encoded)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tensorboard_log, "WINDOW", window)
+        ours = scalar_series(str(d))
+    assert _points(ours) == _dashboard_scalars(d)
+    assert list(ours) == list(_dashboard_scalars(d))
+
+
+@pytest.mark.parametrize("content", [True, False])
+def test_a_bfloat16_scalar_is_the_top_half_of_a_float32(tmp_path, content):
+    """bfloat16 (dtype 14; NumPy has none, nor TensorBoard's reader without TensorFlow): its 16 bits are the
+    top half of the float32 of the same value."""
+    p = tmp_path / "events.out.tfevents.1.host"
+    bits = [0x3FC0, 0xC2F7, 0x7F80, 0x0001]  # 1.5, -123.5, inf, the least subnormal
+    enc.write_events(p, [enc.file_version_event()] + [
+        enc.summary_event(s, [enc.tensor_value("grad_norm", enc.tensor_proto(14, [b], [], content=content))])
+        for s, b in enumerate(bits)])
+    expected = [struct.unpack("<f", struct.pack("<I", b << 16))[0] for b in bits]
+    assert expected[:3] == [1.5, -123.5, math.inf]
+    assert scalar_series(str(p))["grad_norm"][1].tolist() == expected
+
+
+def test_a_tensor_of_several_numbers_or_another_dtype_is_no_scalar(tmp_path):
+    """Under the ``scalars`` plugin, a tensor of two numbers, of none, of a shape of two elements holding one
+    value, of a type not read (complex, string), or a tensor_content of the wrong length gives no point."""
+    p = tmp_path / "events.out.tfevents.1.host"
+    bad = [enc.tensor_proto(1, [1.0, 2.0], [2]), enc.tensor_proto(1, [], []), enc.tensor_proto(1, [3.0], [2]),
+           enc.pb_int(1, 8) + enc.pb_bytes(9, struct.pack("<ff", 1.0, 2.0)),  # complex64's scomplex_val
+           enc.pb_int(1, 7) + enc.pb_bytes(8, b"abc"),  # a string
+           enc.pb_int(1, 1) + enc.pb_bytes(4, b"\x00\x00\x80"),  # 3 bytes of tensor_content for a float
+           enc.pb_int(1, 1) + enc.pb_bytes(4, struct.pack("<ff", 1.0, 2.0))]  # 8
+    enc.write_events(p, [enc.file_version_event()]
+                     + [enc.summary_event(s, [enc.tensor_value("grad_norm", t)]) for s, t in enumerate(bad)]
+                     + [enc.summary_event(9, [enc.tensor_value("grad_norm", enc.tensor_proto(1, [4.0], []))])])
+    assert _points(scalar_series(str(p))) == {"grad_norm": [(9, "4.0")]}
+
+
+def test_a_run_written_by_tensorboards_own_scalar_summaries(tmp_path):
+    """Events written by tensorboard's own writer (``EventFileWriter``) with its TensorFlow 2 scalar
+    summaries (``summary_v2.scalar_pb``): the norm history is read from them, where it said "no gradient-norm
+    scalar among ;" before."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.plugins.scalar import summary_v2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    w = EventFileWriter(str(tmp_path))
+    for step in range(30):
+        for tag, v in (("train/grad_norm", 1.0 + step % 7), ("train/loss", 3.0 - step / 100)):
+            w.add_event(event_pb2.Event(wall_time=1.7e9, step=step, summary=summary_v2.scalar_pb(tag, v)))
+    w.close()
+    h = read_norm_log(str(tmp_path))
+    assert h.steps == list(range(30)) and h.norms == [1.0 + s % 7 for s in range(30)]
+    assert h.loss == [float(np.float32(3.0 - s / 100)) for s in range(30)] and h.key == "train/grad_norm"
+
+
+def test_a_run_without_scalars_says_so(tmp_path):
+    """Only histograms and tensors of other plugins: an InputError that says no scalar was found (it listed
+    an empty choice of tags)."""
+    p = tmp_path / "events.out.tfevents.1.host"
+    enc.write_events(p, [enc.file_version_event(), enc.summary_event(1, [enc.histogram_value("w")]),
+                         enc.summary_event(2, [enc.tensor_value("t", enc.tensor_proto(1, [1.0], []), "custom")])])
+    with pytest.raises(InputError, match=r"events\.out\.tfevents\.1\.host: no scalar among its TensorBoard events"):
+        read_norm_log(str(p))
+
+
+def test_a_tags_plugin_is_its_first_metadatas_and_a_tensor_given_twice_is_merged(tmp_path):
+    """As protobuf and TensorBoard read them: a tag whose first metadata names another plugin stays out even
+    when later values say ``scalars``; a value's tensor given in two pieces (dtype, then the number) is one
+    tensor; a tensor after a simple_value replaces it (the oneof's last member)."""
+    pytest.importorskip("tensorboard")
+    p = tmp_path / "events.out.tfevents.1.host"
+    one = enc.tensor_proto(1, [2.0], [])
+    meta = enc.pb_bytes(9, enc.plugin_metadata("scalars"))
+    enc.write_events(p, [enc.file_version_event(),
+                         enc.summary_event(1, [enc.tensor_value("a", one, "custom")]),
+                         enc.summary_event(2, [enc.tensor_value("a", one, "scalars")]),
+                         enc.summary_event(3, [enc.pb_bytes(1, enc.pb_bytes(1, b"b") + enc.pb_bytes(8, enc.pb_int(1, 1))
+                                                            + enc.pb_bytes(8, enc.pb_float(5, 2.5)) + meta)]),
+                         enc.summary_event(4, [enc.pb_bytes(1, enc.pb_bytes(1, b"c") + enc.pb_float(2, 9.0)
+                                                            + enc.pb_bytes(8, one) + meta)])])
+    assert _points(scalar_series(str(p))) == {"b": [(3, "2.5")], "c": [(4, "2.0")]} == _dashboard_scalars(p)
