@@ -62,6 +62,11 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
         enc.file_version_event(), enc.summary_event(1, [enc.scalar_value("train/grad_norm", 1.5)]),
         enc.summary_event(2, [enc.scalar_value("train/grad_norm", 2.5), enc.histogram_value("w")]),
         enc.session_log_event(2, 1), enc.summary_event(2, [enc.scalar_value("train/grad_norm", 3.5)])])))
+    out.append(("tfevents", b"".join(enc.record(e) for e in [  # TensorFlow 2's scalars: tensors, metadata
+        enc.file_version_event()] + [enc.summary_event(s, [enc.tensor_value(
+            "epoch_loss", enc.tensor_proto(1, [1.5 + s], [], content=s % 2 == 0),
+            "scalars" if s < 3 else None)]) for s in range(6)]
+        + [enc.summary_event(6, [enc.tensor_value("t", enc.tensor_proto(9, [7], []))])])))
     import pathlib
 
     from tests.wandb_encoder import history, other_record, run_record, write_log  # W&B: both readers

@@ -225,17 +225,47 @@ done:
     return result;
 }
 
+/* Where the float32 of a Summary.Value's scalar starts in the rest of the value after its tag, v (n bytes),
+ * and its kind << 8 (see tfevent_scalars), or -1 when v is not one of the layouts named there. */
+static int64_t tensor_scalar_at(const unsigned char *v, int64_t n) {
+    if (n == 5 && v[0] == 0x15) return 1; /* simple_value */
+    if (n < 8 || v[0] != 0x42) return -1;
+    int64_t t = v[1];
+    if (t >= 0x80 || t + 2 > n || v[2] != 0x08 || v[3] != 0x01) return -1;
+    int64_t q = 4;
+    if (t == 10) {
+        if (v[4] != 0x12 || v[5] != 0x00) return -1; /* an empty tensor_shape: the shape () */
+        q = 6;
+    } else if (t != 8) {
+        return -1;
+    }
+    if ((v[q] != 0x22 && v[q] != 0x2A) || v[q + 1] != 0x04) return -1;
+    int64_t rest = n - 2 - t;
+    static const unsigned char meta[] = {0x4A, 0x0B, 0x0A, 0x09, 0x0A, 0x07,
+                                         's', 'c', 'a', 'l', 'a', 'r', 's'};
+    if (rest == 0) return 1 << 8 | (q + 2);
+    if ((rest == 13 && memcmp(v + 2 + t, meta, 13) == 0) ||
+        (rest == 15 && v[2 + t] == 0x4A && v[3 + t] == 0x0D && memcmp(v + 4 + t, meta + 2, 11) == 0 &&
+         v[15 + t] == 0x20 && v[16 + t] == 0x01))
+        return 2 << 8 | (q + 2);
+    return -1;
+}
+
 #define MAX_TAGS 1024
 #define TAG_SLOTS 2048
 
-/* tfevent_scalars(buffer, starts, lengths) -> (found, steps, values, tags, names): of the records whose data
- * are at starts (int64) with lengths (int64) in the buffer, those laid out as SummaryWriter.add_scalar
- * writes one scalar's event, as tensorboard_log._scalar_records finds them:
- *   09 <wall_time: 8 bytes> 10 <step: a varint of 1-4 bytes> 2a L 0a L-2 0a K <tag: K bytes> 15 <float32>
- * each length a byte < 128 and the last field ending the record. found: a byte per record; steps (int64),
- * values (float64, the float32 widened) and tags (int32, into names: each tag's bytes, in first-seen order)
- * of the found ones, in order. Records of more than MAX_TAGS tags are left (not found): the caller reads
- * them one by one. GIL released for the scan. */
+/* tfevent_scalars(buffer, starts, lengths) -> (found, steps, values, tags, names, kinds): of the records
+ * whose data are at starts (int64) with lengths (int64) in the buffer, those laid out as writers write one
+ * scalar's event, as tensorboard_log._scalar_records finds them:
+ *   09 <wall_time: 8 bytes> 10 <step: a varint of 1-4 bytes> 2a L 0a V 0a K <tag: K bytes> <value>
+ * where <value> is SummaryWriter.add_scalar's simple_value, 15 <float32> (kind 0), or a tensor of one float32
+ * as TensorFlow 2's tf.summary.scalar (tensor_content), add_scalar(new_style=True) and TensorBoard's
+ * make_tensor_proto (float_val) write it, 42 T 08 01 [12 00] (22|2a) 04 <float32>, without metadata (kind 1)
+ * or with the scalars plugin's, 4a M 0a 09 0a 07 "scalars" [20 01] (kind 2); each length a byte < 128, each
+ * field ending the message it is in. found: a byte per record; steps (int64), values (float64, the float32
+ * widened), tags (int32, into names: each tag's bytes, in first-seen order) and kinds (uint8) of the found
+ * ones, in order. Records of more than MAX_TAGS tags are left (not found): the caller reads them one by one.
+ * GIL released for the scan. */
 static PyObject *tfevent_scalars(PyObject *self, PyObject *args) {
     Py_buffer view, sv, lv;
     if (!PyArg_ParseTuple(args, "y*y*y*", &view, &sv, &lv)) return NULL;
@@ -246,13 +276,14 @@ static PyObject *tfevent_scalars(PyObject *self, PyObject *args) {
     int64_t *steps = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int64_t));
     double *values = PyMem_RawMalloc(((size_t)n + 1) * sizeof(double));
     int32_t *tags = PyMem_RawMalloc(((size_t)n + 1) * sizeof(int32_t));
+    unsigned char *kinds = PyMem_RawMalloc((size_t)n + 1);
     int32_t *slot_tag = PyMem_RawMalloc(TAG_SLOTS * sizeof(int32_t));
     const unsigned char **tag_at = PyMem_RawMalloc(MAX_TAGS * sizeof(*tag_at));
     Py_ssize_t *tag_len = PyMem_RawMalloc(MAX_TAGS * sizeof(Py_ssize_t));
     int n_tags = 0;
     PyObject *result = NULL, *names = NULL;
-    if (found == NULL || steps == NULL || values == NULL || tags == NULL || slot_tag == NULL ||
-        tag_at == NULL || tag_len == NULL || lv.len != sv.len) {
+    if (found == NULL || steps == NULL || values == NULL || tags == NULL || kinds == NULL ||
+        slot_tag == NULL || tag_at == NULL || tag_len == NULL || lv.len != sv.len) {
         if (lv.len != sv.len) PyErr_SetString(PyExc_ValueError, "starts and lengths differ in size");
         else PyErr_NoMemory();
         goto done;
@@ -278,8 +309,12 @@ static PyObject *tfevent_scalars(PyObject *self, PyObject *args) {
         if (p + 6 > size || d[p] != 0x2A) continue;
         int64_t outer = d[p + 1], value = d[p + 3], k = d[p + 5];
         if (outer >= 0x80 || p + 2 + outer != size || d[p + 2] != 0x0A || value != outer - 2 ||
-            d[p + 4] != 0x0A || k != value - 7 || k < 0 || d[p + 6 + k] != 0x15)
+            d[p + 4] != 0x0A || k > value - 4)
             continue;
+        int64_t x_at = tensor_scalar_at(d + p + 6 + k, value - 2 - k);
+        if (x_at < 0) continue;
+        unsigned char kind = (unsigned char)(x_at >> 8);
+        x_at = p + 6 + k + (x_at & 0xFF);
         const unsigned char *tag = d + p + 6;
         uint32_t h = 2166136261u; /* FNV-1a */
         for (int64_t i = 0; i < k; i++) h = (h ^ tag[i]) * 16777619u;
@@ -299,12 +334,13 @@ static PyObject *tfevent_scalars(PyObject *self, PyObject *args) {
             }
         }
         if (id < 0) continue;
-        uint32_t bits = u32_le(d + p + 7 + k); /* protobuf's fixed32: little-endian */
+        uint32_t bits = u32_le(d + x_at); /* protobuf's fixed32 and tensor_content: little-endian */
         float x;
         memcpy(&x, &bits, 4);
         found[r] = 1;
         steps[count] = (int64_t)step;
         values[count] = (double)x;
+        kinds[count] = kind;
         tags[count++] = id;
     }
     Py_END_ALLOW_THREADS
@@ -315,16 +351,17 @@ static PyObject *tfevent_scalars(PyObject *self, PyObject *args) {
         else PyList_SET_ITEM(names, t, name);
     }
     if (names != NULL)
-        result = Py_BuildValue("(y#y#y#y#O)", (const char *)found, n, (const char *)steps,
+        result = Py_BuildValue("(y#y#y#y#Oy#)", (const char *)found, n, (const char *)steps,
                                count * (Py_ssize_t)sizeof(int64_t), (const char *)values,
                                count * (Py_ssize_t)sizeof(double), (const char *)tags,
-                               count * (Py_ssize_t)sizeof(int32_t), names);
+                               count * (Py_ssize_t)sizeof(int32_t), names, (const char *)kinds, count);
 done:
     Py_XDECREF(names);
     PyMem_RawFree(found);
     PyMem_RawFree(steps);
     PyMem_RawFree(values);
     PyMem_RawFree(tags);
+    PyMem_RawFree(kinds);
     PyMem_RawFree(slot_tag);
     PyMem_RawFree(tag_at);
     PyMem_RawFree(tag_len);
@@ -1610,8 +1647,8 @@ static PyMethodDef methods[] = {
      "tfrecord_frames(buffer) -> (starts, lengths, end, bad_length, data_ok): the whole TFRecord records of\n"
      "a buffer, their length CRCs checked and data CRCs computed (see _logscan.c)."},
     {"tfevent_scalars", tfevent_scalars, METH_VARARGS,
-     "tfevent_scalars(buffer, starts, lengths) -> (found, steps, values, tags, names): the records laid out\n"
-     "as add_scalar writes one scalar's event, read (see _logscan.c)."},
+     "tfevent_scalars(buffer, starts, lengths) -> (found, steps, values, tags, names, kinds): the records\n"
+     "laid out as add_scalar or tf.summary.scalar writes one scalar's event, read (see _logscan.c)."},
     {"mlflow_metric_lines", mlflow_metric_lines, METH_O,
      "mlflow_metric_lines(buffer) -> (steps, timestamps, values) bytes of int64, int64, float64, or None:\n"
      "an MLflow metric file of '<timestamp> <value> <step>' lines (see _logscan.c)."},

@@ -38,8 +38,12 @@ from .protowire import FIXED32, FIXED64, LENGTH_DELIMITED, VARINT, _tag_at, _var
 _EVENT_WHAT = frozenset((3, 4, 5, 6, 7, 8, 9))  # Event's oneof "what": file_version, graph_def, summary, ...
 _FILE_VERSION, _SUMMARY, _SESSION_LOG = 3, 5, 7
 _VALUE_KINDS = frozenset((3, 4, 5, 6, 8))  # Summary.Value's oneof "value" besides simple_value = 2: histo...
+# Event's messages not read here, checked as protobuf parses them: log_message = 6 (its message = 2 a string),
+# tagged_run_metadata = 8 (tag = 1), source_metadata = 10 (writer = 1)
+_STRINGS_OF = {6: (2,), 8: (1,), 10: (1,)}
 _TENSOR, _METADATA = 8, 9  # Summary.Value's tensor (a TensorProto) and metadata (a SummaryMetadata)
 _SCALARS_PLUGIN = "scalars"
+_SCALARS_METADATA = b"\x4a\x0b\x0a\x09\x0a\x07scalars"  # a value's metadata field: plugin_data's plugin_name
 # TensorProto's dtype (types.proto's DataType) → (NumPy type, the field of its values as make_ndarray reads
 # them): float = 1, double = 2, int32 = 3, uint8 = 4, int16 = 5, int8 = 6, int64 = 9, bfloat16 = 14,
 # uint16 = 17, half = 19 (half_val = 13 holds the 16 bits of half and bfloat16 values)
@@ -115,11 +119,11 @@ class _Points:
             self.pieces.append((np.array(self.steps, np.int64), np.array(self.values, np.float64)))
             self.steps, self.values = [], []
 
-    def extend(self, steps: Any, values: Any) -> None:
-        """Add ``simple_value`` scalars as arrays."""
+    def extend(self, steps: Any, values: Any, simple: bool = True) -> None:
+        """Add scalars as arrays (``simple``: some of them ``simple_value`` ones)."""
         self._close()
         self.pieces.append((steps, values))
-        self.simple = True
+        self.simple |= simple
 
     def keep_before(self, step: int) -> None:
         self._close()
@@ -257,16 +261,25 @@ def _checked_events(buf: bytes, starts: Any, lengths: Any, offset: int, path: st
 
 
 class _ScalarRecords:
-    """The records of a window laid out as writers write one scalar's event (``add_scalar``), read
-    together: ``found`` marks them among the window's records; ``index`` (their record numbers),
-    ``steps``, ``values`` (float32 widened) and ``tags`` (numbers into ``names``) describe them."""
+    """The records of a window laid out as writers write one scalar's event (``add_scalar``; with the
+    compiled reader, TensorFlow 2's ``tf.summary.scalar`` too), read together: ``found`` marks them among
+    the window's records; ``index`` (their record numbers), ``steps``, ``values`` (float32 widened),
+    ``tags`` (numbers into ``names``) and ``kinds`` (0: a ``simple_value``; 1: a tensor of one float32;
+    2: the same with metadata naming the plugin ``scalars``; None: all 0) describe them."""
 
-    def __init__(self, found: Any, steps: Any, values: Any, tags: Any, names: list[str]) -> None:
+    def __init__(self, found: Any, steps: Any, values: Any, tags: Any, names: list[str],
+                 kinds: Any = None) -> None:
         import numpy as np
 
         self.found, self.index = found, np.flatnonzero(found)
         self.steps, self.values, self.tags, self.names = steps, values, tags, names
+        self.kinds = kinds if kinds is not None and kinds.any() else None
         self.size = self.index.size
+
+    def _value(self, i: int) -> _Value:
+        kind = 0 if self.kinds is None else int(self.kinds[i])
+        return _Value(self.names[self.tags[i]], float(self.values[i]), kind > 0,
+                      _SCALARS_PLUGIN if kind == 2 else None)
 
     def add_to(self, series: dict[str, _Points], state: _RunState, a: int, b: int) -> None:
         """Add the scalars ``a:b`` (consecutive events of the file but for records of no event) to
@@ -276,21 +289,28 @@ class _ScalarRecords:
 
         if not state.by_session_log:
             for i in range(a, b):
-                _add_event(series, state, int(self.steps[i]), _SUMMARY,
-                           [_Value(self.names[self.tags[i]], float(self.values[i]))])
+                _add_event(series, state, int(self.steps[i]), _SUMMARY, [self._value(i)])
             return
         tags = self.tags[a:b]
         steps, values = self.steps[a:b], self.values[a:b]
-        kinds, first = np.unique(tags, return_index=True)
-        for t in kinds[np.argsort(first)].tolist():
-            sel = np.flatnonzero(tags == t) if kinds.size > 1 else slice(None)
-            series.setdefault(self.names[t], _Points()).extend(steps[sel], values[sel])
+        kinds = None if self.kinds is None else self.kinds[a:b]
+        distinct, first = np.unique(tags, return_index=True)
+        for t in distinct[np.argsort(first)].tolist():
+            sel = np.flatnonzero(tags == t) if distinct.size > 1 else slice(None)
+            points = series.setdefault(self.names[t], _Points())
+            if kinds is None:
+                points.extend(steps[sel], values[sel])
+                continue
+            points.extend(steps[sel], values[sel], simple=bool((kinds[sel] == 0).any()))
+            if (kinds[sel] == 2).any():  # (a tag's first metadata counts: an earlier one stays)
+                state.plugins.setdefault(self.names[t], _SCALARS_PLUGIN)
 
 
 def _scalar_records(raw: Any, at: Any, size: Any) -> _ScalarRecords:
     """:func:`_scalar_records_here`, by the compiled log reader when it is built (``tfevent_scalars``: the
-    same layout, read record by record in C; a window with a tag that is not UTF-8 is left to the NumPy
-    reader, which leaves those records to the one-by-one reader, where the error is said)."""
+    same layout and TensorFlow 2's scalars, read record by record in C; a window with a tag that is not
+    UTF-8 is left to the NumPy reader, which leaves those records to the one-by-one reader, where the error
+    is said)."""
     frames = _compiled_frames()
     if frames is None:
         return _scalar_records_here(raw, at, size)
@@ -298,22 +318,26 @@ def _scalar_records(raw: Any, at: Any, size: Any) -> _ScalarRecords:
 
     from ._logscan import tfevent_scalars
 
-    found, steps, values, tags, names = tfevent_scalars(raw, at, size)
+    found, steps, values, tags, names, kinds = tfevent_scalars(raw, at, size)
     try:
         texts = [name.decode("utf-8") for name in names]
     except UnicodeDecodeError:  # the NumPy reader leaves those records to be read one by one (the error)
         return _scalar_records_here(raw, at, size)
     return _ScalarRecords(np.frombuffer(found, np.bool_), np.frombuffer(steps, np.int64),
                           np.frombuffer(values, np.float64), np.frombuffer(tags, np.int32).astype(np.int64),
-                          texts)
+                          texts, np.frombuffer(kinds, np.uint8))
 
 
 def _scalar_records_here(raw: Any, at: Any, size: Any) -> _ScalarRecords:
     """The records (data at ``at``, ``size`` bytes, in the byte array ``raw``) that hold exactly one
-    scalar's event as ``SummaryWriter.add_scalar`` writes it, found and read with NumPy: ``09 <wall_time>
-    10 <step: a varint of 1-4 bytes> 2a L 0a L-2 0a K <tag: K bytes of UTF-8> 15 <float32>``, each length
-    a byte < 128 and the last field ending the record. Protobuf reads such a record as an ``Event`` of that
-    step holding one ``Summary`` of one value, that tag's ``simple_value``."""
+    scalar's event as writers write it, found and read with NumPy: ``09 <wall_time> 10 <step: a varint of
+    1-4 bytes> 2a L 0a V 0a K <tag: K bytes of UTF-8> <value>``, where ``<value>`` is
+    ``SummaryWriter.add_scalar``'s ``15 <float32>`` (a ``simple_value``, kind 0) or a tensor of one float32
+    as TensorFlow 2's ``tf.summary.scalar`` (``tensor_content``), ``add_scalar(new_style=True)`` and
+    TensorBoard's ``make_tensor_proto`` (``float_val``) write it, ``42 T 08 01 [12 00] (22|2a) 04
+    <float32>``, without metadata (kind 1) or with the ``scalars`` plugin's (kind 2: ``4a M 0a 09 0a 07
+    "scalars" [20 01]``); each length a byte < 128 and each field ending the message it is in. Protobuf
+    reads such a record as an ``Event`` of that step holding one ``Summary`` of one value of that tag."""
     import numpy as np
 
     last = raw.size - 1
@@ -331,7 +355,24 @@ def _scalar_records_here(raw: Any, at: Any, size: Any) -> _ScalarRecords:
     outer, value, k = byte(p + 1), byte(p + 3), byte(p + 5)
     found = ((size >= 22) & (byte(at) == 0x09) & (byte(at + 9) == 0x10) & (width > 0) & (byte(p) == 0x2A)
              & (outer < 128) & (p + 2 + outer == at + size) & (byte(p + 2) == 0x0A) & (value == outer - 2)
-             & (byte(p + 4) == 0x0A) & (k == value - 7) & (k >= 0) & (byte(p + 6 + k) == 0x15))
+             & (byte(p + 4) == 0x0A) & (k <= value - 4))
+    v, n = p + 6 + k, value - 2 - k  # the value's fields after its tag
+    simple = found & (n == 5) & (byte(v) == 0x15)
+    t = byte(v + 1)  # a tensor's length: 8, or 10 with an empty shape
+    q = v + np.where(t == 10, 6, 4)  # where its one value's field is
+    rest = n - 2 - t  # the metadata's bytes
+    meta = rest == 13
+    for i, b in enumerate(_SCALARS_METADATA):
+        meta &= byte(v + 2 + t + i) == b
+    with_class = rest == 15
+    for i, b in enumerate(b"\x4a\x0d" + _SCALARS_METADATA[2:] + b"\x20\x01"):
+        with_class &= byte(v + 2 + t + i) == b
+    tensor = (found & (n >= 10) & (byte(v) == 0x42) & ((t == 8) | ((t == 10) & (byte(v + 4) == 0x12)
+                                                                   & (byte(v + 5) == 0)))
+              & (byte(v + 2) == 0x08) & (byte(v + 3) == 0x01) & ((byte(q) == 0x22) | (byte(q) == 0x2A))
+              & (byte(q + 1) == 0x04) & ((rest == 0) | meta | with_class))
+    found = simple | tensor
+    kinds = np.where(simple, 0, np.where(rest == 0, 1, 2)).astype(np.uint8)
     tags = np.zeros(at.size, np.int64)
     names: list[str] = []
     for width_k in np.unique(k[found]).tolist():  # the tags, by their length
@@ -349,10 +390,10 @@ def _scalar_records_here(raw: Any, at: Any, size: Any) -> _ScalarRecords:
             except UnicodeDecodeError:  # read one by one: the error is said there
                 found[rows[same]] = False
         found[rows[left]] = False  # more tags of this length than that: read one by one
-    where = (p + 7 + k)[found]
+    where = np.where(simple, v + 1, q + 2)[found]
     with np.errstate(invalid="ignore"):  # a signalling NaN made quiet (as struct makes it), no warning
         values = raw[where[:, None] + np.arange(4)].copy().view("<f4").ravel().astype(np.float64)
-    return _ScalarRecords(found, steps[found], values, tags[found], names)
+    return _ScalarRecords(found, steps[found], values, tags[found], names, kinds[found])
 
 
 def _u32_at(raw: Any, where: Any) -> Any:
@@ -478,10 +519,14 @@ def _event(buf: bytes) -> tuple[int, int, Any]:
             v &= (1 << 64) - 1
             step = v - (1 << 64) if v >> 63 else v  # int64
         elif f in _EVENT_WHAT and t & 7 == LENGTH_DELIMITED:
+            if f in _STRINGS_OF:
+                _check_message(v, _STRINGS_OF[f])
             if f == kind and f in (_SUMMARY, _SESSION_LOG, 6, 8):  # a message member given again: merged
                 parts.append(v)
             else:
                 kind, parts = f, [v]
+        elif f in _STRINGS_OF and t & 7 == LENGTH_DELIMITED:
+            _check_message(v, _STRINGS_OF[f])
     what = b"".join(parts)
     if kind == _SUMMARY:
         return step, kind, _summary_values(what)
@@ -501,6 +546,16 @@ class _Value(NamedTuple):
     scalar: float | None
     tensor: bool = False
     plugin: str | None = None
+
+
+def _check_message(buf: bytes, strings: tuple[int, ...]) -> None:
+    """ValueError where protobuf would refuse the message ``buf`` of an Event's that is not read here: a
+    malformed field, or a string field (numbers ``strings``) not UTF-8."""
+    i, n = 0, len(buf)
+    while i < n:
+        t, v, i = _tag_at(buf, i, n)
+        if t & 7 == LENGTH_DELIMITED and t >> 3 in strings:
+            v.decode("utf-8")
 
 
 def _summary_values(summary: bytes) -> list[_Value]:
@@ -544,13 +599,20 @@ def _summary_values(summary: bytes) -> list[_Value]:
 
 
 def _plugin_name(metadata: bytes) -> str:
-    """``SummaryMetadata.plugin_data.plugin_name`` (fields 1 and 1; "" when absent)."""
+    """``SummaryMetadata.plugin_data.plugin_name`` (fields 1 and 1; "" when absent), or "" when its
+    ``data_class`` (field 4) is another than unknown (0) or scalar (1): TensorBoard's scalars dashboard
+    shows a tag of the plugin ``scalars`` only of those classes."""
     plugin_data = []
+    data_class = 0
     i, n = 0, len(metadata)
     while i < n:
         t, v, i = _tag_at(metadata, i, n)
         if t == 1 << 3 | LENGTH_DELIMITED:
             plugin_data.append(v)
+        elif t == 4 << 3 | VARINT:
+            data_class = v & 0xFFFFFFFF  # an enum: int32
+    if data_class not in (0, 1):
+        return ""
     data, name = b"".join(plugin_data), b""
     i, n = 0, len(data)
     while i < n:

@@ -436,11 +436,38 @@ def test_the_compiled_reader_finds_add_scalars_records(tmp_path):
                enc.summary_event(4, [enc.pb_bytes(1, enc.pb_bytes(1, b"lr") + b"\x1d" + bytes(4))])]  # field 3
     data = b"".join(enc.record(e) for e in events)
     starts, lengths, end, bad, ok = frames(data)
-    found, steps, values, tags, names = tfevent_scalars(data, starts, lengths)
+    found, steps, values, tags, names, kinds = tfevent_scalars(data, starts, lengths)
     assert list(found) == [1, 1, 1, 1, 0, 0, 0] and names == [b"train/loss"]
     assert np.frombuffer(steps, np.int64).tolist() == [0, 127, 128, 2**28 - 1]
     assert np.frombuffer(values, np.float64).tolist() == [0.0, 31.75, 32.0, float(np.float32((2**28 - 1) / 4))]
-    assert np.frombuffer(tags, np.int32).tolist() == [0, 0, 0, 0]
+    assert np.frombuffer(tags, np.int32).tolist() == [0, 0, 0, 0] and kinds == bytes(4)
+
+
+@needs_frames
+def test_the_compiled_reader_finds_tensorflow_2s_scalar_records(tmp_path):
+    """tf.summary.scalar's records (a float32 in tensor_content, shape ()), add_scalar(new_style=True)'s
+    (float_val, no shape) and make_tensor_proto's (float_val, shape ()), with the scalars plugin's metadata
+    (with the scalar data class or not) or none, are found with their kind (1: no metadata, 2: scalars); a
+    tensor of another dtype, of a shape, or metadata of another plugin or with more fields are not."""
+    from gradtool.io._logscan import tfevent_scalars
+
+    def value(tensor, meta=enc.pb_bytes(9, enc.plugin_metadata("scalars"))):
+        return enc.pb_bytes(1, enc.pb_bytes(1, b"g") + enc.pb_bytes(8, tensor) + meta)
+
+    f32 = [enc.tensor_proto(1, [1.5], [], content=True), enc.tensor_proto(1, [2.5]),
+           enc.tensor_proto(1, [3.5], [])]
+    scalar_class = enc.pb_bytes(9, enc.plugin_metadata("scalars") + b"\x20\x01")
+    good = [value(t) for t in f32] + [value(f32[0], b""), value(f32[1], scalar_class)]
+    bad = [value(enc.tensor_proto(2, [1.5], [], content=True)), value(enc.tensor_proto(1, [1.5], [1])),
+           value(f32[0], enc.pb_bytes(9, enc.plugin_metadata("scalarz"))),
+           value(f32[0], enc.pb_bytes(9, enc.plugin_metadata("scalars") + enc.pb_bytes(2, b"g"))),
+           value(enc.tensor_proto(1, [1.5], [], content=True) + b"\x00")]
+    data = b"".join(enc.record(enc.summary_event(s, [v])) for s, v in enumerate(good + bad))
+    starts, lengths, end, _, ok = frames(data)
+    found, steps, values, tags, names, kinds = tfevent_scalars(data, starts, lengths)
+    assert list(found) == [1] * 5 + [0] * 5 and names == [b"g"]
+    assert np.frombuffer(values, np.float64).tolist() == [1.5, 2.5, 3.5, 1.5, 2.5]
+    assert list(kinds) == [2, 2, 2, 1, 2] and np.frombuffer(steps, np.int64).tolist() == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("compiled", [True, False])
@@ -509,7 +536,8 @@ def _encoded(spec, first_of_tag):
         return enc.tensor_value(tag, tensor, "scalars" if meta or first_of_tag else None)
     if kind == "other":
         (dtype, x), dims = spec[2:]
-        return enc.tensor_value(tag, enc.tensor_proto(dtype, [x], dims), None if tag == "nometa" else "custom")
+        plugin = None if tag == "nometa" else "custom"
+        return enc.tensor_value(tag, enc.tensor_proto(dtype, [x], dims), plugin)
     return enc.tensor_value(tag, enc.tensor_proto(1, spec[2], [len(spec[2])]), "custom")
 
 
@@ -578,7 +606,7 @@ def test_a_tensor_of_several_numbers_or_another_dtype_is_no_scalar(tmp_path):
            enc.pb_int(1, 1) + enc.pb_bytes(4, struct.pack("<ff", 1.0, 2.0))]  # 8
     enc.write_events(p, [enc.file_version_event()]
                      + [enc.summary_event(s, [enc.tensor_value("grad_norm", t)]) for s, t in enumerate(bad)]
-                     + [enc.summary_event(9, [enc.tensor_value("grad_norm", enc.tensor_proto(1, [4.0], []))])])
+                     + [enc.summary_event(9, [enc.tensor_value("grad_norm", enc.tensor_proto(1, [4.0]))])])
     assert _points(scalar_series(str(p))) == {"grad_norm": [(9, "4.0")]}
 
 
@@ -606,24 +634,78 @@ def test_a_run_without_scalars_says_so(tmp_path):
     an empty choice of tags)."""
     p = tmp_path / "events.out.tfevents.1.host"
     enc.write_events(p, [enc.file_version_event(), enc.summary_event(1, [enc.histogram_value("w")]),
-                         enc.summary_event(2, [enc.tensor_value("t", enc.tensor_proto(1, [1.0], []), "custom")])])
-    with pytest.raises(InputError, match=r"events\.out\.tfevents\.1\.host: no scalar among its TensorBoard events"):
+                         enc.summary_event(2, [enc.tensor_value("t", enc.tensor_proto(1, [1.0]), "custom")])])
+    with pytest.raises(InputError, match=r"tfevents\.1\.host: no scalar among its TensorBoard events"):
         read_norm_log(str(p))
 
 
 def test_a_tags_plugin_is_its_first_metadatas_and_a_tensor_given_twice_is_merged(tmp_path):
     """As protobuf and TensorBoard read them: a tag whose first metadata names another plugin stays out even
-    when later values say ``scalars``; a value's tensor given in two pieces (dtype, then the number) is one
+    when later values say ``scalars``, and so does one of the plugin ``scalars`` and the data class
+    "tensor"; a value's tensor given in two pieces (dtype, then the number) is one
     tensor; a tensor after a simple_value replaces it (the oneof's last member)."""
     pytest.importorskip("tensorboard")
     p = tmp_path / "events.out.tfevents.1.host"
     one = enc.tensor_proto(1, [2.0], [])
     meta = enc.pb_bytes(9, enc.plugin_metadata("scalars"))
+    tensor_class = enc.pb_bytes(9, enc.plugin_metadata("scalars") + enc.pb_int(4, 2))  # data class: tensor
     enc.write_events(p, [enc.file_version_event(),
                          enc.summary_event(1, [enc.tensor_value("a", one, "custom")]),
                          enc.summary_event(2, [enc.tensor_value("a", one, "scalars")]),
-                         enc.summary_event(3, [enc.pb_bytes(1, enc.pb_bytes(1, b"b") + enc.pb_bytes(8, enc.pb_int(1, 1))
+                         enc.summary_event(3, [enc.pb_bytes(1, enc.pb_bytes(1, b"b")
+                                                            + enc.pb_bytes(8, enc.pb_int(1, 1))
                                                             + enc.pb_bytes(8, enc.pb_float(5, 2.5)) + meta)]),
                          enc.summary_event(4, [enc.pb_bytes(1, enc.pb_bytes(1, b"c") + enc.pb_float(2, 9.0)
-                                                            + enc.pb_bytes(8, one) + meta)])])
+                                                            + enc.pb_bytes(8, one) + meta)]),
+                         enc.summary_event(5, [enc.pb_bytes(1, enc.pb_bytes(1, b"d") + enc.pb_bytes(8, one)
+                                                            + tensor_class)])])
     assert _points(scalar_series(str(p))) == {"b": [(3, "2.5")], "c": [(4, "2.0")]} == _dashboard_scalars(p)
+
+
+_TF2_RECORDS = [enc.summary_event(7, [enc.tensor_value("g", t, plugin)]) for t in (
+    enc.tensor_proto(1, [1.5], [], content=True), enc.tensor_proto(1, [2.5]), enc.tensor_proto(1, [3.5], []))
+    for plugin in ("scalars", None)] + [enc.summary_event(9, [enc.pb_bytes(1, enc.pb_bytes(1, b"ab")
+    + enc.pb_bytes(8, enc.tensor_proto(1, [4.5], [], content=True))
+    + enc.pb_bytes(9, enc.plugin_metadata("scalars") + b"\x20\x01"))])]  # (with the scalar data class)
+
+
+@needs_frames
+@pytest.mark.parametrize("base", range(len(_TF2_RECORDS)))
+def test_the_compiled_reader_reads_what_the_one_by_one_reader_reads(base):
+    """Every record of tf.summary.scalar's layouts with one byte (of its summary) changed to one of the
+    values that matter to the layout: those the compiled reader finds are read as the one-by-one reader
+    (protobuf's semantics) reads them (step, tag, value, tensor or not, plugin), the unchanged one is
+    found, and the NumPy reader finds and reads the same records (but those of a tag not UTF-8)."""
+    from gradtool.io._logscan import tfevent_scalars
+
+    good = _TF2_RECORDS[base]
+    records = [good]
+    for at in range(10, len(good)):
+        for b in sorted({0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 13, 0x0A, 0x12, 0x15, 0x20, 0x22, 0x2A, 0x42, 0x4A,
+                         0x7F, 0x80, 0xFF, (good[at] + 1) % 256, (good[at] - 1) % 256} - {good[at]}):
+            records.append(good[:at] + bytes([b]) + good[at + 1:])
+    data = b"".join(enc.record(r) for r in records)
+    starts, lengths, end, _, ok = frames(data)
+    found, steps, values, tags, names, kinds = tfevent_scalars(data, starts, lengths)
+    found = np.frombuffer(found, np.bool_)
+    assert found[0]
+    steps, values = np.frombuffer(steps, np.int64).tolist(), np.frombuffer(values, np.float64).tolist()
+    tags = np.frombuffer(tags, np.int32).tolist()
+    raw = np.frombuffer(data, np.uint8)
+    here = tensorboard_log._scalar_records_here(raw, np.frombuffer(starts, np.int64),
+                                                np.frombuffer(lengths, np.int64))
+    utf8 = np.array([names[t].isascii() for t in tags], bool)
+    found_utf8 = np.zeros(found.size, bool)
+    found_utf8[np.flatnonzero(found)[utf8]] = True
+    assert here.found.tolist() == found_utf8.tolist()
+    assert [repr(x) for x in here.values.tolist()] == [repr(x) for x in np.array(values)[utf8].tolist()]
+    assert here.kinds.tolist() == np.frombuffer(kinds, np.uint8)[utf8].tolist()
+    assert [here.names[t] for t in here.tags.tolist()] == [names[t].decode() for t in np.array(tags)[utf8]]
+    for n, r in enumerate(np.flatnonzero(found).tolist()):
+        if not names[tags[n]].isascii():  # (a window of such a tag is left to the NumPy reader by the caller)
+            continue
+        step, kind, what = tensorboard_log._event(records[r])
+        assert (step, kind) == (steps[n], 5) and len(what) == 1
+        ours = what[0]._replace(scalar=repr(what[0].scalar))  # (NaN: compared as its repr)
+        plugin = "scalars" if kinds[n] == 2 else None
+        assert ours == (names[tags[n]].decode(), repr(values[n]), kinds[n] > 0, plugin)
