@@ -1191,6 +1191,8 @@ def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> No
 
 def read_csv(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
     text = _read_text(path) if text is None else text
+    if blank := _LEADING_BLANK_LINES.match(text):  # blank lines before the header: skipped, as pandas does
+        text = text[blank.end():]
     first = _first_line(text)
     delim = "\t" if first.count("\t") > first.count(",") else ","
     try:
@@ -1223,6 +1225,9 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
         if len(raw) > len(header):
             r[None] = raw[len(header):]  # type: ignore[index]  # as csv.DictReader does
     return _note_bucketed(_noted(from_records(rows, path, "csv", key), cut), header, text, delim)
+
+
+_LEADING_BLANK_LINES = re.compile(r"(?:[ \t]*\r?\n)+")
 
 
 def _without_cut_last_row(text: str, ncols: int, delim: str) -> tuple[str, list[str]]:

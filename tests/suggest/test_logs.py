@@ -855,6 +855,21 @@ def test_text_logs_that_open_with_a_bracket_or_hold_commas_and_colours(tmp_path,
         read_norm_log(str(bad))
 
 
+@pytest.mark.parametrize("lead", ["\n", "\r\n \t\n\n"])
+@pytest.mark.parametrize("general", [False, True])
+def test_blank_lines_before_a_csvs_header_are_skipped(tmp_path, lead, general):
+    """A CSV whose header comes after blank lines (a hand-made export, a log opened by an editor) was "empty
+    CSV (no header)": the blank lines are skipped, as pandas' read_csv skips them, on the fast and the
+    general (a column of words) paths alike."""
+    body = ("phase," if general else "") + "step,grad_norm,loss\n" + "".join(
+        f"{'train,' if general else ''}{i},{1 + i % 5 / 10},{3 - i / 100}\n" for i in range(1, 30))
+    (tmp_path / "plain.csv").write_text(body)
+    (tmp_path / "lead.csv").write_text(lead + body)
+    plain, led = read_norm_log(str(tmp_path / "plain.csv")), read_norm_log(str(tmp_path / "lead.csv"))
+    assert (led.steps, led.norms, led.loss, led.key) == (plain.steps, plain.norms, plain.loss, plain.key)
+    assert len(led) == 29 and led.kind == "csv"
+
+
 @pytest.mark.parametrize("text", ["grad_norm\n \n", "grad_norm\n\t\n", "grad_norm\n1.5\n \n2.5\n"])
 def test_a_one_column_csv_with_a_line_of_blanks(tmp_path, run, text):
     """msgspec read the blank line as no number at all ("[ ]") and the table could not be shaped: a
