@@ -225,20 +225,38 @@ def write_wandb_log(path: str, norms: np.ndarray) -> None:
         "_timestamp": 1795521146.123456 + 0.37 * i}) for i, v in enumerate(norms)])
 
 
-def write_tensorboard_log(path: str, norms: np.ndarray) -> str:
-    """A TensorBoard run directory of one event file as ``SummaryWriter.add_scalar`` writes it: one event
-    per scalar (grad_norm, loss, learning rate at each step), written by the tests' encoder
-    (tests/tensorboard_encoder.py: TFRecord framing, event.proto's wire format)."""
+def write_tensorboard_log(path: str, norms: np.ndarray, tf2: bool = False) -> str:
+    """A TensorBoard run directory of one event file as ``SummaryWriter.add_scalar`` writes it (``tf2``: as
+    TensorFlow 2's ``tf.summary.scalar`` and Keras write it, each scalar a tensor of one float32 with the
+    scalars plugin's metadata): one event per scalar (grad_norm, loss, learning rate at each step), written
+    by the tests' encoder (tests/tensorboard_encoder.py: TFRecord framing, event.proto's wire format)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
     from tests import tensorboard_encoder as enc
+
+    def value(tag: str, x: float) -> bytes:
+        if tf2:
+            return enc.tensor_value(tag, enc.tensor_proto(1, [x], [], content=True), "scalars")
+        return enc.scalar_value(tag, x)
 
     os.makedirs(path)
     with open(os.path.join(path, "events.out.tfevents.1795521146.bench"), "wb") as f:
         f.write(enc.record(enc.file_version_event()))
         for i, v in enumerate(norms):
             for tag, x in (("train/grad_norm", float(v)), ("train/loss", 2.0), ("train/learning_rate", 1e-4)):
-                f.write(enc.record(enc.summary_event(i, [enc.scalar_value(tag, x)], 1795521146.0 + i)))
+                f.write(enc.record(enc.summary_event(i, [value(tag, x)], 1795521146.0 + i)))
     return path
+
+
+def write_per_parameter_log(path: str, norms: np.ndarray, parameters: int = 500) -> None:
+    """A JSON Lines log of each parameter's gradient norm beside the total, as Lightning's
+    ``self.log_dict(grad_norm(self, norm_type=2))`` names them (``grad_2.0_norm/<parameter>``,
+    ``grad_2.0_norm_total``): one line per step of ``norms`` (the total), ``parameters`` keys more."""
+    scale = np.linspace(0.05, 0.5, parameters)
+    names = [f"grad_2.0_norm/layers.{k // 4}.{('q', 'k', 'v', 'o')[k % 4]}_proj.weight" for k in range(parameters)]
+    with open(path, "w") as f:
+        for i, v in enumerate(norms):
+            cells = ", ".join(f'"{n}": {x!r}' for n, x in zip(names, (scale * float(v)).tolist()))
+            f.write(f'{{"step": {i}, "train_loss": 2.0, "grad_2.0_norm_total": {float(v)!r}, {cells}}}\n')
 
 
 def write_megatron_log(path: str, norms: np.ndarray) -> None:
@@ -650,9 +668,15 @@ def main() -> None:
                 ("a Megatron text log of 10^6 lines", lambda p: write_megatron_log(p, norms),
                  os.path.join(tmp, "train.log")),
                 ("a TensorBoard event file of 10^5 steps (3x10^5 scalar events)",
-                 lambda p: write_tensorboard_log(p, norms[:100_000]), os.path.join(tmp, "tb"))):
+                 lambda p: write_tensorboard_log(p, norms[:100_000]), os.path.join(tmp, "tb")),
+                ("a TensorFlow 2 event file of 10^5 steps (3x10^5 tf.summary.scalar events)",
+                 lambda p: write_tensorboard_log(p, norms[:100_000], tf2=True), os.path.join(tmp, "tb2")),
+                ("a JSON Lines log of per-parameter norms, 2,000 steps x 500 parameters (10^6 points; "
+                 "global-norm and norm modes, --format json)",
+                 lambda p: write_per_parameter_log(p, norms[:2_000]), os.path.join(tmp, "params.jsonl"))):
             target = make(path) or path
-            t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", target, "--format", "value"], 1)
+            fmt = "json" if target.endswith("params.jsonl") else "value"  # (two modes: no single value)
+            t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", target, "--format", fmt], 1)
             rows.append((f"suggest-threshold on {what}", f"{t_sug:.2f} s", f"{t_jsonl} (10^6-line JSONL)", "-"))
             print(f"suggest {what}: {t_sug:.2f}s")
     finally:

@@ -10,6 +10,7 @@ import importlib.util
 import math
 import struct
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -507,8 +508,10 @@ def _dashboard_scalars(path):
         except KeyError:  # a tag of no metadata
             continue
         if meta.plugin_data.plugin_name == "scalars" and meta.data_class == summary_pb2.DATA_CLASS_SCALAR:
-            out[tag] = [(e.step, repr(float(tensor_util.make_ndarray(e.tensor_proto).item())))
-                        for e in acc.Tensors(tag)]
+            with warnings.catch_warnings():  # (its half_val reading sets an array's dtype: NumPy 2.5 warns)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                out[tag] = [(e.step, repr(float(tensor_util.make_ndarray(e.tensor_proto).item())))
+                            for e in acc.Tensors(tag)]
     return out
 
 
