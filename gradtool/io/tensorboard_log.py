@@ -15,10 +15,10 @@ events a restart orphaned purged as it purges them. Scalars written as tensors (
 ``tf.summary.scalar``, Keras' ``TensorBoard`` callback, ``add_scalar(..., new_style=True)``) are kept as
 TensorBoard's scalars dashboard shows them (tested against its ``plugin_event_accumulator``): the
 tensors of one number of each tag whose metadata (from its first value with metadata) names the plugin
-``scalars``. TensorBoard reads records with a CRC-32C computed
-byte by byte in Python (~30 us an event); here the CRCs of all records are computed together with NumPy,
-a byte position at a time across records; the records of one scalar's event as ``add_scalar`` writes
-them are found and read together with NumPy too, and the other events by the protobuf field reader of
+``scalars``. TensorBoard reads records with a CRC-32C computed byte by byte in Python (~30 us an event);
+here the CRCs of all records are computed together with NumPy, a byte position at a time across records;
+the records of one scalar's event as ``add_scalar`` and ``tf.summary.scalar`` write them are found and
+read together with NumPy too, and the other events by the protobuf field reader of
 :mod:`~gradtool.io.protowire`. A record cut off at the end of a file (a run still writing, or
 killed) ends it, as in TensorBoard; a damaged record before that is an InputError naming the byte, where
 TensorBoard would stop reading the file there without a word.
@@ -261,8 +261,8 @@ def _checked_events(buf: bytes, starts: Any, lengths: Any, offset: int, path: st
 
 
 class _ScalarRecords:
-    """The records of a window laid out as writers write one scalar's event (``add_scalar``; with the
-    compiled reader, TensorFlow 2's ``tf.summary.scalar`` too), read together: ``found`` marks them among
+    """The records of a window laid out as writers write one scalar's event (``add_scalar``, TensorFlow
+    2's ``tf.summary.scalar``: see :func:`_scalar_records_here`), read together: ``found`` marks them among
     the window's records; ``index`` (their record numbers), ``steps``, ``values`` (float32 widened),
     ``tags`` (numbers into ``names``) and ``kinds`` (0: a ``simple_value``; 1: a tensor of one float32;
     2: the same with metadata naming the plugin ``scalars``; None: all 0) describe them."""
@@ -574,8 +574,8 @@ def _summary_values(summary: bytes) -> list[_Value]:
         t, v, i = _tag_at(summary, i, n)
         if t != 1 << 3 | LENGTH_DELIMITED:
             continue
-        tag, scalar, kind = b"", None, 0
-        tensor: list[bytes] = []
+        tag, scalar, kind = b"", None, 0  # kind: the field number of the oneof's member (2: simple_value)
+        member: list[bytes] = []  # its pieces
         metadata: list[bytes] | None = None
         j, m = 0, len(v)
         while j < m:
@@ -587,11 +587,11 @@ def _summary_values(summary: bytes) -> list[_Value]:
             elif u == _METADATA << 3 | LENGTH_DELIMITED:
                 metadata = [*(metadata or ()), w]
             elif u >> 3 in _VALUE_KINDS and u & 7 == LENGTH_DELIMITED:  # another kind: the oneof's now
-                tensor = [*tensor, w] if kind == _TENSOR == u >> 3 else [w]
+                member = [*member, w] if kind == u >> 3 else [w]
                 kind = u >> 3
         plugin = None if metadata is None else _plugin_name(b"".join(metadata))
         if kind == _TENSOR:
-            out.append(_Value(tag.decode("utf-8"), _tensor_scalar(b"".join(tensor)), True, plugin))
+            out.append(_Value(tag.decode("utf-8"), _tensor_scalar(b"".join(member)), True, plugin))
         else:
             out.append(_Value(tag.decode("utf-8"), None if kind != 2 else _FLOAT.unpack(scalar)[0],
                               False, plugin))
