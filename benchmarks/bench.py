@@ -252,7 +252,7 @@ def write_per_parameter_log(path: str, norms: np.ndarray, parameters: int = 500)
     ``self.log_dict(grad_norm(self, norm_type=2))`` names them (``grad_2.0_norm/<parameter>``,
     ``grad_2.0_norm_total``): one line per step of ``norms`` (the total), ``parameters`` keys more."""
     scale = np.linspace(0.05, 0.5, parameters)
-    names = [f"grad_2.0_norm/layers.{k // 4}.{('q', 'k', 'v', 'o')[k % 4]}_proj.weight" for k in range(parameters)]
+    names = [f"grad_2.0_norm/layers.{k // 4}.{'qkvo'[k % 4]}_proj.weight" for k in range(parameters)]
     with open(path, "w") as f:
         for i, v in enumerate(norms):
             cells = ", ".join(f'"{n}": {x!r}' for n, x in zip(names, (scale * float(v)).tolist()))

@@ -47,6 +47,10 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
     out.append(("npy", buf.getvalue()))
     out.append(("json", b'{"log_history": [{"step": 1, "grad_norm": 1.5, "loss": 2.0}, {"step": 2, "grad_norm": NaN}]}'))
     out.append(("csv", b"step,loss,grad_norm\n1,2.0,1.5\n2,1.9,1.4\n"))
+    out.append(("csv", (  # Lightning's metrics.csv: per-parameter norms, empty cells, validation rows
+        "epoch,step,train_loss,grad_2.0_norm_total,grad_2.0_norm/w,grad_2.0_norm/b,val_loss\n"
+        + "".join(f"0,{s},2.{s},1.{s},0.{s},nan,\n" + (f"0,{s},,,,,1.9\n" if s % 3 == 2 else "")
+                  for s in range(8))).encode()))
     out.append(("jsonl", b'{"step": 1, "gnorm": 1.0}\n{"step": 2, "gnorm": 2.0}\n'))
     norms = ["NaN", "1.5", '"Infinity"', "-0.0"]  # the compiled reader's columns: NaN tokens and words
     rows = [f'{{"train/loss":{2 + 1 / i},"train/grad_norm":{norms[i % 4]},"train/global_step":{i}}}\n'

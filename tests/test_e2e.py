@@ -48,7 +48,7 @@ def test_entry_point_installed():
 
         assert f"compiled stats kernel: built, {SIMD};" in r.stdout  # the SIMD build this CPU runs
     built = find_spec("gradtool.io._logscan") is not None
-    assert ("(W&B, TensorBoard, MLflow, Trackio, JSON Lines, text): built" in r.stdout) == built
+    assert ("(W&B, TensorBoard, MLflow, Trackio, JSON Lines, CSV, text): built" in r.stdout) == built
     assert ("python-isal" in r.stdout) == (find_spec("isal") is not None)
     assert ("msgspec" in r.stdout) == (find_spec("msgspec") is not None)
 

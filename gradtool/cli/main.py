@@ -114,7 +114,7 @@ def _version_message() -> str:
         reader += ", turned off by GRADTOOL_NO_KERNELS"
     speedups = [name for name, module in (("msgspec", "msgspec"), ("python-isal", "isal")) if find_spec(module)]
     return ("%(prog)s, version %(version)s (compiled stats kernel: " + kernel
-            + "; compiled log readers (W&B, TensorBoard, MLflow, Trackio, JSON Lines, text): " + reader
+            + "; compiled log readers (W&B, TensorBoard, MLflow, Trackio, JSON Lines, CSV, text): " + reader
             + "; speedups: " + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
 
 

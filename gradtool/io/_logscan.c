@@ -1543,6 +1543,133 @@ done:
     return result;
 }
 
+/* A CSV cell v[0:n] as gradtool's _num(cell) reads it (logs.py): NOT_A_NUMBER (empty, or a word float()
+ * refuses), NUMBER (in *out) or UNSURE (left to Python: a number of another form, a control character).
+ * Spaces and tabs around it are stripped; a word is nan, inf or infinity in any case, signed or not. */
+static int csv_cell(const unsigned char *v, Py_ssize_t n, double *out) {
+    while (n > 0 && (v[0] == ' ' || v[0] == '\t')) v++, n--;
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t')) n--;
+    if (n == 0) return NOT_A_NUMBER;
+    if (n > 128) return UNSURE;
+    Py_ssize_t i = v[0] == '+' || v[0] == '-';
+    unsigned char c = i < n ? (unsigned char)(v[i] | 0x20) : 0;
+    if (c < 'a' || c > 'z') return decimal(v, n, 0, out, 1);
+    char low[9] = {0};
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (v[k] <= 0x20 || v[k] >= 0x7F) return UNSURE; /* (a space inside, a control or non-ASCII byte) */
+        if (k >= i && k - i < 8) low[k - i] = (char)(v[k] >= 'A' && v[k] <= 'Z' ? v[k] | 0x20 : v[k]);
+    }
+    if (n - i == 3 && memcmp(low, "nan", 3) == 0) {
+        *out = Py_NAN; /* (_num: "-nan" is nan) */
+        return NUMBER;
+    }
+    if ((n - i == 3 && memcmp(low, "inf", 3) == 0) || (n - i == 8 && memcmp(low, "infinity", 8) == 0)) {
+        *out = v[0] == '-' ? -Py_HUGE_VAL : Py_HUGE_VAL;
+        return NUMBER;
+    }
+    return NOT_A_NUMBER;
+}
+
+/* csv_columns(text, ncols, delim) -> (rows, width, values, flags) or None: the lines of a CSV's body (the
+ * text after its header line; str of ASCII, or bytes) as the csv module splits them when no cell is quoted
+ * (a line break ends a row, "\r\n" too; a blank line is a row of no cell; no row after the last line
+ * break), each of the first ncols cells read by csv_cell into one float64 column per header column (NaN
+ * where no number) and one uint8 column of flags (0: no number, 1: a number); cells beyond ncols are left
+ * out, as the general reader leaves them. width: the most cells of a row (capped at ncols). None (the
+ * csv module decides) for a quote, a NUL or a lone "\r" anywhere, or a cell csv_cell is unsure of. */
+static PyObject *csv_columns(PyObject *self, PyObject *args) {
+    PyObject *arg;
+    Py_ssize_t ncols;
+    int delim;
+    if (!PyArg_ParseTuple(args, "OnC", &arg, &ncols, &delim)) return NULL;
+    Py_buffer view;
+    int have_view = 0;
+    const unsigned char *b;
+    Py_ssize_t n;
+    if (PyUnicode_Check(arg)) {
+        if (!PyUnicode_IS_ASCII(arg)) Py_RETURN_NONE;
+        b = PyUnicode_DATA(arg);
+        n = PyUnicode_GET_LENGTH(arg);
+    } else {
+        if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+        have_view = 1;
+        b = view.buf;
+        n = view.len;
+    }
+    PyObject *values = NULL, *flags = NULL, *result = NULL;
+    double **val = NULL;
+    unsigned char **flag = NULL;
+    if (ncols < 1 || ncols > (1 << 16) || delim < 1 || delim > 0x7E || delim == '"' || delim == '\r' ||
+        delim == '\n' || memchr(b, '"', (size_t)n) != NULL || memchr(b, 0, (size_t)n) != NULL)
+        goto give_up;
+    Py_ssize_t rows = n > 0 && b[n - 1] != '\n';
+    for (const unsigned char *p = b, *end = b + n; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++)
+        rows++;
+    values = PyList_New(ncols);
+    flags = PyList_New(ncols);
+    val = PyMem_Calloc((size_t)ncols, sizeof(double *));
+    flag = PyMem_Calloc((size_t)ncols, sizeof(unsigned char *));
+    if (values == NULL || flags == NULL || val == NULL || flag == NULL) {
+        if (val == NULL || flag == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        PyObject *v = PyByteArray_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(double));
+        PyObject *f = v == NULL ? NULL : PyByteArray_FromStringAndSize(NULL, rows);
+        if (f == NULL) {
+            Py_XDECREF(v);
+            goto done;
+        }
+        PyList_SET_ITEM(values, c, v);
+        PyList_SET_ITEM(flags, c, f);
+        val[c] = (double *)PyByteArray_AS_STRING(v);
+        flag[c] = (unsigned char *)PyByteArray_AS_STRING(f);
+        for (Py_ssize_t r = 0; r < rows; r++) val[c][r] = Py_NAN;
+        memset(flag[c], 0, (size_t)rows);
+    }
+    Py_ssize_t width = 0, row = 0, i = 0;
+    while (i < n) {
+        const unsigned char *nl = memchr(b + i, '\n', (size_t)(n - i));
+        Py_ssize_t e = nl == NULL ? n : nl - b, le = e;
+        if (le > i && b[le - 1] == '\r') le--;
+        if (le > i && memchr(b + i, '\r', (size_t)(le - i)) != NULL) goto give_up;
+        if (le > i) {
+            Py_ssize_t s = i, c = 0;
+            while (1) {
+                const unsigned char *d = memchr(b + s, delim, (size_t)(le - s));
+                Py_ssize_t end = d == NULL ? le : d - b;
+                if (c < ncols) {
+                    double x = 0.0;
+                    int kind = csv_cell(b + s, end - s, &x);
+                    if (kind == UNSURE) goto give_up;
+                    if (kind == NUMBER) {
+                        val[c][row] = x;
+                        flag[c][row] = 1;
+                    }
+                }
+                c++;
+                if (d == NULL) break;
+                s = end + 1;
+            }
+            if (c > width) width = c < ncols ? c : ncols;
+        }
+        row++;
+        i = e + 1;
+    }
+    result = Py_BuildValue("(nnOO)", row, width, values, flags);
+    goto done;
+give_up:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(val);
+    PyMem_Free(flag);
+    Py_XDECREF(values);
+    Py_XDECREF(flags);
+    if (have_view) PyBuffer_Release(&view);
+    return result;
+}
+
 /* item_columns(values, rows, ids, n_rows, n_keys) -> (values, flags): the (row, key, value) items a reader
  * gathered (values float64, rows int32 in logging order, ids int32 key << 1 | is_int; see wandb_block) as
  * one float64 column of each key's value per row (NaN where the row has none) and one uint8 column of flags
@@ -1659,6 +1786,10 @@ static PyMethodDef methods[] = {
     {"sqlite_rows", sqlite_rows, METH_VARARGS,
      "sqlite_rows(api, uri, sql, params, kinds) -> (rows, columns) or None: a read-only query's rows as\n"
      "columns, through SQLite's functions at the addresses api (see _logscan.c)."},
+    {"csv_columns", csv_columns, METH_VARARGS,
+     "csv_columns(text, ncols, delim) -> (rows, width, values, flags) or None: a CSV body of numbers and\n"
+     "empty cells as one float64 column and one uint8 column of flags (0 no number, 1 a number) per column\n"
+     "(see _logscan.c)."},
     {"json_rows", json_rows, METH_O,
      "json_rows(text) -> (rows, keys, values, flags, first_keys) or None: JSON Lines of flat objects of\n"
      "numbers as one float64 column and one uint8 column of flags (0 absent, 1 float, 2 int) per key (see\n"

@@ -1,9 +1,9 @@
 """The optional compiled log readers (gradtool/io/_logscan.c): W&B history records, TensorBoard's TFRecord
 framing, CRCs and scalar events (add_scalar's, tf.summary.scalar's), MLflow metric lines, text log lines
 by a line template, the rows of MLflow's and Trackio's SQLite databases as columns, JSON Lines of flat
-objects of numbers. Each reader that uses them keeps its Python (and NumPy, msgspec) path, which gives the
-same results and runs when the extension was not built (no C compiler at install time) or
-``GRADTOOL_NO_KERNELS`` is set."""
+objects of numbers, CSV logs without quotes. Each reader that uses them keeps its Python (and NumPy,
+msgspec) path, which gives the same results and runs when the extension was not built (no C compiler at
+install time) or ``GRADTOOL_NO_KERNELS`` is set."""
 
 from __future__ import annotations
 

@@ -495,7 +495,9 @@ _cell = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False, width=64).map(repr),
     st.integers(-10**6, 10**6).map(str), st.integers(2**63, 2**70).map(str),
     st.sampled_from(["-0", "-0.0", "0", "1e400", "-1e-400", "2e-320", "1.", ".5", "+1", "1E3", "nan", "inf",
-                     "", " 1.5", "2 ", '"3"', "x", "0x10", "1,5", "01"]))
+                     "", " 1.5", "2 ", '"3"', "x", "0x10", "1,5", "01", "NaN", "-nan", "+Inf", "-Infinity",
+                     "infinit", "nan1", "1_0", "\t2", "a b", "  ", "train", "-", "e5", "1e",
+                     "99999999999999999999"]))
 _csv_header = st.sampled_from([["step", "grad_norm", "loss"], ["grad_norm"],
                                ["step", "loss", "grad_norm", "lr"],
                                ["epoch", "step", "grad_norm", "learning_rate"],
@@ -509,8 +511,9 @@ _csv_header = st.sampled_from([["step", "grad_norm", "loss"], ["grad_norm"],
 @given(header=_csv_header, data=st.data(), delim=st.sampled_from([",", "\t"]), crlf=st.booleans(),
        trailing=st.sampled_from(["", "\n", "\n\n"]), ragged=st.booleans())
 def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, trailing, ragged):
-    """read_csv with msgspec, and without it (NumPy's loadtxt), gives what the general csv-module path gives,
-    or the same error: for plain numbers (the fast paths), and for cells only the general path reads."""
+    """read_csv by the compiled reader's columns, by msgspec, and without either (NumPy's loadtxt), gives
+    what the general csv-module path gives, or the same error: for plain numbers (the fast paths), empty
+    cells, words (the compiled reader), and cells only the general path reads."""
     from gradtool.io import logs as logs_mod
 
     steps = st.integers(0, 30).map(str)
@@ -534,11 +537,58 @@ def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, t
                 h = logs_mod.read_csv("x.csv", text=text)
             except (InputError, UsageError) as exc:
                 return type(exc)
-            return _as_tuple(h), repr(h.tensor_norms), repr(h.tensor_max_abs)  # (the last training's)
+            return _as_tuple(h), repr(h.tensor_norms), repr(h.tensor_max_abs), h.notes  # (last training's)
 
-    ref = read(_csv_fast=lambda *a: None)
+    ref = read(_csv_fast=lambda *a: None, _csv_columns=lambda *a: None)
     assert read() == ref
-    assert read(msgspec=None) == ref
+    assert read(_csv_fast=lambda *a: None) == ref
+    assert read(_csv_columns=lambda *a: None) == ref
+    assert read(_csv_columns=lambda *a: None, msgspec=None) == ref
+
+
+def _csv_columns_or_skip():
+    from gradtool.io.compiled import log_readers
+
+    readers = log_readers()
+    if readers is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    return readers.csv_columns
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=" \t+-.0123456789eEinfatyINFATYx_", max_size=12)
+       | st.sampled_from([" 1.5\t", "-nan", "+Inf", "-Infinity", "01", "1.", "1e5", "", "x", "nan", "INF",
+                          "-0", "1e400", "99999999999999999999999", "\x0c1", "a\x01"]))
+@example(" 1.5\t")
+def test_the_compiled_csv_reader_reads_a_cell_as_the_general_reader(cell):
+    """Each cell the compiled CSV reader takes is what the general reader's ``_num`` makes of it (a number,
+    or none: empty, a word); any other it leaves to the csv module (None)."""
+    from gradtool.io.logs import _num
+
+    got = _csv_columns_or_skip()(cell + "\n", 1, ",")
+    if got is None:
+        return
+    rows, width, values, flags = got
+    want = _num(cell)
+    assert rows == 1 and width == (1 if cell else 0)  # (a blank line: a row of no cell)
+    assert flags[0][0] == (want is not None)
+    if want is not None:
+        assert repr(np.frombuffer(values[0], np.float64)[0].item()) == repr(want)
+
+
+def test_the_compiled_csv_reader_takes_the_usual_cells():
+    """What the compiled CSV reader reads itself rather than leaving it to the csv module: numbers as
+    Python prints them and with leading zeros or a bare point, NaN/inf words, words, empty cells, cells in
+    spaces and tabs, CRLF lines; rows shorter than the header (the width read), cells beyond it."""
+    csv_columns = _csv_columns_or_skip()
+    cells = [" 1.5\t", "-nan", "+Inf", "-Infinity", "01", "1.", "1e5", "", "x", "nan", "-0", "1e400", "train"]
+    for cell in cells:
+        assert csv_columns(cell + "\n", 1, ",") is not None, cell
+    rows, width, values, flags = csv_columns("1,2\r\n3\r\n\r\n", 3, ",")
+    assert (rows, width) == (3, 2) and [list(f) for f in flags] == [[1, 1, 0], [1, 0, 0], [0, 0, 0]]
+    assert csv_columns("1,2,3,4\n", 2, ",")[1:2] == (2,)
+    for refused in ['1,"2"\n', "1\r2\n", "1,\x00\n", "1,.5\n", "1,1_0\n", "1,a b\n"]:
+        assert csv_columns(refused, 2, ",") is None, refused
 
 
 @pytest.mark.parametrize("text", [
@@ -559,6 +609,10 @@ def test_per_parameter_norms_of_a_numeric_csv_are_the_general_readers(text):
     fast = read()
     with pytest.MonkeyPatch.context() as m:
         m.setattr(logs_mod, "_csv_fast", lambda *a: None)
+        m.setattr(logs_mod, "_csv_columns", lambda *a: None)
+        assert read() == fast
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(logs_mod, "_csv_columns", lambda *a: None)
         assert read() == fast
 
 
