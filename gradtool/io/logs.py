@@ -917,6 +917,16 @@ def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHist
                          f"files, MLflow, Trackio, W&B or DVCLive runs{no_dumps_hint(path)}")
     if kinds == ["MLflow"]:
         return read_file_store(path, key, run, mlflow)
+    if kinds == ["TensorBoard"] and len(tb) > 1:  # (Keras' train/ and validation/): the runs with a norm
+        from .runs import choose_run_with_norm
+        from .tensorboard_log import scalar_series
+
+        series = {r.where: scalar_series(r.where) for r in tb}
+        chosen = choose_run_with_norm(tb, lambda r: list(series[r.where]), key, run, path, "TensorBoard",
+                                      "a TensorBoard log directory")
+        hist = read_tensorboard(chosen.where, key, series[chosen.where])
+        hist.run = chosen
+        return hist
     chosen = choose_run(tb + csvs + mlflow + wandb, run, path, f"{' or '.join(kinds)} runs")
     if chosen in csvs:
         hist = read_csv(chosen.where, key)
@@ -1410,13 +1420,13 @@ def _csv_fast(text: str, header: list[str], delim: str,
     return result, nkey, table[start:] if whole else None, start
 
 
-def read_tensorboard(path: str, key: str | None = None) -> NormHistory:
+def read_tensorboard(path: str, key: str | None = None, series: dict[str, Any] | None = None) -> NormHistory:
     """The scalars of a TensorBoard event file, or of a run directory of them (see
     :mod:`~gradtool.io.tensorboard_log`: read without tensorboard, as its ``EventAccumulator`` keeps them,
     and scalars written as tensors as its scalars dashboard shows them)."""
     from .tensorboard_log import scalar_series
 
-    series = scalar_series(path)
+    series = scalar_series(path) if series is None else series  # (given: read already)
     tags = list(series)
     if not tags:
         raise InputError(f"{path}: no scalar among its TensorBoard events (histograms, images and tensors of "

@@ -251,7 +251,8 @@ def test_a_tensorboard_log_directory(tmp_path, run):
     other.mkdir()
     _tb_events(other, list(range(1, 11)))
     os.utime(next(other.iterdir()), (2e9, 2e9))  # the newest run's events: listed first
-    with pytest.raises(UsageError, match=r"output: holds 2 TensorBoard runs \('runs/Nov25_09-00-00_host' "
+    with pytest.raises(UsageError, match=r"output: holds 2 TensorBoard runs with a gradient norm "
+                                         r"\('runs/Nov25_09-00-00_host' "
                                          r"\(.*\), 'runs/Nov24_10-00-00_host' \(.*\)\); choose one with "):
         read_norm_log(str(tmp_path / "output"))
     assert len(read_norm_log(str(tmp_path / "output"), run="runs/Nov24_10-00-00_host")) == 40
@@ -266,6 +267,35 @@ def test_a_tensorboard_log_directory(tmp_path, run):
     assert ("no gradient dumps, trainer_state.json, TensorBoard event files, MLflow, Trackio, W&B or "
             "DVCLive runs"
             in r.stderr)
+
+
+def test_of_several_tensorboard_runs_the_only_one_with_a_norm_is_read(tmp_path, run):
+    """Keras' TensorBoard callback writes logs/train/ and logs/validation/ (TensorFlow 2's tensor scalars):
+    `suggest-threshold logs/` said "holds 2 TensorBoard runs; choose one with --run". The one run with a
+    gradient norm is read, as among MLflow's and Trackio's runs; --run still names any, and runs without a
+    norm are told so with their tags."""
+    from tests import tensorboard_encoder as enc
+
+    def write(sub, tags):
+        (tmp_path / "logs" / sub).mkdir(parents=True)
+        enc.write_events(tmp_path / "logs" / sub / "events.out.tfevents.1795000000.host.1.0.v2", [
+            enc.file_version_event()] + [enc.summary_event(s, [enc.tensor_value(
+                t, enc.tensor_proto(1, [1.0 + s % 5], [], content=True))]) for s in range(30) for t in tags])
+
+    write("train", ["epoch_loss", "batch_grad_norm"])
+    write("validation", ["epoch_loss"])
+    h = read_norm_log(str(tmp_path / "logs"))
+    assert (h.run.name, h.key, len(h)) == ("train", "batch_grad_norm", 30)
+    assert read_norm_log(str(tmp_path / "logs"), run="latest").run.name == "train"  # the last with a norm
+    r = run("suggest-threshold", str(tmp_path / "logs"), "--run", "validation")
+    assert r.exit_code == 1 and "validation: no gradient-norm scalar among epoch_loss" in r.stderr
+    r = run("suggest-threshold", str(tmp_path / "logs"), "--key", "epoch_loss")  # both hold it: choose
+    assert r.exit_code == 2 and "holds 2 TensorBoard runs with a gradient norm" in r.stderr
+    (tmp_path / "logs" / "train").rename(tmp_path / "train")
+    write("eval", ["epoch_accuracy"])
+    with pytest.raises(InputError, match=r"logs: no gradient-norm metric \(tried .*\) in its 2 TensorBoard "
+                                         r"run\(s\) \(metrics: epoch_accuracy, epoch_loss\); name it with --key"):
+        read_norm_log(str(tmp_path / "logs"))
 
 
 # --- the JSON Lines fast paths (msgspec decoder, lines joined without a loop) equal the plain reader -----
