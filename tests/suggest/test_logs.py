@@ -294,7 +294,7 @@ def test_of_several_tensorboard_runs_the_only_one_with_a_norm_is_read(tmp_path, 
     (tmp_path / "logs" / "train").rename(tmp_path / "train")
     write("eval", ["epoch_accuracy"])
     with pytest.raises(InputError, match=r"logs: no gradient-norm metric \(tried .*\) in its 2 TensorBoard "
-                                         r"run\(s\) \(metrics: epoch_accuracy, epoch_loss\); name it with --key"):
+                                         r"run\(s\) \(metrics: epoch_accuracy, epoch_loss\); name it with "):
         read_norm_log(str(tmp_path / "logs"))
 
 
