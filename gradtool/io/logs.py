@@ -917,7 +917,7 @@ def _read_store_of_runs(path: str, key: str | None, run: str | None) -> NormHist
                          f"files, MLflow, Trackio, W&B or DVCLive runs{no_dumps_hint(path)}")
     if kinds == ["MLflow"]:
         return read_file_store(path, key, run, mlflow)
-       if kinds == ["TensorBoard"] and len(tb) > 5:
+    if kinds == ["TensorBoard"] and len(tb) > 1:  # (Keras' train/ and validation/): the runs with a norm
         from .runs import choose_run_with_norm
         from .tensorboard_log import scalar_series
 
