@@ -1400,21 +1400,31 @@ static int json_number(const unsigned char *v, Py_ssize_t n, double *out) {
     return classify(v, n, out, 1); /* Python's NaN, Infinity, -Infinity tokens, or a JSON number */
 }
 
+/* The bytes of a log's text: a str of ASCII (1, borrowed: its own bytes), a bytes-like object (1, its buffer
+ * held in *view until released), a str of other characters (0: the caller gives no answer), or an error
+ * (-1, set). */
+static int text_bytes(PyObject *arg, Py_buffer *view, int *have_view, const unsigned char **b,
+                      Py_ssize_t *n) {
+    *have_view = 0;
+    if (PyUnicode_Check(arg)) {
+        if (!PyUnicode_IS_ASCII(arg)) return 0;
+        *b = PyUnicode_DATA(arg);
+        *n = PyUnicode_GET_LENGTH(arg);
+        return 1;
+    }
+    if (PyObject_GetBuffer(arg, view, PyBUF_SIMPLE) < 0) return -1;
+    *have_view = 1;
+    *b = view->buf;
+    *n = view->len;
+    return 1;
+}
+
 static PyObject *json_rows(PyObject *self, PyObject *arg) {
     Py_buffer view;
-    int have_view = 0;
     const unsigned char *b;
     Py_ssize_t n;
-    if (PyUnicode_Check(arg)) {
-        if (!PyUnicode_IS_ASCII(arg)) Py_RETURN_NONE;
-        b = PyUnicode_DATA(arg);
-        n = PyUnicode_GET_LENGTH(arg);
-    } else {
-        if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-        have_view = 1;
-        b = view.buf;
-        n = view.len;
-    }
+    int have_view, got = text_bytes(arg, &view, &have_view, &b, &n);
+    if (got <= 0) return got < 0 ? NULL : Py_NewRef(Py_None);
     Py_ssize_t lines = 1;
     for (const unsigned char *p = b, *end = b + n; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++)
         lines++;
@@ -1583,19 +1593,10 @@ static PyObject *csv_columns(PyObject *self, PyObject *args) {
     int delim;
     if (!PyArg_ParseTuple(args, "OnC", &arg, &ncols, &delim)) return NULL;
     Py_buffer view;
-    int have_view = 0;
     const unsigned char *b;
     Py_ssize_t n;
-    if (PyUnicode_Check(arg)) {
-        if (!PyUnicode_IS_ASCII(arg)) Py_RETURN_NONE;
-        b = PyUnicode_DATA(arg);
-        n = PyUnicode_GET_LENGTH(arg);
-    } else {
-        if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-        have_view = 1;
-        b = view.buf;
-        n = view.len;
-    }
+    int have_view, got = text_bytes(arg, &view, &have_view, &b, &n);
+    if (got <= 0) return got < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *values = NULL, *flags = NULL, *result = NULL;
     double **val = NULL;
     unsigned char **flag = NULL;
