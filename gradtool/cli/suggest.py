@@ -23,6 +23,7 @@ Examples:
   gradtool suggest-threshold metrics.csv --key grad_2.0_norm_total --current 1.0
   kubectl logs trainer-0 | gradtool suggest-threshold -      # a log (or a dump) on standard input
   gradtool suggest-threshold lightning_logs/version_0/       # TensorBoard logs
+  gradtool suggest-threshold logs/                           # Keras' (TensorFlow 2): the run with a norm
   gradtool suggest-threshold mlflow.db --run latest          # MLflow's store (mlruns/ too)
   gradtool suggest-threshold wandb/latest-run/               # a W&B run's local log
   gradtool suggest-threshold ~/.cache/huggingface/trackio/my-project.db --run latest   # Trackio
@@ -36,9 +37,10 @@ Inputs: gradient dumps (files, directories, multi-step HDF5: every mode can be d
 logs (trainer_state.json, CSV/TSV, JSON Lines, Megatron text logs, console output of the Hugging Face
 Trainer or fairseq, TensorBoard event files, MLflow's mlflow.db and mlruns/, W&B's
 wandb/ run logs, Trackio projects, DVCLive's dvclive/; gzip/bzip2/xz-compressed too); a log given with
-dumps adds its loss and learning rate. A store of several runs lists them: choose one with --run. Logs
-carry only the global norm, so per-tensor modes cannot be derived from them, unless they log each
-parameter's norm (Lightning's grad_norm: grad_2.0_norm/NAME gives norm, grad_inf_norm/NAME value).
+dumps adds its loss and learning rate. A store of several runs lists them: choose one with --run (MLflow,
+Trackio and TensorBoard runs: among those with a gradient norm). Logs carry only the global norm, so
+per-tensor modes cannot be derived from them, unless they log each parameter's norm (Lightning's
+grad_norm: grad_2.0_norm/NAME gives norm, grad_inf_norm/NAME value).
 
 \b
 Default method (robust): skip the warm-up, leave out everything after a divergence, take a recent
