@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import struct
 import sys
 import warnings
@@ -712,3 +713,31 @@ def test_the_compiled_reader_reads_what_the_one_by_one_reader_reads(base):
         ours = what[0]._replace(scalar=repr(what[0].scalar))  # (NaN: compared as its repr)
         plugin = "scalars" if kinds[n] == 2 else None
         assert ours == (names[tags[n]].decode(), repr(values[n]), kinds[n] > 0, plugin)
+
+
+_TF2_LOGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tensorflow2")
+
+
+@pytest.mark.parametrize("run", ["custom", "keras/train", "keras/validation"])
+def test_tensorflow_2s_own_event_files(run):
+    """Event files TensorFlow 2.21 and Keras wrote (tests/suggest/data/tensorflow2/README.md): read as
+    TensorBoard's scalars dashboard reads them, and the custom loop's norms as it logged them."""
+    series = scalar_series(os.path.join(_TF2_LOGS, run))
+    if run == "custom":
+        steps, norms = series["grad_norm"]
+        assert steps.tolist() == list(range(40))
+        assert norms.tolist() == [1.0 + (s % 7) * 0.25 for s in range(40)]
+        assert series["loss"][1].tolist() == [float(np.float32(3.0 - s / 100)) for s in range(40)]
+    if importlib.util.find_spec("tensorboard") is not None:
+        assert _points(series) == _dashboard_scalars(os.path.join(_TF2_LOGS, run))
+    assert len(series) == {"custom": 2, "keras/train": 4, "keras/validation": 2}[run]
+
+
+def test_a_keras_log_directory_reads_its_train_run(run):
+    """`suggest-threshold logs/` on Keras' TensorBoard callback's directory (train/ and validation/): the
+    run with the gradient norm, its 18 batches."""
+    r = run("suggest-threshold", os.path.join(_TF2_LOGS, "keras"), "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    assert doc["source"]["run"]["name"] == "train" and doc["source"]["key"] == "batch_grad_norm"
+    assert (doc["history"]["n"], doc["history"]["first_step"], doc["history"]["last_step"]) == (18, 0, 17)
