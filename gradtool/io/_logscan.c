@@ -1586,7 +1586,8 @@ static int csv_cell(const unsigned char *v, Py_ssize_t n, double *out) {
  * break), each of the first ncols cells read by csv_cell into one float64 column per header column (NaN
  * where no number) and one uint8 column of flags (0: no number, 1: a number); cells beyond ncols are left
  * out, as the general reader leaves them. width: the most cells of a row (capped at ncols). None (the
- * csv module decides) for a quote, a NUL or a lone "\r" anywhere, or a cell csv_cell is unsure of. */
+ * csv module decides) for a quote, a NUL or a lone "\r" anywhere, a cell csv_cell is unsure of, or
+ * columns that would take far more memory than the text. */
 static PyObject *csv_columns(PyObject *self, PyObject *args) {
     PyObject *arg;
     Py_ssize_t ncols;
@@ -1606,6 +1607,8 @@ static PyObject *csv_columns(PyObject *self, PyObject *args) {
     Py_ssize_t rows = n > 0 && b[n - 1] != '\n';
     for (const unsigned char *p = b, *end = b + n; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++)
         rows++;
+    if ((double)ncols * (double)rows * 9.0 > 16.0 * (double)n + (double)(1 << 24))
+        goto give_up; /* the columns would take far more than the text (short rows under a wide header) */
     values = PyList_New(ncols);
     flags = PyList_New(ncols);
     val = PyMem_Calloc((size_t)ncols, sizeof(double *));
