@@ -715,14 +715,19 @@ def test_the_compiled_reader_reads_what_the_one_by_one_reader_reads(base):
         assert ours == (names[tags[n]].decode(), repr(values[n]), kinds[n] > 0, plugin)
 
 
-_TF2_LOGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tensorflow2")
+_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+_TF2_LOGS = os.path.join(_DATA, "tensorflow2")
 
 
-@pytest.mark.parametrize("run", ["custom", "keras/train", "keras/validation"])
-def test_tensorflow_2s_own_event_files(run):
-    """Event files TensorFlow 2.21 and Keras wrote (tests/suggest/data/tensorflow2/README.md): read as
-    TensorBoard's scalars dashboard reads them, and the custom loop's norms as it logged them."""
+@pytest.mark.parametrize("run", ["custom", "keras/train", "keras/validation", "../pytorch_new_style"])
+def test_tensorflow_2s_and_pytorchs_new_style_event_files(run):
+    """Event files TensorFlow 2.21 and Keras wrote, and PyTorch 2.13's add_scalar(new_style=True)
+    (tests/suggest/data/*/README.md): read as TensorBoard's scalars dashboard reads them, and the norms as
+    the loops logged them."""
     series = scalar_series(os.path.join(_TF2_LOGS, run))
+    if run == "../pytorch_new_style":
+        assert series["train/grad_norm"][1].tolist() == [1.0 + (s % 5) * 0.5 for s in range(30)]
+        assert series["train/lr"][1].tolist() == [1e-3] * 30  # (a double: double_precision=True)
     if run == "custom":
         steps, norms = series["grad_norm"]
         assert steps.tolist() == list(range(40))
@@ -730,7 +735,8 @@ def test_tensorflow_2s_own_event_files(run):
         assert series["loss"][1].tolist() == [float(np.float32(3.0 - s / 100)) for s in range(40)]
     if importlib.util.find_spec("tensorboard") is not None:
         assert _points(series) == _dashboard_scalars(os.path.join(_TF2_LOGS, run))
-    assert len(series) == {"custom": 2, "keras/train": 4, "keras/validation": 2}[run]
+    tags = {"custom": 2, "keras/train": 4, "keras/validation": 2, "../pytorch_new_style": 3}
+    assert len(series) == tags[run]
 
 
 def test_a_keras_log_directory_reads_its_train_run(run):
