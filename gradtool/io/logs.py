@@ -1219,10 +1219,13 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
     if not header:
         raise InputError(f"{path}: empty CSV (no header)")
     text, cut = _without_cut_last_row(text, len(header), delim)
-    if (columns := _csv_columns(text, header, delim)) is not None:  # numbers and empty cells, by C
+    columns = _csv_columns(text, header, delim)  # numbers, words and empty cells, by C
+    fast = _csv_fast(text, header, delim, key) if columns is None else None  # else msgspec, NumPy
+    if columns is None and fast is None:
+        columns = _csv_numbers_with_gaps(text, header, delim)  # empty cells, without C
+    if columns is not None:
         hist = _noted_first(from_row_items(columns, path, "csv", key), cut)
         return _note_bucketed(hist, header, text, delim)
-    fast = _csv_fast(text, header, delim, key)  # without the compiled reader: msgspec, NumPy
     if fast is not None:
         hist = _noted(NormHistory(*fast[0][:4], source=path, key=fast[1], kind="csv", _arrays=fast[0][4]),
                       fast[0][5])
@@ -1273,6 +1276,56 @@ def _csv_columns(text: str, header: list[str], delim: str) -> KeyColumns | None:
         return None
     rows, width, values, flags = got
     return KeyColumns.of_buffers(rows, header[:width], values[:width], flags[:width])
+
+
+def _csv_numbers_with_gaps(text: str, header: list[str], delim: str) -> KeyColumns | None:
+    """Without the compiled reader, a rectangular CSV (``text``, its ``header`` line first) whose cells
+    are numbers or empty, none quoted (Lightning's ``metrics.csv``, whose rows leave the other metrics'
+    cells empty), as :class:`KeyColumns`: the empty cells found with NumPy, filled with ``0`` for
+    msgspec's or ``loadtxt``'s parse, and marked absent (as ``_num`` makes an empty cell). None when there
+    is no empty cell (the fast paths' case), the rows are of other widths, or a cell is no number (the csv
+    module reads those)."""
+    import numpy as np
+
+    cut = text.find("\n")
+    body = text[cut + 1:].rstrip("\r\n") if cut >= 0 else ""
+    ncols = len(header)
+    if not body or '"' in text or not body.isascii() or len(set(header)) != ncols:
+        return None
+    if "\r" in body:
+        body = body.replace("\r\n", "\n")
+        if "\r" in body:
+            return None
+    raw = np.frombuffer(body.encode("ascii"), np.uint8)
+    line_ends = np.flatnonzero(raw == ord("\n"))
+    delims = np.flatnonzero(raw == ord(delim))
+    rows = line_ends.size + 1
+    if delims.size != rows * (ncols - 1) or (ncols > 1 and line_ends.size and not np.array_equal(
+            np.searchsorted(delims, line_ends), np.arange(1, rows) * (ncols - 1))):
+        return None  # rows of another width than the header's
+    seps = np.flatnonzero((raw == ord(delim)) | (raw == ord("\n")))
+    starts, ends = np.concatenate(([0], seps + 1)), np.concatenate((seps, [raw.size]))
+    empty = starts == ends
+    if not empty.any():
+        return None
+    filled = np.insert(raw, starts[empty], ord("0")).tobytes().decode("ascii")
+    table = csv_numbers_msgspec(filled, delim, ncols)
+    if table is None:
+        import warnings
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                table = np.loadtxt(io.StringIO(filled), delimiter=delim, dtype=np.float64, ndmin=2,
+                                   comments=None)
+        except (ValueError, IndexError, TypeError):
+            return None
+    if table.shape != (rows, ncols):
+        return None
+    given = ~empty.reshape(rows, ncols)
+    values = np.where(given, table, np.nan)
+    return KeyColumns(rows, header, [np.ascontiguousarray(values[:, c]) for c in range(ncols)],
+                      [given[:, c].astype(np.uint8) for c in range(ncols)])
 
 
 def _without_cut_last_row(text: str, ncols: int, delim: str) -> tuple[str, list[str]]:

@@ -541,9 +541,10 @@ _csv_header = st.sampled_from([["step", "grad_norm", "loss"], ["grad_norm"],
 @given(header=_csv_header, data=st.data(), delim=st.sampled_from([",", "\t"]), crlf=st.booleans(),
        trailing=st.sampled_from(["", "\n", "\n\n"]), ragged=st.booleans())
 def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, trailing, ragged):
-    """read_csv by the compiled reader's columns, by msgspec, and without either (NumPy's loadtxt), gives
-    what the general csv-module path gives, or the same error: for plain numbers (the fast paths), empty
-    cells, words (the compiled reader), and cells only the general path reads."""
+    """read_csv by the compiled reader's columns, by msgspec, and without either (NumPy's loadtxt), and
+    the empty cells found with NumPy, gives what the general csv-module path gives (history and notes), or
+    the same error: for plain numbers (the fast paths), empty cells, words (the compiled reader), and cells
+    only the general path reads."""
     from gradtool.io import logs as logs_mod
 
     steps = st.integers(0, 30).map(str)
@@ -569,11 +570,14 @@ def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, t
                 return type(exc)
             return _as_tuple(h), repr(h.tensor_norms), repr(h.tensor_max_abs), h.notes  # (last training's)
 
-    ref = read(_csv_fast=lambda *a: None, _csv_columns=lambda *a: None)
+    none = lambda *a: None  # noqa: E731
+    ref = read(_csv_fast=none, _csv_columns=none, _csv_numbers_with_gaps=none)
     assert read() == ref
-    assert read(_csv_fast=lambda *a: None) == ref
-    assert read(_csv_columns=lambda *a: None) == ref
-    assert read(_csv_columns=lambda *a: None, msgspec=None) == ref
+    assert read(_csv_fast=none) == ref
+    assert read(_csv_columns=none) == ref
+    assert read(_csv_columns=none, msgspec=None) == ref
+    assert read(_csv_columns=none, _csv_fast=none) == ref  # empty cells with NumPy
+    assert read(_csv_columns=none, _csv_fast=none, msgspec=None) == ref
 
 
 def _csv_columns_or_skip():
