@@ -1207,6 +1207,11 @@ def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> No
 
 
 def read_csv(path: str, key: str | None = None, text: str | None = None) -> NormHistory:
+    """The history of a CSV/TSV log (``text``, else the file ``path``): its rows as the csv module reads
+    them, each cell a number by ``_num`` or none, given to :func:`from_records`. Read, with the same
+    result, by the first of: the compiled reader's columns (:func:`_csv_columns`), msgspec's or NumPy's
+    parse of an all-numeric table (:func:`_csv_fast`), NumPy's of numbers and empty cells
+    (:func:`_csv_numbers_with_gaps`), the csv module's dict rows."""
     text = _read_text(path) if text is None else text
     if blank := _LEADING_BLANK_LINES.match(text):  # blank lines before the header: skipped, as pandas does
         text = text[blank.end():]
