@@ -1226,8 +1226,8 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
     text, cut = _without_cut_last_row(text, len(header), delim)
     columns = _csv_columns(text, header, delim)  # numbers, words and empty cells, by C
     fast = _csv_fast(text, header, delim, key) if columns is None else None  # else msgspec, NumPy
-    if columns is None and fast is None:
-        columns = _csv_numbers_with_gaps(text, header, delim)  # empty cells, without C
+    if columns is None and fast is None:  # (an all-numeric CSV never pays for this search)
+        columns = _csv_numbers_with_gaps(text, header, delim)  # numbers and empty cells, by NumPy
     if columns is not None:
         hist = _noted_first(from_row_items(columns, path, "csv", key), cut)
         return _note_bucketed(hist, header, text, delim)
@@ -1238,11 +1238,14 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
         keys = header
         if fast[2] is not None and len(set(header)) == len(header):
             values_of = _table_values_by_step(fast[2], header, skey)
-        else:  # the rows after the header, from the last training's first, as the general path makes them
-            lines = [r for r in csv.reader(io.StringIO(text), delimiter=delim) if r]  # (blank lines: none)
+        elif any(tensor_norm_keys(header, fast[1])):  # per-parameter norms: the rows after the header, from
+            # the last training's first, as the general path makes them (blank lines: none here)
+            lines = [r for r in csv.reader(io.StringIO(text), delimiter=delim) if r]
             keys = header[:max(map(len, lines[1:]), default=0)]  # the names some row has a cell for
             values_of = _values_by_step((dict(zip(header, r)) for r in islice(lines, 1 + fast[3], None)),
                                         skey)
+        else:  # no per-parameter norms: no rows to read
+            values_of = _values_by_step((), skey)
         hist = tensor_norms_from(_with_others(hist, keys, key), keys, values_of)  # (from_records' order)
         return _note_bucketed(_noted_first(hist, cut), header, text, delim)
     try:
@@ -1301,6 +1304,9 @@ def _csv_numbers_with_gaps(text: str, header: list[str], delim: str) -> KeyColum
         body = body.replace("\r\n", "\n")
         if "\r" in body:
             return None
+    d = delim
+    if not (d + d in body or d + "\n" in body or "\n" + d in body or body[0] == d or body[-1] == d):
+        return None  # no empty cell (a search of the text, before any NumPy pass)
     raw = np.frombuffer(body.encode("ascii"), np.uint8)
     line_ends = np.flatnonzero(raw == ord("\n"))
     delims = np.flatnonzero(raw == ord(delim))
