@@ -516,8 +516,7 @@ def _event(buf: bytes) -> tuple[int, int, Any]:
         t, v, i = _tag_at(buf, i, n)
         f = t >> 3
         if t == 2 << 3 | VARINT:
-            v &= (1 << 64) - 1
-            step = v - (1 << 64) if v >> 63 else v  # int64
+            step = _signed(v, 64)  # int64
         elif f in _EVENT_WHAT and t & 7 == LENGTH_DELIMITED:
             if f in _STRINGS_OF:
                 _check_message(v, _STRINGS_OF[f])
@@ -668,9 +667,7 @@ def _tensor_scalar(tensor: bytes) -> float | None:
         elif field == 13:  # the 16 bits of a half or bfloat16
             raw = np.array([numbers[0] & 0xFFFF], np.uint16).view(np_type)
         else:  # an int32 or int64 field: the varint's low bits, two's complement, cast as make_ndarray does
-            bits = 64 if field == 10 else 32
-            x = numbers[0] & ((1 << bits) - 1)
-            raw = np.array([x - (1 << bits) if x >> (bits - 1) else x], np.int64).astype(np_type)
+            raw = np.array([_signed(numbers[0], 64 if field == 10 else 32)], np.int64).astype(np_type)
     if dtype == _BFLOAT16:
         return float((raw.astype(np.uint32) << 16).view(np.float32)[0])
     return float(raw[0])
@@ -700,6 +697,13 @@ def _repeated(field: int, pieces: list[tuple[int, Any]]) -> list[Any]:
     return out
 
 
+def _signed(v: int, bits: int) -> int:
+    """A varint's value as a protobuf field of ``bits``-bit signed integers reads it: its low bits, two's
+    complement (int32, int64)."""
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if v >> (bits - 1) else v
+
+
 def _dim_sizes(shape: bytes) -> list[int]:
     """The ``size`` (int64) of each ``dim`` of a ``TensorShapeProto``."""
     sizes = []
@@ -711,8 +715,7 @@ def _dim_sizes(shape: bytes) -> list[int]:
             while j < m:
                 u, w, j = _tag_at(v, j, m)
                 if u == 1 << 3 | VARINT:
-                    w &= (1 << 64) - 1
-                    size = w - (1 << 64) if w >> 63 else w
+                    size = _signed(w, 64)
             sizes.append(size)
     return sizes
 
