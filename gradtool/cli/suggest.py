@@ -296,13 +296,13 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
 
 def _logged_tensor_norms(history: Any, select: tuple[str, ...],
                          exclude: tuple[str, ...]) -> dict[str, dict[str, list[float]]]:
-    """The per-tensor series a log gives (Lightning's per-parameter norms: ``NormHistory.tensor_norms``),
-    by mode, the tensors chosen by --select/--exclude: ``norm`` from the L2 norms, ``value`` from the max
+    """The per-tensor series a log gives (Lightning's per-parameter norms:
+    ``NormHistory.tensor_norm_arrays``), by mode, the tensors chosen by --select/--exclude: ``norm`` from the L2 norms, ``value`` from the max
     |g| (grad_inf_norm). Never ``average-norm``: a log gives no tensor's element count."""
     from ..summarize import name_selected
 
     out = {}
-    for mode, series in (("norm", history.tensor_norms), ("value", history.tensor_max_abs)):
+    for mode, series in (("norm", history.tensor_norm_arrays), ("value", history.tensor_max_abs_arrays)):
         chosen = {n: v for n, v in series.items() if name_selected(n, select, exclude)}
         if chosen:
             out[mode] = chosen
@@ -311,12 +311,12 @@ def _logged_tensor_norms(history: Any, select: tuple[str, ...],
 
 def _why_not_from_log(mode: str, history: Any, logs_read: list[Any]) -> str:
     """Why a per-tensor ``mode`` cannot be derived from the logs read."""
-    if len(logs_read) > 1 and any(log.tensor_norms or log.tensor_max_abs for log in logs_read):
+    if len(logs_read) > 1 and any(log.tensor_norm_arrays or log.tensor_max_abs_arrays for log in logs_read):
         return "per-parameter norms are read from one log at a time; give that log alone"
-    if mode == "average-norm" and history.tensor_norms:
+    if mode == "average-norm" and history.tensor_norm_arrays:
         return ("a log's per-parameter norms come without the tensors' sizes; average-norm needs gradient "
                 "dumps")
-    if mode == "value" and history.tensor_norms:
+    if mode == "value" and history.tensor_norm_arrays:
         return ("the log's per-parameter norms are L2 norms; value needs max |g| (Lightning's "
                 "grad_norm(norm_type='inf')) or gradient dumps")
     return "a training log carries only the global norm; per-tensor modes need gradient dumps"

@@ -155,7 +155,8 @@ def _history(h):
 
 
 _LOG_KEYS = st.sampled_from(["step", "global_step", "grad_norm", "loss", "learning_rate", "eval_loss",
-                             "grad_norm_clipped", "grad_2.0_norm/w", "grad_2.0_norm_total", "_step"])
+                             "grad_norm_clipped", "grad_2.0_norm/w", "grad_2.0_norm_total", "_step",
+                             "grad_2.0_norm/v", "grad_inf_norm/w"])
 _LOG_VALUES = st.one_of(st.integers(-3, 60), st.floats(width=32), st.floats(0, 10),
                         st.sampled_from(list(_WORDS)), st.integers(2**60, 2**62), st.floats(1e15, 1e17))
 

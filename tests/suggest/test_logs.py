@@ -534,6 +534,8 @@ _csv_header = st.sampled_from([["step", "grad_norm", "loss"], ["grad_norm"],
                                # per-parameter norms (Lightning's grad_norm): taken from the whole table
                                ["step", "grad_2.0_norm_total", "grad_2.0_norm/w", "grad_inf_norm/w"],
                                ["grad_2.0_norm_total", "grad_2.0_norm/w"],
+                               # two parameters, each logged in its own rows (empty cells): found apart
+                               ["step", "grad_2.0_norm/v", "grad_2.0_norm_total", "grad_2.0_norm/w"],
                                ["step", "grad_2.0_norm_total", "grad_2.0_norm/w", "grad_2.0_norm/w"]])
 
 
