@@ -3,6 +3,8 @@
 
     python benchmarks/bench.py            # full size (GPT-2-small-shaped dump, ~500 MB per format)
     python benchmarks/bench.py --quick    # a tenth of the size, for a smoke run
+    python benchmarks/bench.py --logs-only  # suggest-threshold on each kind of log, with and without
+                                            # the compiled readers (a few minutes)
 
 Builds its workloads in a temporary directory, warms the page cache, and measures gradtool (as a user
 runs it: the installed CLI in a subprocess, and the library in-process) next to its baselines: a raw
@@ -132,8 +134,10 @@ def clip_command(src: str, out: str, max_norm: str, durable: bool) -> list[str]:
                              "--format", "json"] + ([] if durable else ["--no-fsync"])
 
 
-def run_measured(cmd: list[str], repeat: int = 3, cwd: str | None = None) -> tuple[float, float]:
-    """(median wall seconds, peak RSS MiB) of a command run as its own process."""
+def run_measured(cmd: list[str], repeat: int = 3, cwd: str | None = None,
+                 env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(median wall seconds, peak RSS MiB) of a command run as its own process (``env``: more
+    environment variables)."""
     wrapper = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
                "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
                "w = time.perf_counter() - t; "
@@ -141,7 +145,7 @@ def run_measured(cmd: list[str], repeat: int = 3, cwd: str | None = None) -> tup
     walls, rss = [], []
     for _ in range(repeat):
         out = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, cwd=cwd,
-                             env=CLI_ENV).stdout.split()
+                             env={**CLI_ENV, **(env or {})}).stdout.split()
         if out[2] != "0":
             raise SystemExit(f"command failed: {' '.join(cmd)}")
         walls.append(float(out[0]))
@@ -259,6 +263,22 @@ def write_per_parameter_log(path: str, norms: np.ndarray, parameters: int = 500)
             f.write(f'{{"step": {i}, "train_loss": 2.0, "grad_2.0_norm_total": {float(v)!r}, {cells}}}\n')
 
 
+def write_lightning_csv(path: str, norms: np.ndarray, parameters: int = 500, val_every: int = 500) -> None:
+    """Lightning's ``metrics.csv`` of ``self.log_dict(grad_norm(self, norm_type=2))``: a row per step of
+    ``norms`` (the total) with ``parameters`` norms more, and every ``val_every`` steps a validation row
+    whose other cells are empty (the CSVLogger writes one table of every metric logged)."""
+    scale = np.linspace(0.05, 0.5, parameters)
+    names = [f"grad_2.0_norm/layers.{k // 4}.{'qkvo'[k % 4]}_proj.weight" for k in range(parameters)]
+    empty = "," * (parameters + 2)
+    with open(path, "w") as f:
+        f.write(",".join(["epoch", "step", "train_loss", "grad_2.0_norm_total", *names, "val_loss"]) + "\n")
+        for i, v in enumerate(norms):
+            cells = ",".join(map(repr, (scale * float(v)).tolist()))
+            f.write(f"0,{i},2.0,{float(v)!r},{cells},\n")
+            if i % val_every == val_every - 1:
+                f.write(f"0,{i}{empty},1.5\n")
+
+
 def write_megatron_log(path: str, norms: np.ndarray) -> None:
     """A Megatron-LM console log: one ``iteration N/ M | ... | grad norm: X |`` line per value."""
     with open(path, "w") as f:
@@ -268,11 +288,65 @@ def write_megatron_log(path: str, norms: np.ndarray) -> None:
                      "iterations: 0 |\n" for i, v in enumerate(norms))
 
 
+def measure_logs(tmp: str, rows: list[tuple[str, str, str, str]]) -> None:
+    """Target 7's rows: ``suggest-threshold`` on a log of 10^6 points of each kind gradtool reads (built in
+    ``tmp``), each timed as a user runs it, and again with ``GRADTOOL_NO_KERNELS=1``: what a user without
+    the compiled readers gets (no wheels: an install without a C compiler)."""
+    no_kernels = {"GRADTOOL_NO_KERNELS": "1"}
+
+    def timed(what: str, target: str, fmt: str, base: str) -> None:
+        cmd = gradtool_cmd() + ["suggest-threshold", target, "--format", fmt]
+        t_sug, _ = run_measured(cmd, 1)
+        t_plain, _ = run_measured(cmd, 1, env=no_kernels)
+        rows.append((f"suggest-threshold on {what}", f"{t_sug:.2f} s; {t_plain:.2f} s without the extension",
+                     base, "-"))
+        print(f"suggest {what}: {t_sug:.2f}s; without the extension {t_plain:.2f}s", flush=True)
+
+    log = os.path.join(tmp, "big.jsonl")
+    rng = np.random.default_rng(0)
+    norms = np.exp(rng.normal(0, 0.3, 1_000_000))
+    with open(log, "w") as f:
+        for i, v in enumerate(norms):
+            f.write(f'{{"step": {i}, "grad_norm": {float(v)!r}, "loss": 2.0}}\n')
+    timed("a 10^6-line JSONL log", log, "value", "target ~1 s")
+    csv_log = os.path.join(tmp, "big.csv")
+    with open(csv_log, "w") as f:
+        f.write("step,loss,grad_norm\n")
+        f.writelines(f"{i},2.0,{float(v)!r}\n" for i, v in enumerate(norms))
+    timed("a 10^6-row CSV log", csv_log, "value", "target ~1 s")
+    t_jsonl = rows[-2][1].split(";")[0]
+    for what, make, path in (
+            ("an MLflow file-store run of 10^6 points", lambda p: write_mlflow_run(p, norms), tmp),
+            ("an MLflow mlflow.db of 10^6 points", lambda p: write_mlflow_db(p, norms),
+             os.path.join(tmp, "mlflow.db")),
+            ("a W&B run log of 10^6 points (8 values a record)", lambda p: write_wandb_log(p, norms),
+             os.path.join(tmp, "run-bench.wandb")),
+            ("a Trackio project of 10^6 rows", lambda p: write_trackio_db(p, norms),
+             os.path.join(tmp, "bench.db")),
+            ("a Megatron text log of 10^6 lines", lambda p: write_megatron_log(p, norms),
+             os.path.join(tmp, "train.log")),
+            ("a TensorBoard event file of 10^5 steps (3x10^5 scalar events)",
+             lambda p: write_tensorboard_log(p, norms[:100_000]), os.path.join(tmp, "tb")),
+            ("a TensorFlow 2 event file of 10^5 steps (3x10^5 tf.summary.scalar events)",
+             lambda p: write_tensorboard_log(p, norms[:100_000], tf2=True), os.path.join(tmp, "tb2")),
+            ("a JSON Lines log of per-parameter norms, 2,000 steps x 500 parameters (10^6 points; "
+             "global-norm and norm modes, --format json)",
+             lambda p: write_per_parameter_log(p, norms[:2_000]), os.path.join(tmp, "params.jsonl")),
+            ("a Lightning metrics.csv of per-parameter norms, 20,000 steps x 500 parameters (10^7 points, "
+             "validation rows of empty cells; --format json)",
+             lambda p: write_lightning_csv(p, norms[:20_000]), os.path.join(tmp, "metrics.csv"))):
+        target = make(path) or path
+        fmt = "json" if target.endswith(("params.jsonl", "metrics.csv")) else "value"  # (two modes)
+        timed(what, target, fmt, f"{t_jsonl} (10^6-line JSONL)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a tenth of the sizes")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", dest="json_out", default=None, help="also write the figures as JSON here")
+    ap.add_argument("--logs-only", action="store_true",
+                    help="only suggest-threshold on the logs (target 7), with and without the extension")
     args = ap.parse_args()
     scale = 0.1 if args.quick else 1.0
     rep = args.repeat
@@ -290,6 +364,13 @@ def main() -> None:
         print(f"{what:60s} {ours:9.4f} vs {base:9.4f} {base_name:28s} ratio {ratio:.2f}", flush=True)
 
     tmp = tempfile.mkdtemp(prefix="gradtool-bench-")
+    if args.logs_only:
+        try:
+            measure_logs(tmp, rows)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        report(rows, args.json_out)
+        return
     try:
         big = make_tensors(gpt2_shapes(scale))
         nbytes = sum(a.nbytes for a in big.values())
@@ -640,48 +721,15 @@ def main() -> None:
         add(f"stats in-process on 32 dumps of {len(small_dump)} small tensors vs raw read",
             hist_bytes / t_hist / 1e9, hist_bytes / t_raw_hist / 1e9, "raw read", higher_is_better=True,
             unit="GB/s")
-        log = os.path.join(tmp, "big.jsonl")
-        rng = np.random.default_rng(0)
-        norms = np.exp(rng.normal(0, 0.3, 1_000_000))
-        with open(log, "w") as f:
-            for i, v in enumerate(norms):
-                f.write(f'{{"step": {i}, "grad_norm": {float(v)!r}, "loss": 2.0}}\n')
-        t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", log, "--format", "value"], 1)
-        rows.append(("suggest-threshold on a 10^6-line JSONL log", f"{t_sug:.2f} s", "target ~1 s", "-"))
-        print(f"suggest 1e6 JSONL: {t_sug:.2f}s")
-        csv_log = os.path.join(tmp, "big.csv")
-        with open(csv_log, "w") as f:
-            f.write("step,loss,grad_norm\n")
-            f.writelines(f"{i},2.0,{float(v)!r}\n" for i, v in enumerate(norms))
-        t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", csv_log, "--format", "value"], 1)
-        rows.append(("suggest-threshold on a 10^6-row CSV log", f"{t_sug:.2f} s", "target ~1 s", "-"))
-        print(f"suggest 1e6 CSV: {t_sug:.2f}s")
-        t_jsonl = rows[-2][1]
-        for what, make, path in (
-                ("an MLflow file-store run of 10^6 points", lambda p: write_mlflow_run(p, norms), tmp),
-                ("an MLflow mlflow.db of 10^6 points", lambda p: write_mlflow_db(p, norms),
-                 os.path.join(tmp, "mlflow.db")),
-                ("a W&B run log of 10^6 points (8 values a record)", lambda p: write_wandb_log(p, norms),
-                 os.path.join(tmp, "run-bench.wandb")),
-                ("a Trackio project of 10^6 rows", lambda p: write_trackio_db(p, norms),
-                 os.path.join(tmp, "bench.db")),
-                ("a Megatron text log of 10^6 lines", lambda p: write_megatron_log(p, norms),
-                 os.path.join(tmp, "train.log")),
-                ("a TensorBoard event file of 10^5 steps (3x10^5 scalar events)",
-                 lambda p: write_tensorboard_log(p, norms[:100_000]), os.path.join(tmp, "tb")),
-                ("a TensorFlow 2 event file of 10^5 steps (3x10^5 tf.summary.scalar events)",
-                 lambda p: write_tensorboard_log(p, norms[:100_000], tf2=True), os.path.join(tmp, "tb2")),
-                ("a JSON Lines log of per-parameter norms, 2,000 steps x 500 parameters (10^6 points; "
-                 "global-norm and norm modes, --format json)",
-                 lambda p: write_per_parameter_log(p, norms[:2_000]), os.path.join(tmp, "params.jsonl"))):
-            target = make(path) or path
-            fmt = "json" if target.endswith("params.jsonl") else "value"  # (two modes: no single value)
-            t_sug, _ = run_measured(gradtool_cmd() + ["suggest-threshold", target, "--format", fmt], 1)
-            rows.append((f"suggest-threshold on {what}", f"{t_sug:.2f} s", f"{t_jsonl} (10^6-line JSONL)", "-"))
-            print(f"suggest {what}: {t_sug:.2f}s")
+        measure_logs(tmp, rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+    report(rows, args.json_out)
+
+
+def report(rows: list[tuple[str, str, str, str]], json_out: str | None) -> None:
+    """The table of ``rows`` on stdout (Markdown), and as JSON in ``json_out`` when given."""
     print()
     print(f"Results {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, NumPy {np.__version__}")
@@ -690,8 +738,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
+    if json_out:
+        with open(json_out, "w") as f:
             json.dump(rows, f, indent=1)
 
 
