@@ -13,7 +13,7 @@ Files must be readable by every worker at the same path (a shared filesystem).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .backend import dtype_name, is_floating_dtype
@@ -80,17 +80,9 @@ def summarize_refs(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclu
     p = parse_norm_type(norm_type)
     if engine == "local":
         out: list[DumpSummary | None] = [None] * len(refs)
-        position = {id(ref): i for i, ref in enumerate(refs)}
-        for ref, reader in open_each(refs, on_unreadable):
-            try:
-                out[position[id(ref)]] = summarize_dump(reader, step=ref.step, select=select, exclude=exclude,
-                                                        norm_type=p, xp=xp)
-            except InputError as exc:
-                if on_unreadable is None:
-                    raise
-                on_unreadable(ref.label, exc)
-            if on_dump:
-                on_dump(1)
+        for i, summary in each_summary(refs, select=select, exclude=exclude, norm_type=p, xp=xp,
+                                       on_dump=on_dump, on_unreadable=on_unreadable):
+            out[i] = summary
         return with_fallback_steps(refs, out)
     if engine != "dask":
         raise UsageError(f"--engine must be one of {', '.join(ENGINES)}")
@@ -103,6 +95,28 @@ def summarize_refs(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclu
                          "save the dump to a file first")
     summaries = _summarize_dask(refs, select, exclude, p, scheduler, on_dump, on_unreadable)
     return with_fallback_steps(refs, summaries)
+
+
+def each_summary(refs: Sequence[DumpRef], *, select: Sequence[str] = (), exclude: Sequence[str] = (),
+                 norm_type: float = 2.0, xp: Any = None, on_dump: Callable[[int], None] | None = None,
+                 on_unreadable: OnUnreadable | None = None) -> Iterator[tuple[int, DumpSummary]]:
+    """(position in ``refs``, summary) of each dump in turn, computed here (the local engine), one dump
+    held at a time: a caller that keeps what it needs of each (a history's series, its output) does not
+    hold every tensor's statistics of every step. Steps are the metadata's or None: see
+    :func:`with_fallback_steps` for the rest. ``on_unreadable`` as in :func:`summarize_refs`."""
+    position = {id(ref): i for i, ref in enumerate(refs)}
+    for ref, reader in open_each(refs, on_unreadable):
+        try:
+            summary = summarize_dump(reader, step=ref.step, select=select, exclude=exclude, norm_type=norm_type,
+                                     xp=xp)
+        except InputError as exc:
+            if on_unreadable is None:
+                raise
+            on_unreadable(ref.label, exc)
+        else:
+            yield position[id(ref)], summary
+        if on_dump:
+            on_dump(1)
 
 
 def with_fallback_steps(refs: Sequence[DumpRef],

@@ -420,16 +420,45 @@ def streamed_stats(reader: DumpReader, info: TensorInfo, norm_type: float = 2.0)
 
 @dataclass
 class DumpHistory:
-    """Per-step series from a history of dumps: the global norm, and each tensor's L2 norm and max |g|."""
+    """Per-step series from a history of dumps: the global norm, and each tensor's L2 norm and max |g|
+    (float64 arrays, NaN at a step whose dump lacks the tensor)."""
 
     steps: list[int]
     global_norms: list[float]
     loss: list[float | None]
     lr: list[float | None]
-    tensor_norms: dict[str, list[float]]
-    tensor_max_abs: dict[str, list[float]]
+    tensor_norms: dict[str, Any]
+    tensor_max_abs: dict[str, Any]
     tensor_sizes: dict[str, int]
     repeated_steps: list[int] = field(default_factory=list)  # in several dumps: the one given last is used
+
+
+@dataclass
+class StepSeries:
+    """What a history keeps of one dump's summary: its step, global norm, loss and learning rate, and
+    each tensor's name, size, kind, L2 norm and max |g| (arrays), not every statistic of every tensor (a
+    history of 32 dumps of 20,000 tensors held 0.5 GB of them). Names are shared between steps."""
+
+    step: int | None
+    global_norm: float
+    loss: float | None
+    lr: float | None
+    names: list[str]
+    sizes: Any  # int64
+    is_float: Any  # bool
+    norms: Any  # float64, NaN where a tensor has none
+    max_abs: Any  # float64, 0 for an empty tensor
+
+    @classmethod
+    def of(cls, summary: DumpSummary, names: dict[str, str]) -> StepSeries:
+        """``summary``'s series; ``names`` maps each name seen to the one string kept for it."""
+        tensors = summary.tensors
+        return cls(summary.step, summary.global_norm, metadata_number(summary.metadata, LOSS_KEYS),
+                   metadata_number(summary.metadata, LR_KEYS), [names.setdefault(n, n) for n, _ in tensors],
+                   np.array([t.size for _, t in tensors], dtype=np.int64),
+                   np.array([t.is_float for _, t in tensors], dtype=bool),
+                   np.array([np.nan if t.l2_norm is None else t.l2_norm for _, t in tensors], dtype=float),
+                   np.array([0.0 if t.max_abs is None else t.max_abs for _, t in tensors], dtype=float))
 
 
 def metadata_number(meta: dict[str, Any], keys: Sequence[str]) -> float | None:
@@ -445,38 +474,58 @@ def dump_history(refs: Sequence[Any], *, select: Sequence[str] = (), exclude: Se
                  xp: ModuleType | None = None, on_dump: Callable[[int], None] | None = None,
                  engine: str = "local", scheduler: str | None = None,
                  on_unreadable: Callable[[str, Any], None] | None = None) -> DumpHistory:
-    """Read every dump once (one tensor at a time) and collect the series suggest-threshold needs.
+    """Read every dump once (one tensor at a time) and collect the series suggest-threshold needs, keeping
+    of each dump only its :class:`StepSeries`.
 
     A tensor missing from some steps gets NaN there (it is then left out of those steps' statistics).
     ``engine="dask"`` reads the files on a Dask cluster (see :mod:`gradtool.engine`). ``on_unreadable``: as
-    in :func:`~gradtool.engine.summarize_refs` (an unreadable dump is reported to it and left out).
+    in :func:`~gradtool.engine.summarize_refs` (an unreadable dump is reported to it and left out). Refs
+    without steps get their metadata's, else :func:`~gradtool.io.history.fallback_steps`'.
     """
-    from .engine import summarize_refs
+    from .engine import each_summary, summarize_refs
+    from .io.history import fallback_steps
 
-    rows = summarize_refs(refs, select=select, exclude=exclude, norm_type=2, xp=xp, engine=engine,
-                          scheduler=scheduler, on_dump=on_dump, on_unreadable=on_unreadable)
-    rows.sort(key=lambda s: s.step if s.step is not None else 0)
+    kept: dict[str, str] = {}
+    if engine == "local":
+        read: list[StepSeries | None] = [None] * len(refs)
+        for i, summary in each_summary(refs, select=select, exclude=exclude, xp=xp, on_dump=on_dump,
+                                       on_unreadable=on_unreadable):
+            read[i] = StepSeries.of(summary, kept)
+        for series, step in zip(read, fallback_steps(refs, [None if r is None else r.step for r in read])):
+            if series is not None:
+                series.step = step
+        rows = [r for r in read if r is not None]
+    else:
+        rows = [StepSeries.of(s, kept) for s in summarize_refs(
+            refs, select=select, exclude=exclude, norm_type=2, xp=xp, engine=engine, scheduler=scheduler,
+            on_dump=on_dump, on_unreadable=on_unreadable)]
+    return history_of(rows)
+
+
+def history_of(rows: list[StepSeries]) -> DumpHistory:
+    """The :class:`DumpHistory` of dumps' series: in step order (stable), a step given twice keeping its
+    dump given last; each tensor's series over the steps, the tensors in the order they first appear
+    (a tensor is in the history when it is floating-point in some dump; its size is its first's)."""
+    rows = sorted(rows, key=lambda s: s.step if s.step is not None else 0)
     last = {s.step: i for i, s in enumerate(rows) if s.step is not None}  # a step given twice: the later
     repeated = sorted({s.step for i, s in enumerate(rows) if s.step is not None and last[s.step] != i})
     if repeated:  # dump (a resumed run recorded again) replaces the earlier, as a later log does
         rows = [s for i, s in enumerate(rows) if s.step is None or last[s.step] == i]
-    names: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     for s in rows:
-        for n, t in s.tensors:
-            if t.is_float:
-                names.setdefault(n, t.size)
-    norms = {n: [] for n in names}
-    maxabs = {n: [] for n in names}
-    for s in rows:
-        by = {n: t for n, t in s.tensors}
-        for n in names:
-            t = by.get(n)
-            norms[n].append(t.l2_norm if t else float("nan"))
-            maxabs[n].append((t.max_abs if t.max_abs is not None else 0.0) if t else float("nan"))
+        for n, size, floating in zip(s.names, s.sizes.tolist(), s.is_float.tolist()):
+            if floating:
+                sizes.setdefault(n, size)
+    column = {n: j for j, n in enumerate(sizes)}
+    norms = np.full((len(sizes), len(rows)), np.nan)  # a row per tensor: its series contiguous
+    maxabs = np.full((len(sizes), len(rows)), np.nan)
+    for i, s in enumerate(rows):
+        at = np.array([column.get(n, -1) for n in s.names], dtype=np.intp)
+        there = at >= 0
+        norms[at[there], i], maxabs[at[there], i] = s.norms[there], s.max_abs[there]
     return DumpHistory(
         steps=[s.step if s.step is not None else i for i, s in enumerate(rows)],
-        global_norms=[s.global_norm for s in rows],
-        loss=[metadata_number(s.metadata, LOSS_KEYS) for s in rows],
-        lr=[metadata_number(s.metadata, LR_KEYS) for s in rows],
-        tensor_norms=norms, tensor_max_abs=maxabs, tensor_sizes=names, repeated_steps=repeated,
+        global_norms=[s.global_norm for s in rows], loss=[s.loss for s in rows], lr=[s.lr for s in rows],
+        tensor_norms={n: norms[j] for n, j in column.items()},
+        tensor_max_abs={n: maxabs[j] for n, j in column.items()}, tensor_sizes=sizes, repeated_steps=repeated,
     )

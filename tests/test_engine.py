@@ -95,3 +95,20 @@ def test_cli_engine_dask_equals_local(run, history):
     assert [x["global_norm"] for x in a] == [x["global_norm"] for x in b]
     r = run("stats", history, "--engine", "dask", "--scheduler", "tcp://127.0.0.1:1")
     assert r.exit_code == 2 and "scheduler" in r.stderr
+
+
+def test_a_dump_history_on_dask_is_the_local_one(cluster, history):
+    """suggest-threshold's series (``dump_history``) from the Dask engine's summaries, as from the local
+    engine's summaries taken one at a time."""
+    from gradtool.io.history import expand_inputs
+    from gradtool.summarize import dump_history
+
+    local = dump_history(expand_inputs([history], resolve_steps=False))
+    far = dump_history(expand_inputs([history], resolve_steps=False), engine="dask",
+                       scheduler=cluster.scheduler.address)
+    assert (far.steps, far.tensor_sizes, far.repeated_steps) == (local.steps, local.tensor_sizes, [])
+    np.testing.assert_allclose(far.global_norms, local.global_norms, rtol=1e-12)
+    for name in local.tensor_norms:
+        np.testing.assert_allclose(far.tensor_norms[name], local.tensor_norms[name], rtol=1e-12)
+        np.testing.assert_array_equal(far.tensor_max_abs[name], local.tensor_max_abs[name])
+    assert math.isnan(local.tensor_norms["n"][5]) and local.steps == list(range(16))

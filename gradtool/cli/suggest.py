@@ -202,17 +202,21 @@ def _analyze(dump_inputs: list[str], log_inputs: list[str], wanted: list[str], c
     logs_read: list[Any] = []
     skipped = SkippedDumps()
     if dump_inputs:
-        from ..io.history import expand_inputs
+        from ..io.history import expand_inputs, no_readable_dump
         from ..summarize import dump_history
         from .common import check_selection, warn_unmatched_selects, warning, xp_for
 
         on_unreadable = skipped if skip_unreadable else None
-        refs = expand_inputs(dump_inputs, sharded=sharded, on_warning=warning, on_unreadable=on_unreadable,
-                             numbered_groups_are_steps=numbered_groups)
+        # steps from metadata when each dump is read (not in an extra pass: a 20,000-tensor file's index
+        # is 0.15-0.3 s)
+        refs = expand_inputs(dump_inputs, sharded=sharded, resolve_steps=False, on_warning=warning,
+                             on_unreadable=on_unreadable, numbered_groups_are_steps=numbered_groups)
         check_selection(refs, select, exclude)
         with progress(len(refs), "reading dumps") as advance:
             h = dump_history(refs, select=select, exclude=exclude, xp=xp_for(backend), on_dump=advance,
                              engine=engine, scheduler=scheduler, on_unreadable=on_unreadable)
+        if not h.steps:
+            raise no_readable_dump(dump_inputs, len(skipped))
         steps, norms, loss, lr = h.steps, h.global_norms, h.loss, h.lr
         per_tensor_series = {"norm": h.tensor_norms, "average-norm": h.tensor_norms,
                              "value": h.tensor_max_abs}
