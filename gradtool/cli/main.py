@@ -139,9 +139,24 @@ def _error(text: str) -> None:
         pass
 
 
+def _whole_writes_to_stdout() -> None:
+    """Under ``python -u`` or ``PYTHONUNBUFFERED=1`` (as many container images set it) ``sys.stdout`` writes
+    straight to the raw file, and ``TextIOWrapper`` (and ``shutil.copyfileobj`` on ``sys.stdout.buffer``)
+    drop what a write(2) leaves unwritten: an output cut short by a reader that left (``| head``) ended
+    with exit 0, its last write's rest lost without a word. A ``BufferedWriter`` over the raw file writes
+    all or raises; line buffering keeps the output as prompt as unbuffered."""
+    import io
+
+    raw = getattr(sys.stdout, "buffer", None)
+    if isinstance(raw, io.RawIOBase):
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=sys.stdout.encoding,
+                                      errors=sys.stdout.errors, line_buffering=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    _whole_writes_to_stdout()
     try:
         cli.main(args=argv, prog_name="gradtool", standalone_mode=False)
         code = 0
