@@ -86,17 +86,91 @@ def write_json(doc: Any, out: TextIO | None = None) -> None:
     out.write(dumps_json(doc) + "\n")
 
 
-def write_records(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: str, out: TextIO | None = None) -> None:
-    """jsonl: one JSON object per row; csv/tsv: a header then one row per record."""
+def write_records(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: str, out: TextIO | None = None,
+                  *, header: bool = True) -> None:
+    """jsonl: one JSON object per row; csv/tsv: a header (unless ``header`` is false) then one row per
+    record."""
     out = out or sys.stdout
     if fmt == "jsonl":
         for r in rows:
             out.write(dumps_json({c: r.get(c) for c in columns}, indent=None) + "\n")
         return
     w = csv.writer(out, delimiter="\t" if fmt == "tsv" else ",", lineterminator="\n")
-    w.writerow(columns)
+    if header:
+        w.writerow(columns)
     for r in rows:
         w.writerow([cell(r.get(c)) for c in columns])
+
+
+def json_list_item(value: Any) -> str:
+    """``value`` as :func:`dumps_json` lays it out inside a list that is a member of a top-level object
+    (``{"key": [value, ...]}``): every line indented four more spaces, so that a document of many such
+    items is written one item at a time, with :func:`json_document`, and reads as ``dumps_json``'s."""
+    return "    " + dumps_json(value).replace("\n", "\n    ")
+
+
+def json_document(key: str, items: Iterable[str], rest: dict[str, Any], out: TextIO) -> None:
+    """``write_json({key: [...], **rest})`` with the list's items given as :func:`json_list_item`
+    texts (at least one), written as they come."""
+    out.write("{\n  " + json.dumps(key) + ": [\n")
+    for k, item in enumerate(items):
+        out.write(",\n" + item if k else item)
+    out.write("\n  ]")
+    for name, value in rest.items():
+        text = dumps_json(value).replace("\n", "\n  ")
+        out.write(",\n  " + json.dumps(name, ensure_ascii=False) + ": " + text)
+    out.write("\n}\n")
+
+
+class OrderedChunks:
+    """Texts kept as they are made (in memory up to ``budget`` characters, then in a temporary file) and
+    read back in any order: a history's output is made one dump at a time, in the order the dumps are
+    read, and written in step order, which is known when the last is read (each dump's metadata may give
+    its step), without holding every dump's statistics."""
+
+    def __init__(self, budget: int = 32 << 20) -> None:
+        self.budget = budget
+        self._texts: list[str] = []  # (until the budget is spent)
+        self._held = 0
+        self._file: Any = None  # then every text here, at self._where
+        self._where: list[tuple[int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self._where) if self._file is not None else len(self._texts)
+
+    def add(self, text: str) -> None:
+        if self._file is None:
+            self._texts.append(text)
+            self._held += len(text)
+            if self._held <= self.budget:
+                return
+            import tempfile
+
+            self._file = tempfile.TemporaryFile()
+            texts, self._texts = self._texts, []
+            for t in texts:
+                self._write(t)
+            return
+        self._write(text)
+
+    def _write(self, text: str) -> None:
+        data = text.encode("utf-8", "surrogatepass")
+        self._where.append((self._file.tell(), len(data)))
+        self._file.write(data)
+
+    def __getitem__(self, i: int) -> str:
+        if self._file is None:
+            return self._texts[i]
+        start, size = self._where[i]
+        self._file.seek(start)
+        data = self._file.read(size)
+        self._file.seek(0, 2)
+        return data.decode("utf-8", "surrogatepass")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._texts = []
 
 
 def human(value: Any) -> str:
@@ -122,6 +196,15 @@ def console(stderr: bool = False) -> Any:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else 200
     return Console(file=stream, markup=False, highlight=False, emoji=False, width=width, soft_wrap=False)
+
+
+def console_like(out: Any, file: TextIO) -> Any:
+    """A console that writes to ``file`` what ``out`` (a :func:`console`) would print: the same width,
+    colours and terminal styles."""
+    from rich.console import Console
+
+    return Console(file=file, markup=False, highlight=False, emoji=False, width=out.width, soft_wrap=False,
+                   force_terminal=out.is_terminal, color_system=out.color_system)
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,

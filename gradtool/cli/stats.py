@@ -99,45 +99,143 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
                   backend: str | None, numbered_groups: bool = False) -> None:
     """Per-tensor and global gradient norms, max |g|, NaN/Inf counts of DUMP (files, directories, or a
     multi-step HDF5 file). Several dumps form a history: a per-step table and a sparkline follow."""
+    from ..core.norms import parse_norm_type
     from ..errors import ExitCode, GradtoolError
-    from ..io.history import expand_inputs, no_readable_dump
+    from ..io.history import expand_inputs, fallback_step, no_readable_dump
     from ..summarize import summarize_dump
     from .common import SkippedDumps, check_selection, spooled_inputs, warn_unmatched_selects, warning, xp_for
 
     xp = xp_for(backend)
-    from ..engine import with_fallback_steps
-
     skipped = SkippedDumps()
     on_unreadable = skipped if skip_unreadable else None
-    with spooled_inputs(dumps):  # - and pipes are read once: a multi-step HDF5 file is opened per step
+    output = StatsOutput(fmt, per_tensor, sort, top)
+    seen: set[str] | None = set() if select else None  # the tensor names, for --select's warning
+    # - and pipes are read once: a multi-step HDF5 file is opened per step
+    with spooled_inputs(dumps), output:
         # steps from metadata when each dump is opened, below (not in an extra pass)
         refs = expand_inputs(list(dumps), sharded=sharded, resolve_steps=False, on_warning=warning,
                              on_unreadable=on_unreadable, numbered_groups_are_steps=numbered_groups)
         check_selection(refs, select, exclude)
+        step_of = fallback_step(refs)
+
+        def add(summary: Any) -> None:
+            if seen is not None:
+                seen.update(n for n, _ in summary.tensors)
+            output.add(summary)
+
         if engine == "local" and len(refs) == 1 and not skipped:  # one dump: the bar counts its tensors
             with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
                 summary = summarize_dump(reader, step=refs[0].step, select=select, exclude=exclude,
                                          norm_type=norm_type, xp=xp, on_tensor=advance)
-                summaries = with_fallback_steps(refs, [summary])
+            summary.step = step_of(0, summary.step)
+            add(summary)
         else:
-            from ..engine import summarize_refs
+            from ..engine import each_summary, summarize_refs
 
             with progress(len(refs), "stats") as advance:
-                summaries = summarize_refs(refs, select=select, exclude=exclude, norm_type=norm_type, xp=xp,
-                                           engine=engine, scheduler=scheduler, on_dump=advance,
-                                           on_unreadable=on_unreadable)
-            if not summaries:
+                if engine == "local":  # each dump's output made as it is read, none of them held
+                    for i, summary in each_summary(refs, select=select, exclude=exclude,
+                                                   norm_type=parse_norm_type(norm_type), xp=xp,
+                                                   on_dump=advance, on_unreadable=on_unreadable):
+                        summary.step = step_of(i, summary.step)
+                        add(summary)
+                else:
+                    for summary in summarize_refs(refs, select=select, exclude=exclude, norm_type=norm_type,
+                                                  xp=xp, engine=engine, scheduler=scheduler, on_dump=advance,
+                                                  on_unreadable=on_unreadable):
+                        add(summary)
+            if not output.steps:
                 raise no_readable_dump(dumps, len(skipped))
-    warn_unmatched_selects(select, (n for s in summaries for n, _ in s.tensors))
-    if all(s.step is not None for s in summaries):  # a history in step order, whatever the argument order
-        summaries.sort(key=lambda s: s.step)  # (stable: a step given twice keeps its dumps' order)
-    records = [dump_record(s, sort, top) for s in summaries]
-    _render(records, summaries, fmt, per_tensor, sort, top, skipped)
+        if seen is not None:
+            warn_unmatched_selects(select, seen)
+        output.write(skipped)
     if fail_on_nonfinite:
-        bad = [(r["step"], r["path"], r["group"], r["nonfinite_tensors"]) for r in records if r["nonfinite_tensors"]]
+        bad = [(r["step"], r["path"], r["group"], r["nonfinite_tensors"]) for r in output.in_order()
+               if r["nonfinite_tensors"]]
         if bad:
             parts = [f"step {s} ({(p + '::' + g) if g else p}): {', '.join(names)}" for s, p, g, names in bad]
             raise GradtoolError("non-finite values (NaN/Inf) in " + "; ".join(parts), exit_code=ExitCode.NONFINITE)
+
+
+class StatsOutput:
+    """What ``stats`` prints, made one dump at a time: each dump's output (its JSON record, its rows, its
+    tensor table) as its summary comes, kept as text (:class:`~gradtool.cli.render.OrderedChunks`), and
+    of each dump only the per-step table's row, so that a history of any length holds no dump's tensor
+    statistics; written in step order (a history is in step order whatever the argument order: the
+    steps are known once every dump is read) by :meth:`write`."""
+
+    def __init__(self, fmt: str, per_tensor: bool | None, sort: str | None, top: int | None):
+        from . import render
+
+        self.fmt, self.per_tensor, self.sort, self.top = fmt, per_tensor, sort, top
+        self.steps: list[dict[str, Any]] = []  # the per-step table's rows, in the order read
+        self.chunks = render.OrderedChunks()
+        self.first: dict[str, Any] | None = None  # a table's one dump, shown whole if no other comes
+        self.out = render.console() if fmt == "table" else None
+
+    def __enter__(self) -> StatsOutput:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.chunks.close()
+
+    def add(self, summary: Any) -> None:
+        """A dump's summary, its step final."""
+        import io
+
+        from . import render
+
+        record = dump_record(summary, self.sort, self.top)
+        self.steps.append({k: record[k] for k in ("step", "path", "group", "global_norm", "max_tensor",
+                                                  "max_tensor_norm", "nonfinite_tensors")})
+        if self.fmt == "json":
+            self.chunks.add(render.json_list_item(record))
+        elif self.fmt in ("jsonl", "csv", "tsv"):
+            text = io.StringIO()
+            where = {"path": record["path"], "group": record["group"], "step": record["step"]}
+            render.write_records(({**where, **t} for t in record["tensors"]),
+                                 ["path", "group", "step"] + TENSOR_FIELDS, self.fmt, text, header=False)
+            self.chunks.add(text.getvalue())
+        elif self.per_tensor:
+            text = io.StringIO()
+            _print_tensor_table(record, render.console_like(self.out, text))
+            self.chunks.add(text.getvalue())
+        elif self.per_tensor is None:  # (shown when it is the only dump)
+            self.first = record if len(self.steps) == 1 else None
+
+    def order(self) -> list[int]:
+        """The dumps' places in the output: step order (stable) when every dump has a step."""
+        steps = [r["step"] for r in self.steps]
+        if None in steps:
+            return list(range(len(steps)))
+        return sorted(range(len(steps)), key=steps.__getitem__)
+
+    def in_order(self) -> list[dict[str, Any]]:
+        return [self.steps[i] for i in self.order()]
+
+    def write(self, skipped: list | None = None) -> None:
+        import sys
+
+        from . import render
+
+        order = self.order()
+        if self.fmt == "json":
+            render.json_document("dumps", (self.chunks[i] for i in order), {"skipped": list(skipped or [])},
+                                 sys.stdout)
+            return
+        if self.fmt in ("jsonl", "csv", "tsv"):
+            if self.fmt != "jsonl":
+                render.write_records([], ["path", "group", "step"] + TENSOR_FIELDS, self.fmt)  # the header
+            for i in order:
+                sys.stdout.write(self.chunks[i])
+            return
+        out = self.out
+        if self.first is not None:
+            _print_tensor_table(self.first, out)
+        for i in order if len(self.chunks) else ():
+            out.file.write(self.chunks[i])
+        if len(self.steps) > 1:
+            _print_history(self.in_order(), self.sort, self.top, out)
 
 
 def _step_rows(records: list[dict[str, Any]], sort: str | None, top: int | None) -> list[dict[str, Any]]:
@@ -177,46 +275,41 @@ def _counted(record: dict[str, Any]) -> str:
     return f"{len(counted)} floating-point tensors, {elements} elements (not counted: {listed(skipped, 5)})"
 
 
-def _render(records: list[dict[str, Any]], summaries: list, fmt: str, per_tensor: bool | None,
-            sort: str | None = None, top: int | None = None, skipped: list | None = None) -> None:
+def _print_tensor_table(r: dict[str, Any], out: Any) -> None:
+    """A dump's table of tensors (its record ``r``), and its global norm."""
     from . import render
 
-    if fmt == "json":
-        render.write_json({"dumps": records, "skipped": list(skipped or [])})
-        return
-    if fmt in ("jsonl", "csv", "tsv"):
-        rows = ({"path": r["path"], "group": r["group"], "step": r["step"], **t} for r in records for t in r["tensors"])
-        render.write_records(rows, ["path", "group", "step"] + TENSOR_FIELDS, fmt)
-        return
-    out = render.console()
-    history = len(records) > 1
-    if per_tensor or (per_tensor is None and not history):
-        for r in records:
-            title = _title(r)
-            render.print_table(title, ["tensor", "shape", "dtype", "norm", "avg norm", "max |g|", "mean", "std",
-                                       "NaN", "Inf", "zeros"],
-                               ([t["name"], t["shape"], t["dtype"], t["norm"], t["avg_norm"], t["max_abs"], t["mean"],
-                                 t["std"], t["nan_count"], t["inf_count"], t["zero_count"]] for t in r["tensors"]),
-                               right=["norm", "avg norm", "max |g|", "mean", "std", "NaN", "Inf", "zeros"], out=out)
-            nf = r["nonfinite_tensors"]
-            render.print_line(f"global norm {render.human(r['global_norm'])} over {_counted(r)}"
-                              + (f"; NON-FINITE: {', '.join(nf)}" if nf else ""), out)
-            out.print()
-    if history:
-        shown = _step_rows(records, sort, top)
-        title = f"{len(records)} steps"
-        if sort == "norm":
-            title += f" (top {len(shown)} by global norm)"
-        elif len(shown) < len(records):
-            title += f" (the first {len(shown)}; --sort norm for the largest)"
-        render.print_table(title, ["step", "global norm", "max tensor norm", "max tensor", "non-finite"],
-                           ([r["step"], r["global_norm"], r["max_tensor_norm"], r["max_tensor"],
-                             len(r["nonfinite_tensors"])] for r in shown),
-                           right=["step", "global norm", "max tensor norm", "non-finite"], out=out)
-        norms = [r["global_norm"] for r in records]
-        finite = [v for v in norms if math.isfinite(v)]
-        render.print_line(f"global norm, steps {records[0]['step']}..{records[-1]['step']} (log scale, ! = NaN/Inf):", out)
-        render.print_line(render.sparkline(norms, width=max(8, min(80, out.width))), out)  # one line
-        if finite:
-            render.print_line(f"min {render.human(min(finite))}  median {render.human(sorted(finite)[len(finite)//2])}"
-                              f"  max {render.human(max(finite))}", out)
+    render.print_table(_title(r), ["tensor", "shape", "dtype", "norm", "avg norm", "max |g|", "mean", "std",
+                                   "NaN", "Inf", "zeros"],
+                       ([t["name"], t["shape"], t["dtype"], t["norm"], t["avg_norm"], t["max_abs"], t["mean"],
+                         t["std"], t["nan_count"], t["inf_count"], t["zero_count"]] for t in r["tensors"]),
+                       right=["norm", "avg norm", "max |g|", "mean", "std", "NaN", "Inf", "zeros"], out=out)
+    nf = r["nonfinite_tensors"]
+    render.print_line(f"global norm {render.human(r['global_norm'])} over {_counted(r)}"
+                      + (f"; NON-FINITE: {', '.join(nf)}" if nf else ""), out)
+    out.print()
+
+
+def _print_history(records: list[dict[str, Any]], sort: str | None, top: int | None, out: Any) -> None:
+    """A history's per-step table (``records``: each step's row, in step order) and sparkline."""
+    from . import render
+
+    shown = _step_rows(records, sort, top)
+    title = f"{len(records)} steps"
+    if sort == "norm":
+        title += f" (top {len(shown)} by global norm)"
+    elif len(shown) < len(records):
+        title += f" (the first {len(shown)}; --sort norm for the largest)"
+    render.print_table(title, ["step", "global norm", "max tensor norm", "max tensor", "non-finite"],
+                       ([r["step"], r["global_norm"], r["max_tensor_norm"], r["max_tensor"],
+                         len(r["nonfinite_tensors"])] for r in shown),
+                       right=["step", "global norm", "max tensor norm", "non-finite"], out=out)
+    norms = [r["global_norm"] for r in records]
+    finite = [v for v in norms if math.isfinite(v)]
+    render.print_line(f"global norm, steps {records[0]['step']}..{records[-1]['step']} "
+                      "(log scale, ! = NaN/Inf):", out)
+    render.print_line(render.sparkline(norms, width=max(8, min(80, out.width))), out)  # one line
+    if finite:
+        median = sorted(finite)[len(finite) // 2]
+        render.print_line(f"min {render.human(min(finite))}  median {render.human(median)}"
+                          f"  max {render.human(max(finite))}", out)

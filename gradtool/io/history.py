@@ -382,15 +382,26 @@ def fallback_steps(refs: Sequence[DumpRef], known: Sequence[int | None]) -> list
     position in the history (None for standard input)."""
     if None not in known:
         return list(known)
+    step_of = fallback_step(refs)
+    return [step_of(order, step) for order, step in enumerate(known)]
+
+
+def fallback_step(refs: Sequence[DumpRef]) -> Callable[[int, int | None], int | None]:
+    """:func:`fallback_steps` one dump at a time, for a caller that learns each dump's metadata step as
+    it reads it: ``step_of(i, known)`` is the step of ``refs[i]`` whose metadata gives ``known``."""
     named = [i for i, ref in enumerate(refs) if ref.path != "-" and not _FD_PATH.fullmatch(ref.path)]
-    by_name = dict(zip(named, steps_from_filenames([refs[i].path for i in named])))
-    steps: list[int | None] = []
-    for order, (ref, step) in enumerate(zip(refs, known)):
-        if step is None:
-            step = by_name.get(order)
-            step = None if ref.path == "-" else order if step is None else step
-        steps.append(step)
-    return steps
+    by_name: dict[int, int | None] | None = None  # (file names parsed when first needed)
+
+    def step_of(order: int, known: int | None) -> int | None:
+        nonlocal by_name
+        if known is not None:
+            return known
+        if by_name is None:
+            by_name = dict(zip(named, steps_from_filenames([refs[i].path for i in named])))
+        step = by_name.get(order)
+        return None if refs[order].path == "-" else order if step is None else step
+
+    return step_of
 
 
 def _metadata_step(ref: DumpRef) -> int | None:
