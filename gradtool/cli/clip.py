@@ -169,7 +169,7 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
     from ..io.atomic import check_output_path, output_directories
     from ..io.detect import output_format
     from ..io.dump import make_writer
-    from ..io.history import expand_inputs, fallback_steps, open_each
+    from ..io.history import expand_inputs, fallback_step, open_each
     from .common import SkippedDumps, check_selection, spooled_inputs, warn_unmatched_selects, warning, xp_for
 
     spec = ClipSpec(mode=mode, max=max_, min=min_, axes=_parse_axes(axes), use_norm=use_norm,
@@ -202,57 +202,82 @@ def clip_command(dumps: tuple[str, ...], output: str | None, mode: str, max_: fl
             if out not in (None, "-"):
                 check_output_path(out, force=force, inputs=all_inputs)
         report_stream = sys.stderr if output == "-" else sys.stdout
-        reports: list[dict[str, Any]] = []
-        report_of: dict[int, dict[str, Any]] = {}  # id(ref) -> its report, for the steps below
+        step_of = fallback_step(refs)  # the metadata's step, else the file name's, else the position's
+        place = {id(ref): i for i, ref in enumerate(refs)}
+        considered: set[str] = set()  # the float tensors selected, over every dump (for --select's warning)
+        report = clip_output(fmt, per_tensor, report_stream)
         single = len(refs) == 1
         total = len(refs)
         if single and sys.stderr.isatty():  # one dump: count tensor passes (global-norm reads each twice)
             with refs[0].open() as r:  # for the progress bar only, which a terminal alone shows (an open of
                 total = len(r.tensors) * (2 if mode == "global-norm" else 1)  # 20,000 tensors: ~0.3 s)
-        with progress(total, "clip") as progress_advance:
-            per_tensor_advance = progress_advance if single else None
+        with report:
+            with progress(total, "clip") as progress_advance:
+                per_tensor_advance = progress_advance if single else None
 
-            def advance(n: int) -> None:
-                if not single:
-                    progress_advance(n)
+                def done(ref: Any, result: Any, written_to: str | None) -> None:
+                    """A dump clipped: its report made (not held), the bar advanced."""
+                    record = _record(result, written_to)
+                    record["step"] = step_of(place[id(ref)], record["step"])
+                    considered.update(_selected_names([record]))
+                    report.add(record)
+                    if not single:
+                        progress_advance(1)
 
-            for source in sources:
-                src_refs = [r for r in refs if r.path == source]
-                target = outputs[source]
-                fmt_in = src_refs[0].format
-                if target is None:
-                    for ref, reader in open_each(src_refs):
-                        reports.append(_record(clip_dump(reader, None, spec, step=ref.step, xp=xp,
-                                                         on_tensor=per_tensor_advance), None))
-                        report_of[id(ref)] = reports[-1]
-                        advance(1)
-                    continue
-                out_fmt = output_format(target, fmt_in) if target != "-" else fmt_in
-                final = target
-                with _output_file(target, force, all_inputs, durable=not no_fsync) as tmp, ExitStack() as stack:
-                    history = any(r.group for r in src_refs)
-                    first_meta = {} if history else None
-                    writer = None
-                    for ref, reader in open_each(src_refs):
-                        if writer is None:  # an npz written like the first input: compressed or not
-                            compress = bool(getattr(reader, "compressed", False)) and fmt_in == "npz"
-                            writer = stack.enter_context(make_writer(tmp, out_fmt, first_meta, compress=compress))
-                        meta = reader.metadata_outside_members()
-                        if history:
-                            writer.begin_step(ref.group, meta)
-                        else:
-                            writer.metadata.update(meta)
-                            _set_root_meta(writer, meta)
-                        reports.append(_record(clip_dump(reader, writer, spec, step=ref.step, xp=xp,
-                                                         on_tensor=per_tensor_advance), final))
-                        report_of[id(ref)] = reports[-1]
-                        advance(1)
-        known = [report_of[id(r)]["step"] if id(r) in report_of else r.step for r in refs]
-        for ref, step in zip(refs, fallback_steps(refs, known)):  # the file name's, else the position's
-            if id(ref) in report_of:
-                report_of[id(ref)]["step"] = step
-        warn_unmatched_selects(select, _selected_names(reports), "floating-point tensor")
-        _render(reports, fmt, report_stream, per_tensor, skipped)
+                for source in sources:
+                    src_refs = [r for r in refs if r.path == source]
+                    target = outputs[source]
+                    fmt_in = src_refs[0].format
+                    if target is None:
+                        for ref, reader in open_each(src_refs):
+                            done(ref, clip_dump(reader, None, spec, step=ref.step, xp=xp,
+                                                on_tensor=per_tensor_advance), None)
+                        continue
+                    out_fmt = output_format(target, fmt_in) if target != "-" else fmt_in
+                    final = target
+                    with (_output_file(target, force, all_inputs, durable=not no_fsync) as tmp,
+                          ExitStack() as stack):
+                        history = any(r.group for r in src_refs)
+                        first_meta = {} if history else None
+                        writer = None
+                        for ref, reader in open_each(src_refs):
+                            if writer is None:  # an npz written like the first input: compressed or not
+                                compress = bool(getattr(reader, "compressed", False)) and fmt_in == "npz"
+                                writer = stack.enter_context(make_writer(tmp, out_fmt, first_meta,
+                                                                         compress=compress))
+                            meta = reader.metadata_outside_members()
+                            if history:
+                                writer.begin_step(ref.group, meta)
+                            else:
+                                writer.metadata.update(meta)
+                                _set_root_meta(writer, meta)
+                            done(ref, clip_dump(reader, writer, spec, step=ref.step, xp=xp,
+                                                on_tensor=per_tensor_advance), final)
+            warn_unmatched_selects(select, considered, "floating-point tensor")
+            _write_report(report, fmt, per_tensor, skipped)
+
+
+def clip_output(fmt: str, per_tensor: bool | None, stream: Any) -> Any:
+    """What ``clip`` reports of its dumps (:func:`_record`), made one dump at a time, in the order they
+    are clipped (:class:`~gradtool.cli.render.RecordsOutput`): of each dump only its row of the steps'
+    table is held. A table shows each dump's tensors with ``--per-tensor``, else a lone dump's."""
+    from .render import RecordsOutput
+
+    return RecordsOutput(fmt, ["input", "group", "step", "output"], REPORT_TENSOR_FIELDS, STEP_FIELDS,
+                         _print_report_table, tables="all" if per_tensor else "lone", by_step=False,
+                         stream=stream)
+
+
+STEP_FIELDS = ["input", "group", "step", "output", "mode", "max", "global_norm_before", "global_norm_after",
+               "scale", "clipped_tensors", "clipped_elements"]
+
+
+def _write_report(report: Any, fmt: str, per_tensor: bool | None, skipped: list | None) -> None:
+    """The report's records (:func:`clip_output`), then, for a table of several dumps without
+    --per-tensor, the steps' table."""
+    report.write(skipped)
+    if fmt == "table" and len(report.records) > 1 and not per_tensor:
+        _render_history(report.in_order(), report.out)
 
 
 def _selected_names(reports: list[dict[str, Any]]) -> set[str]:
@@ -312,33 +337,29 @@ def _record(res: Any, output: str | None) -> dict[str, Any]:
 
 def _render(reports: list[dict[str, Any]], fmt: str, stream: Any, per_tensor: bool | None = None,
             skipped: list | None = None) -> None:
+    with clip_output(fmt, per_tensor, stream) as report:
+        for r in reports:
+            report.add(r)
+        _write_report(report, fmt, per_tensor, skipped)
+
+
+def _print_report_table(r: dict[str, Any], out: Any) -> None:
+    """A dump's table of what clipping changed in each tensor (its record ``r``), and its global norm."""
     from . import render
 
-    if fmt == "json":
-        render.write_json({"dumps": reports, "skipped": list(skipped or [])}, stream)
-        return
-    if fmt in ("jsonl", "csv", "tsv"):
-        rows = ({"input": r["input"], "group": r["group"], "step": r["step"], "output": r["output"], **t}
-                for r in reports for t in r["tensors"])
-        render.write_records(rows, ["input", "group", "step", "output"] + REPORT_TENSOR_FIELDS, fmt, stream)
-        return
-    out = render.console(stderr=stream is sys.stderr)
-    if len(reports) > 1 and not per_tensor:
-        _render_history(reports, out)
-        return
-    for r in reports:
-        where = r["input"] + (f"::{r['group']}" if r["group"] else "")
-        dest = r["output"] or "(dry run, nothing written)"
-        render.print_table(f"{where} -> {dest}  (step {r['step']}, {r['mode']}, max {render.human(r['max'])})",
-                           ["tensor", "norm before", "norm after", "clipped", "elements changed"],
-                           ([t["name"], t["norm_before"], t["norm_after"],
-                             t["clipped"] if not t["skipped"] else t["skipped"], t["clipped_elements"]]
-                            for t in r["tensors"]),
-                           right=["norm before", "norm after", "elements changed"], out=out)
-        scale = f", scale {render.human(r['scale'])}" if r["scale"] is not None else ""
-        render.print_line(f"global norm {render.human(r['global_norm_before'])} -> {render.human(r['global_norm_after'])}"
-                          f"{scale}; {r['clipped_tensors']} tensors, {r['clipped_elements']} elements changed", out)
-        out.print()
+    where = r["input"] + (f"::{r['group']}" if r["group"] else "")
+    dest = r["output"] or "(dry run, nothing written)"
+    render.print_table(f"{where} -> {dest}  (step {r['step']}, {r['mode']}, max {render.human(r['max'])})",
+                       ["tensor", "norm before", "norm after", "clipped", "elements changed"],
+                       ([t["name"], t["norm_before"], t["norm_after"],
+                         t["clipped"] if not t["skipped"] else t["skipped"], t["clipped_elements"]]
+                        for t in r["tensors"]),
+                       right=["norm before", "norm after", "elements changed"], out=out)
+    scale = f", scale {render.human(r['scale'])}" if r["scale"] is not None else ""
+    before, after = render.human(r["global_norm_before"]), render.human(r["global_norm_after"])
+    render.print_line(f"global norm {before} -> {after}{scale}; {r['clipped_tensors']} tensors, "
+                      f"{r['clipped_elements']} elements changed", out)
+    out.print()
 
 
 def _render_history(reports: list[dict[str, Any]], out: Any) -> None:

@@ -173,6 +173,78 @@ class OrderedChunks:
         self._texts = []
 
 
+class RecordsOutput:
+    """A report of one record per dump (``stats``' summaries, ``clip``'s changes) made one record at a
+    time, as each dump is done: its JSON (:func:`json_list_item`), its rows (jsonl/csv/tsv: the record's
+    ``where`` fields and each of its ``tensors``' ``fields``) or its table (``print_record(record, out)``)
+    kept as text in :class:`OrderedChunks`, and of the record only its ``kept`` fields, so that a history
+    of any length holds no dump's tensor statistics. :meth:`write` writes them when every record is in,
+    in step order when ``by_step`` (stable; when every record has a step), else in the order they came;
+    output cut short by an error is never begun. ``tables``: each record's table is shown ("all"), or
+    only that of a record that stays the only one ("lone"), or none ("none")."""
+
+    def __init__(self, fmt: str, where: Sequence[str], fields: Sequence[str], kept: Sequence[str],
+                 print_record: Any, *, tables: str = "lone", by_step: bool = True, stream: TextIO | None = None):
+        self.fmt, self.where, self.fields, self.kept = fmt, list(where), list(fields), list(kept)
+        self.print_record, self.tables, self.by_step = print_record, tables, by_step
+        self.stream = stream or sys.stdout
+        self.records: list[dict[str, Any]] = []  # each record's kept fields, in the order they came
+        self.chunks = OrderedChunks()
+        self.lone: dict[str, Any] | None = None  # ("lone": the first record, while it is the only one)
+        self.out = console(stderr=self.stream is sys.stderr) if fmt == "table" else None
+
+    def __enter__(self) -> RecordsOutput:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.chunks.close()
+
+    def add(self, record: dict[str, Any]) -> None:
+        """A dump's record, its step final."""
+        import io
+
+        self.records.append({k: record[k] for k in self.kept})
+        text = io.StringIO()
+        if self.fmt == "json":
+            self.chunks.add(json_list_item(record))
+        elif self.fmt in ("jsonl", "csv", "tsv"):
+            where = {k: record[k] for k in self.where}
+            write_records(({**where, **t} for t in record["tensors"]), self.where + self.fields, self.fmt, text,
+                          header=False)
+            self.chunks.add(text.getvalue())
+        elif self.tables == "all":
+            self.print_record(record, console_like(self.out, text))
+            self.chunks.add(text.getvalue())
+        elif self.tables == "lone":
+            self.lone = record if len(self.records) == 1 else None
+
+    def order(self) -> list[int]:
+        """The records' places in the output."""
+        steps = [r.get("step") for r in self.records]
+        if not self.by_step or None in steps:
+            return list(range(len(steps)))
+        return sorted(range(len(steps)), key=steps.__getitem__)
+
+    def in_order(self) -> list[dict[str, Any]]:
+        """The records' kept fields, in the output's order."""
+        return [self.records[i] for i in self.order()]
+
+    def write(self, skipped: list | None = None) -> None:
+        """The records' JSON document (with ``skipped``), rows, or tables."""
+        order = self.order()
+        if self.fmt == "json":
+            json_document("dumps", (self.chunks[i] for i in order), {"skipped": list(skipped or [])}, self.stream)
+            return
+        if self.fmt in ("jsonl", "csv", "tsv"):
+            write_records([], self.where + self.fields, self.fmt, self.stream)  # (csv, tsv: the header)
+        elif self.lone is not None:
+            self.print_record(self.lone, self.out)
+            return
+        stream = self.stream if self.out is None else self.out.file
+        for i in order if len(self.chunks) else ():
+            stream.write(self.chunks[i])
+
+
 def human(value: Any) -> str:
     """A compact cell for tables (6 significant digits)."""
     if value is None:

@@ -108,7 +108,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
     xp = xp_for(backend)
     skipped = SkippedDumps()
     on_unreadable = skipped if skip_unreadable else None
-    output = StatsOutput(fmt, per_tensor, sort, top)
+    output = stats_output(fmt, per_tensor)
     seen: set[str] | None = set() if select else None  # the tensor names, for --select's warning
     # - and pipes are read once: a multi-step HDF5 file is opened per step
     with spooled_inputs(dumps), output:
@@ -121,7 +121,7 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
         def add(summary: Any) -> None:
             if seen is not None:
                 seen.update(n for n, _ in summary.tensors)
-            output.add(summary)
+            output.add(dump_record(summary, sort, top))
 
         if engine == "local" and len(refs) == 1 and not skipped:  # one dump: the bar counts its tensors
             with refs[0].open() as reader, progress(len(reader.tensors), "stats") as advance:
@@ -144,11 +144,13 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
                                                   xp=xp, engine=engine, scheduler=scheduler, on_dump=advance,
                                                   on_unreadable=on_unreadable):
                         add(summary)
-            if not output.steps:
+            if not output.records:
                 raise no_readable_dump(dumps, len(skipped))
         if seen is not None:
             warn_unmatched_selects(select, seen)
         output.write(skipped)
+        if fmt == "table" and len(output.records) > 1:
+            _print_history(output.in_order(), sort, top, output.out)
     if fail_on_nonfinite:
         bad = [(r["step"], r["path"], r["group"], r["nonfinite_tensors"]) for r in output.in_order()
                if r["nonfinite_tensors"]]
@@ -157,85 +159,18 @@ def stats_command(dumps: tuple[str, ...], select: tuple[str, ...], exclude: tupl
             raise GradtoolError("non-finite values (NaN/Inf) in " + "; ".join(parts), exit_code=ExitCode.NONFINITE)
 
 
-class StatsOutput:
-    """What ``stats`` prints, made one dump at a time: each dump's output (its JSON record, its rows, its
-    tensor table) as its summary comes, kept as text (:class:`~gradtool.cli.render.OrderedChunks`), and
-    of each dump only the per-step table's row, so that a history of any length holds no dump's tensor
-    statistics; written in step order (a history is in step order whatever the argument order: the
-    steps are known once every dump is read) by :meth:`write`."""
+STEP_FIELDS = ["step", "path", "group", "global_norm", "max_tensor", "max_tensor_norm", "nonfinite_tensors"]
 
-    def __init__(self, fmt: str, per_tensor: bool | None, sort: str | None, top: int | None):
-        from . import render
 
-        self.fmt, self.per_tensor, self.sort, self.top = fmt, per_tensor, sort, top
-        self.steps: list[dict[str, Any]] = []  # the per-step table's rows, in the order read
-        self.chunks = render.OrderedChunks()
-        self.first: dict[str, Any] | None = None  # a table's one dump, shown whole if no other comes
-        self.out = render.console() if fmt == "table" else None
+def stats_output(fmt: str, per_tensor: bool | None) -> Any:
+    """What ``stats`` prints of its dumps' records (:func:`dump_record`), made one dump at a time and
+    written in step order (:class:`~gradtool.cli.render.RecordsOutput`): of each dump only its per-step
+    table's row (STEP_FIELDS) is held. A table shows each dump's tensors with ``--per-tensor``, a lone
+    dump's unless ``--no-per-tensor``."""
+    from .render import RecordsOutput
 
-    def __enter__(self) -> StatsOutput:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.chunks.close()
-
-    def add(self, summary: Any) -> None:
-        """A dump's summary, its step final."""
-        import io
-
-        from . import render
-
-        record = dump_record(summary, self.sort, self.top)
-        self.steps.append({k: record[k] for k in ("step", "path", "group", "global_norm", "max_tensor",
-                                                  "max_tensor_norm", "nonfinite_tensors")})
-        if self.fmt == "json":
-            self.chunks.add(render.json_list_item(record))
-        elif self.fmt in ("jsonl", "csv", "tsv"):
-            text = io.StringIO()
-            where = {"path": record["path"], "group": record["group"], "step": record["step"]}
-            render.write_records(({**where, **t} for t in record["tensors"]),
-                                 ["path", "group", "step"] + TENSOR_FIELDS, self.fmt, text, header=False)
-            self.chunks.add(text.getvalue())
-        elif self.per_tensor:
-            text = io.StringIO()
-            _print_tensor_table(record, render.console_like(self.out, text))
-            self.chunks.add(text.getvalue())
-        elif self.per_tensor is None:  # (shown when it is the only dump)
-            self.first = record if len(self.steps) == 1 else None
-
-    def order(self) -> list[int]:
-        """The dumps' places in the output: step order (stable) when every dump has a step."""
-        steps = [r["step"] for r in self.steps]
-        if None in steps:
-            return list(range(len(steps)))
-        return sorted(range(len(steps)), key=steps.__getitem__)
-
-    def in_order(self) -> list[dict[str, Any]]:
-        return [self.steps[i] for i in self.order()]
-
-    def write(self, skipped: list | None = None) -> None:
-        import sys
-
-        from . import render
-
-        order = self.order()
-        if self.fmt == "json":
-            render.json_document("dumps", (self.chunks[i] for i in order), {"skipped": list(skipped or [])},
-                                 sys.stdout)
-            return
-        if self.fmt in ("jsonl", "csv", "tsv"):
-            if self.fmt != "jsonl":
-                render.write_records([], ["path", "group", "step"] + TENSOR_FIELDS, self.fmt)  # the header
-            for i in order:
-                sys.stdout.write(self.chunks[i])
-            return
-        out = self.out
-        if self.first is not None:
-            _print_tensor_table(self.first, out)
-        for i in order if len(self.chunks) else ():
-            out.file.write(self.chunks[i])
-        if len(self.steps) > 1:
-            _print_history(self.in_order(), self.sort, self.top, out)
+    return RecordsOutput(fmt, ["path", "group", "step"], TENSOR_FIELDS, STEP_FIELDS, _print_tensor_table,
+                         tables="all" if per_tensor else "lone" if per_tensor is None else "none")
 
 
 def _step_rows(records: list[dict[str, Any]], sort: str | None, top: int | None) -> list[dict[str, Any]]:

@@ -95,19 +95,51 @@ def test_a_history_with_nan_fails_on_nonfinite_naming_the_step(run, shuffled_his
 
 
 def test_the_output_keeps_no_dumps_statistics(shuffled_history):
-    from gradtool.cli.stats import StatsOutput
+    from gradtool.cli.stats import dump_record, stats_output
     from gradtool.io.dump import open_dump
     from gradtool.summarize import summarize_dump
 
     for fmt, per_tensor in (("json", None), ("csv", None), ("table", True), ("table", None), ("table", False)):
-        with StatsOutput(fmt, per_tensor, None, None) as output:
+        with stats_output(fmt, per_tensor) as output:
             alive = []
             for path in sorted(shuffled_history.iterdir()):
                 with open_dump(str(path)) as reader:
                     summary = summarize_dump(reader)
                 alive.append(weakref.ref(summary.tensors[0][1]))  # a TensorStats
-                output.add(summary)
+                output.add(dump_record(summary, None, None))
                 del summary
             gc.collect()
             assert not any(w() for w in alive), fmt  # none held (a lone table dump's record only)
             assert [r["step"] for r in output.in_order()] == [10, 20, 30, 40, 50]
+
+
+@pytest.mark.parametrize("args", [["--format", "json"], ["--format", "csv"], ["--format", "jsonl"], [],
+                                  ["--per-tensor"]])
+def test_clip_reports_a_history_dump_by_dump_the_same(run, shuffled_history, monkeypatch, tmp_path, args):
+    """clip's report is made as each dump is clipped (in the order clipped), kept as text: the same text
+    whether it stays in memory or goes to the temporary file, and of each dump only its steps' row held."""
+    from gradtool.cli import clip
+
+    held = []
+    real = clip.clip_output
+
+    def spy(*a, **kw):
+        held.append(real(*a, **kw))
+        return held[-1]
+
+    monkeypatch.setattr(clip, "clip_output", spy)
+    common = [str(shuffled_history), "--mode", "global-norm", "--max", "1", "--nonfinite", "zero", "--dry-run",
+              *args]
+    in_memory = run("clip", *common)
+    assert in_memory.exit_code == 0, in_memory.stderr
+    assert all(set(r) == set(clip.STEP_FIELDS) for r in held[-1].records)  # no tensor's figures held
+    monkeypatch.setattr(render.OrderedChunks.__init__, "__defaults__", (0,))
+    assert run("clip", *common).stdout == in_memory.stdout
+    if args == ["--format", "json"]:
+        doc = json.loads(in_memory.stdout)
+        assert [d["step"] for d in doc["dumps"]] == [40, 10, 30, 20, 50]  # (clipped in file order)
+        assert all(len(d["tensors"]) >= 4 for d in doc["dumps"])
+    if args == ["--per-tensor"]:
+        assert in_memory.stdout.count("(dry run, nothing written)") == 5
+    if not args:
+        assert "steps clipped" in in_memory.stdout and "layer.0.w" not in in_memory.stdout
