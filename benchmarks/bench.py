@@ -504,7 +504,7 @@ def main() -> None:
         gradtool.save_dump(many, {f"t{i:05d}": a for i, a in enumerate(smalls)})
         raw_read(many)
         t_raw_many = timeit(lambda: raw_read(many), rep)
-        t_stats_many, _ = run_measured(gradtool_cmd() + ["stats", many, "--format", "json"], rep)
+        t_stats_many, rss_many = run_measured(gradtool_cmd() + ["stats", many, "--format", "json"], rep)
         out_many = os.path.join(tmp, "many_clipped.safetensors")
 
         def clip_many() -> float:
@@ -515,6 +515,22 @@ def main() -> None:
         add(f"stats CLI, {len(smalls)} small tensors in one safetensors file (vs raw read)", t_stats_many, t_raw_many,
             "raw read")
         add(f"clip --no-fsync CLI, the same {len(smalls)} tensors (vs raw read)", t_clip_many, t_raw_many, "raw read")
+        # ... and a history of 8 such steps (hard links): memory must not grow with the steps (target 4;
+        # every tensor's statistics of every step were held until the thirty-second session: 32 steps
+        # 0.8-1.75 GB)
+        many_hist = os.path.join(tmp, "many_hist")
+        os.makedirs(many_hist)
+        for i in range(8):
+            os.link(many, os.path.join(many_hist, f"step_{i:05d}.safetensors"))
+        for what, cmd in (("stats --format json", ["stats", many_hist, "--format", "json"]),
+                          ("suggest-threshold --mode norm", ["suggest-threshold", many_hist, "--mode", "norm",
+                                                             "--burn-in", "0", "--format", "json"]),
+                          ("clip --dry-run --format json", ["clip", many_hist, "--mode", "global-norm", "--max",
+                                                            "1e-3", "--dry-run", "--format", "json"])):
+            _, rss_hist = run_measured(gradtool_cmd() + cmd, 1)
+            add(f"{what} on 8 steps of {len(smalls)} tensors: peak RSS (vs stats of one step)", rss_hist,
+                rss_many, "one step", unit="MiB")
+        shutil.rmtree(many_hist)
         for f in (many, out_many):
             if os.path.exists(f):
                 os.remove(f)
