@@ -143,3 +143,27 @@ def test_clip_reports_a_history_dump_by_dump_the_same(run, shuffled_history, mon
         assert in_memory.stdout.count("(dry run, nothing written)") == 5
     if not args:
         assert "steps clipped" in in_memory.stdout and "layer.0.w" not in in_memory.stdout
+
+
+def test_commands_run_with_the_youngest_generation_collected_less_often(run, shuffled_history, monkeypatch):
+    """main() collects the youngest generation every GC_FIRST_GENERATION allocations while a command
+    runs (a many-tensor dump's ~10^5 acyclic objects were scanned over and over), and gives the caller's
+    thresholds back."""
+    import gc
+
+    from gradtool import engine
+    from gradtool.cli.main import GC_FIRST_GENERATION
+
+    seen = []
+    real = engine.summarize_dump
+
+    def spy(*a, **kw):
+        seen.append(gc.get_threshold())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(engine, "summarize_dump", spy)
+    before = gc.get_threshold()
+    assert before[0] < GC_FIRST_GENERATION  # (the interpreter's default, 700)
+    assert run("stats", str(shuffled_history), "--format", "json").exit_code == 0
+    assert seen and all(t == (GC_FIRST_GENERATION, *before[1:]) for t in seen)
+    assert gc.get_threshold() == before
