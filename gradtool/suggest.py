@@ -404,9 +404,11 @@ def _zscore(v: np.ndarray, z: float, alpha: float, warmup: int = 25) -> tuple[fl
 
 def suggest_threshold(steps: Sequence[int], norms: Sequence[float], loss: Sequence[float | None] | None = None,
                       lr: Sequence[float | None] | None = None, *, config: SuggestConfig | None = None,
-                      facts: HistoryFacts | None = None) -> Suggestion:
+                      facts: HistoryFacts | None = None, with_evidence: bool = True) -> Suggestion:
     """Recommend τ for one norm series (see module doc). ``facts`` lets per-tensor series share the
-    global series' divergence, burn-in and window."""
+    global series' divergence, burn-in and window. ``with_evidence=False`` leaves out the figures that
+    justify τ (:func:`evidence`, ``current``'s clip rates): half the time, for a tensor among thousands
+    whose τ alone is wanted."""
     cfg = (config or SuggestConfig()).validate()
     x = np.asarray(norms, dtype=np.float64)
     if facts is None:
@@ -447,9 +449,10 @@ def suggest_threshold(steps: Sequence[int], norms: Sequence[float], loss: Sequen
     elif explosion_norm is not None and raw >= explosion_norm:
         ev.setdefault("warnings", []).append(
             f"this threshold ({raw:.4g}) is above the norm that led into the divergence ({explosion_norm:.4g})")
-    ev.update(evidence(x, steps, loss, facts, tau, wv))
-    if cfg.current is not None:
-        ev["current"] = {"threshold": cfg.current, **clip_rates(x, facts, cfg.current)}
+    if with_evidence:
+        ev.update(evidence(x, steps, loss, facts, tau, wv))
+        if cfg.current is not None:
+            ev["current"] = {"threshold": cfg.current, **clip_rates(x, facts, cfg.current)}
     return Suggestion(tau, cfg.method, None, ev)
 
 
@@ -491,6 +494,24 @@ def evidence(x: np.ndarray, steps: Sequence[int], loss: Sequence[float | None] |
     }
 
 
+def _own_clips(series: dict[str, Sequence[float]], per: dict[str, float | None], facts: HistoryFacts,
+               divisors: dict[str, int] | None, block: int = 4096) -> tuple[int, int]:
+    """(pairs clipped, pairs) of the (tensor, step) pairs of the window with a finite value, each tensor
+    clipped at its own τ (``per``; tensors without one left out): ``block`` tensors' series a pass."""
+    names = [n for n in series if per.get(n) is not None]
+    hits = tot = 0
+    for start in range(0, len(names), block):
+        some = names[start:start + block]
+        v = np.asarray([np.asarray(series[n], dtype=np.float64)[facts.window] for n in some])
+        if divisors:
+            v = v / np.array([max(divisors.get(n, 1), 1) for n in some], dtype=np.float64)[:, None]
+        finite = np.isfinite(v)
+        own = np.array([per[n] for n in some], dtype=np.float64)[:, None]
+        hits += int(np.count_nonzero(finite & (v > own)))
+        tot += int(np.count_nonzero(finite))
+    return hits, tot
+
+
 def suggest_per_tensor(steps: Sequence[int], series: dict[str, Sequence[float]], facts: HistoryFacts,
                        config: SuggestConfig, *, divisors: dict[str, int] | None = None,
                        cap: float | None = None) -> tuple[Suggestion, dict[str, float | None]]:
@@ -498,7 +519,7 @@ def suggest_per_tensor(steps: Sequence[int], series: dict[str, Sequence[float]],
     (the "biggest value that still cuts off explosions" doctrine), capped at ``cap`` (the global τ)."""
     per: dict[str, float | None] = {}
     for name, values in series.items():
-        s = suggest_threshold(steps, values, config=config, facts=facts)
+        s = suggest_threshold(steps, values, config=config, facts=facts, with_evidence=False)
         t = s.threshold
         if t is not None and divisors:
             t = t / max(divisors.get(name, 1), 1)
@@ -522,18 +543,7 @@ def suggest_per_tensor(steps: Sequence[int], series: dict[str, Sequence[float]],
     if wv.size:
         ev.update(evidence(values, steps, None, facts, tau, wv))
         ev.update(clip_rates(values, facts, tau))
-        # per-tensor clip rate: the fraction of (tensor, step) pairs each tensor's own τ would clip
-        hits = tot = 0
-        for name, vals in series.items():
-            t = per.get(name)
-            if t is None:
-                continue
-            v = np.asarray(vals, dtype=np.float64)[facts.window]
-            if divisors:
-                v = v / max(divisors.get(name, 1), 1)
-            v = v[np.isfinite(v)]
-            hits += int(np.sum(v > t))
-            tot += v.size
+        hits, tot = _own_clips(series, per, facts, divisors)
         ev["clip_rate_window_per_tensor"] = hits / tot if tot else math.nan
     if config.current is not None:
         ev["current"] = {"threshold": config.current, **clip_rates(values, facts, config.current)}

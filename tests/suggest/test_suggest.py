@@ -300,3 +300,63 @@ def test_real_logs_are_not_called_clipped():
     for name in sorted(f for f in os.listdir(REAL) if f.endswith(".json")):
         h = read_norm_log(os.path.join(REAL, name))
         assert not [w for w in analyze_history(h.steps, h.norms).warnings if "after clipping" in w], name
+
+
+def _per_tensor_reference(steps, series, facts, config, divisors=None, cap=None):
+    """suggest_per_tensor as it was: every tensor's whole suggestion (evidence and all), and the clip
+    rate of each tensor at its own τ counted tensor by tensor."""
+    from gradtool.suggest import clip_rates, evidence
+
+    per = {}
+    for name, values in series.items():
+        t = suggest_threshold(steps, values, config=config, facts=facts).threshold
+        per[name] = t / max(divisors.get(name, 1), 1) if t is not None and divisors else t
+    found = {k: v for k, v in per.items() if v is not None}
+    if not found:
+        return None, per, None
+    best_name = max(found, key=found.__getitem__)
+    tau = min(found[best_name], cap) if cap is not None else found[best_name]
+    if cap is not None and found[best_name] > cap:
+        per = {k: (min(v, cap) if v is not None else None) for k, v in per.items()}
+    hits = tot = 0
+    for name, vals in series.items():
+        if per.get(name) is None:
+            continue
+        v = np.asarray(vals, dtype=np.float64)[facts.window]
+        if divisors:
+            v = v / max(divisors.get(name, 1), 1)
+        v = v[np.isfinite(v)]
+        hits += int(np.sum(v > per[name]))
+        tot += v.size
+    return tau, per, hits / tot if tot else math.nan
+
+
+_series_value = _st.one_of(_st.floats(1e-3, 1e3), _st.sampled_from([0.0, math.nan, math.inf, -1.0]))
+
+
+@_settings(max_examples=150, deadline=None)
+@_given(n=_st.integers(8, 40), tensors=_st.integers(1, 6), data=_st.data(),
+        method=_st.sampled_from(["robust", "percentile", "zscore", "pascanu"]),
+        cap=_st.one_of(_st.none(), _st.floats(0.1, 100)), divide=_st.booleans())
+def test_per_tensor_thresholds_and_clip_rate_are_the_tensor_by_tensor_ones(n, tensors, data, method, cap, divide):
+    """τ of each tensor without its evidence, and the per-tensor clip rate counted a block of tensors at
+    a time, are what each tensor's whole suggestion and a count tensor by tensor give."""
+    steps = list(range(n))
+    rng = np.random.default_rng(data.draw(_st.integers(0, 2**16)))
+    glob = np.exp(rng.normal(0, 0.3, n))
+    series = {f"t{k}": np.array([data.draw(_series_value) if rng.random() < 0.2 else float(v)
+                                  for v in np.exp(rng.normal(k * 0.2, 0.4, n))]) for k in range(tensors)}
+    config = SuggestConfig(method=method, burn_in=0).validate()
+    facts = analyze_history(steps, glob, burn_in=0, window=config.window)
+    divisors = {name: k + 1 for k, name in enumerate(series)} if divide else None
+    s, per = suggest_per_tensor(steps, series, facts, config, divisors=divisors, cap=cap)
+    tau, per_ref, rate = _per_tensor_reference(steps, series, facts, config, divisors, cap)
+    assert per == per_ref and s.threshold == tau
+    if tau is not None and "clip_rate_window_per_tensor" in s.evidence:
+        got = s.evidence["clip_rate_window_per_tensor"]
+        assert got == rate or (math.isnan(got) and math.isnan(rate))
+    for name, values in series.items():  # the τ without evidence is the τ with it
+        whole = suggest_threshold(steps, values, config=config, facts=facts)
+        bare = suggest_threshold(steps, values, config=config, facts=facts, with_evidence=False)
+        assert bare.threshold == whole.threshold and bare.reason == whole.reason
+        assert "spikes" not in bare.evidence
