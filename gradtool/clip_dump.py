@@ -329,16 +329,28 @@ def _refusal(reader: DumpReader, bad: list[str]) -> NonFiniteError:
 def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite: str, xp: ModuleType | None,
                        on_tensor: Callable[[int], None] | None) -> dict[str, float]:
     """The L2 norms of pass 1 for the float32 tensors, on two cores, from the statistics path (the same
-    per-chunk kernel sums, so the same bits as :func:`_norm_of`); empty where that path does not apply:
-    other norms, other dtypes (their exact sums are taken differently), the "zero" policy (zeroing comes
-    first), device backends, small dumps."""
+    per-chunk kernel sums, so the same bits as :func:`_norm_of`); in a dump too small for two cores, those
+    of its small tensors many to a kernel call, as ``stats`` takes them (:func:`small_tensor_batches`: a
+    dump of 20,000 tensors of 64 elements was read a tensor at a time, ~25 us each). Missing where that
+    path does not apply (the caller streams those tensors): other norms, other dtypes (their exact sums
+    are taken differently), the "zero" policy (zeroing comes first), device backends, tensors whose
+    summary does not decide (NaN/inf)."""
     if xp is not None or p != 2.0 or nonfinite == "zero":
         return {}
-    from .summarize import stats_in_parallel
+    from .summarize import batch_stats, small_tensor_batches, stats_in_parallel
 
     infos = [i for i in map(reader.info, names) if i.dtype == np.float32]
     stats = stats_in_parallel(reader, infos, p, on_tensor) if infos else None
-    return {} if stats is None else {name: s.norm for name, s in stats}
+    if stats is not None:
+        return {name: s.norm for name, s in stats}
+    norms: dict[str, float] = {}
+    for batch in small_tensor_batches(reader, infos, p):
+        for k, s in batch_stats(reader, batch, p).items():
+            if s is not None:
+                norms[infos[k].name] = s.norm
+    if on_tensor and norms:
+        on_tensor(len(norms))
+    return norms
 
 
 def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp: ModuleType | None) -> float:

@@ -468,3 +468,58 @@ def test_clip_of_half_precision_tensors_in_the_kernel_equals_the_numpy_steps(tmp
                              {n: r.read(n).tobytes() for n in r.names}))
     assert outcomes[0] == outcomes[1]
     assert calls and set(calls) == ({0, 1} if ext == "safetensors" else {0})
+
+
+_small = st.tuples(st.integers(0, 300), st.sampled_from(["float32", "float32", "float16", "float64"]),
+                   st.sampled_from(["plain", "plain", "nan", "inf", "zeros", "huge"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_small, min_size=1, max_size=30), st.sampled_from(["safetensors", "npz", "h5"]),
+       st.sampled_from(["error", "propagate"]), st.sampled_from([1e-3, 1e30]))
+def test_clips_first_pass_over_small_tensors_many_to_a_call_is_the_tensor_by_tensor_one(
+        tmp_path_factory, tensors, ext, nonfinite, max_):
+    """In a dump too small for two threads, clip's global-norm pass takes its small float32 tensors' norms
+    many to a kernel call (as stats does): the same report and the same output bytes as streaming each
+    tensor (or the same refusal), and the progress counts every tensor of both passes."""
+    import dataclasses
+
+    from gradtool import summarize
+    from gradtool.clip_dump import ClipSpec, NonFiniteError, clip_dump
+    from gradtool.io.dump import make_writer
+
+    d = tmp_path_factory.mktemp("small")
+    rng = np.random.default_rng(len(tensors))
+    arrays = {}
+    for k, (size, dtype, kind) in enumerate(tensors):
+        with np.errstate(over="ignore"):  # (huge: inf in float16)
+            a = (rng.standard_normal(size) * (1e30 if kind == "huge" else 1.0)).astype(dtype)
+        if kind == "zeros":
+            a[:] = 0
+        elif kind in ("nan", "inf") and size:
+            a[size // 2] = np.nan if kind == "nan" else np.inf
+        arrays[f"t{k}"] = a
+    src = str(d / f"in.{ext}")
+    save_dump(src, arrays)
+    outcomes = []
+    for batched in (True, False):
+        with pytest.MonkeyPatch.context() as m:
+            if not batched:
+                m.setattr(summarize, "small_tensor_batches", lambda *a, **k: [])  # every tensor streamed
+            out = str(d / f"out_{batched}.{ext}")
+            ticks = []
+            with open_dump(src) as r:
+                try:
+                    with make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata) as w:
+                        rep = clip_dump(r, w, ClipSpec(mode="global-norm", max=max_, nonfinite=nonfinite),
+                                        on_tensor=ticks.append)
+                except NonFiniteError as exc:
+                    outcomes.append(("error", str(exc)))
+                    continue
+            with open_dump(out) as r:
+                outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]), rep.scale,
+                                 repr(rep.global_norm_before), sum(ticks),
+                                 {n: r.read(n).tobytes() for n in r.names}))
+    assert outcomes[0] == outcomes[1]
+    if outcomes[0][0] != "error":
+        assert outcomes[0][3] == 2 * len(arrays)  # pass 1 and pass 2, every (floating-point) tensor
