@@ -146,7 +146,10 @@ class OrderedChunks:
                 return
             import tempfile
 
-            self._file = tempfile.TemporaryFile()
+            try:
+                self._file = tempfile.TemporaryFile()
+            except OSError as exc:
+                raise self._cannot(exc) from None
             texts, self._texts = self._texts, []
             for t in texts:
                 self._write(t)
@@ -155,8 +158,21 @@ class OrderedChunks:
 
     def _write(self, text: str) -> None:
         data = text.encode("utf-8", "surrogatepass")
-        self._where.append((self._file.tell(), len(data)))
-        self._file.write(data)
+        try:
+            self._where.append((self._file.tell(), len(data)))
+            self._file.write(data)
+        except OSError as exc:
+            raise self._cannot(exc) from None
+
+    @staticmethod
+    def _cannot(exc: OSError) -> Exception:
+        """The one-line error of a temporary file that cannot take the output (a full disk)."""
+        import tempfile
+
+        from ..errors import OutputError
+
+        return OutputError(f"{tempfile.gettempdir()}: cannot keep the output until every step is read "
+                           f"({exc.strerror or exc}); set TMPDIR to a directory with room")
 
     def __getitem__(self, i: int) -> str:
         if self._file is None:

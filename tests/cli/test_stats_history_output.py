@@ -167,3 +167,36 @@ def test_commands_run_with_the_youngest_generation_collected_less_often(run, shu
     assert run("stats", str(shuffled_history), "--format", "json").exit_code == 0
     assert seen and all(t == (GC_FIRST_GENERATION, *before[1:]) for t in seen)
     assert gc.get_threshold() == before
+
+
+def test_a_temporary_file_that_cannot_take_the_output_is_a_one_line_error(run, shuffled_history, monkeypatch):
+    import errno
+    import tempfile
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(render.OrderedChunks.__init__, "__defaults__", (0,))
+    monkeypatch.setattr(tempfile, "TemporaryFile", full)
+    r = run("stats", str(shuffled_history), "--format", "json")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "No space left on device" in r.stderr and "TMPDIR" in r.stderr
+
+    class Fills:  # room for the first dump's text only
+        def __init__(self):
+            self.n = 0
+
+        def tell(self):
+            return self.n
+
+        def write(self, data):
+            if self.n:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.n += len(data)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", Fills)
+    r = run("stats", str(shuffled_history), "--format", "csv")
+    assert r.exit_code == 1 and r.stdout == "" and "No space left on device" in r.stderr
