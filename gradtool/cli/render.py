@@ -128,7 +128,7 @@ class OrderedChunks:
     read, and written in step order, which is known when the last is read (each dump's metadata may give
     its step), without holding every dump's statistics."""
 
-    def __init__(self, budget: int = 32 << 20) -> None:
+    def __init__(self, budget: int = 8 << 20) -> None:
         self.budget = budget
         self._texts: list[str] = []  # (until the budget is spent)
         self._held = 0
