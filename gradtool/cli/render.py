@@ -234,6 +234,10 @@ class RecordsOutput:
         elif self.tables == "lone":
             self.lone = record if len(self.records) == 1 else None
 
+    def shows_tensors(self) -> bool:
+        """Whether the next record's ``tensors`` are shown (False: a table that shows no tensor of it)."""
+        return self.fmt != "table" or self.tables == "all" or (self.tables == "lone" and not self.records)
+
     def order(self) -> list[int]:
         """The records' places in the output."""
         steps = [r.get("step") for r in self.records]

@@ -200,3 +200,20 @@ def test_a_temporary_file_that_cannot_take_the_output_is_a_one_line_error(run, s
     monkeypatch.setattr(tempfile, "TemporaryFile", Fills)
     r = run("stats", str(shuffled_history), "--format", "csv")
     assert r.exit_code == 1 and r.stdout == "" and "No space left on device" in r.stderr
+
+
+def test_a_history_table_makes_no_tensor_records_it_does_not_show(run, shuffled_history, monkeypatch):
+    """The steps' table shows no tensor: only the first dump's tensors (shown if it stays the only one)
+    are made into records; --per-tensor and the machine formats make every dump's."""
+    from gradtool.cli import stats
+
+    made = []
+    real = stats.tensor_record
+    monkeypatch.setattr(stats, "tensor_record", lambda *a: made.append(a[0]) or real(*a))
+    files = sorted(str(p) for p in shuffled_history.iterdir())
+    assert run("stats", *files).exit_code == 0
+    assert len(made) == 4  # dump_a.npz's tensors (layer.0-3.w)
+    for args in (["--per-tensor"], ["--format", "csv"]):
+        made.clear()
+        assert run("stats", *files, *args).exit_code == 0
+        assert len(made) == 4 + 5 + 4 + 5 + 4, args
