@@ -160,6 +160,9 @@ def suggest_command(inputs: tuple[str, ...], modes: tuple[str, ...], method: str
         raise UsageError("--per-tensor writes a file: give it with -o FILE")
     if output and not per_tensor:
         raise UsageError("-o is for --per-tensor thresholds")
+    if per_tensor and wanted == ["global-norm"]:  # (said before the history is read, not after)
+        raise UsageError("--per-tensor writes the per-tensor modes' thresholds, and --mode global-norm has "
+                         "none: add --mode norm (or average-norm, value), or leave --mode out")
     with spooled_inputs(inputs, dumps_only=False) as copies:  # - and pipes: a dump or a log, read once, looked at in the copy
         dump_inputs, log_inputs = _split_inputs(list(inputs), sharded, copies)
         if run is not None and not log_inputs:
@@ -340,7 +343,8 @@ def _write_thresholds(doc: dict[str, Any], output: str, force: bool, inputs: lis
     table = {m["mode"]: {k: v for k, v in m["per_tensor"].items() if v is not None}
              for m in doc["modes"] if "per_tensor" in m}
     if not table:
-        raise UsageError("--per-tensor needs gradient dumps (a log carries only the global norm)")
+        raise UsageError("--per-tensor needs per-tensor norms: gradient dumps, or a log of each parameter's "
+                         "norm (Lightning's grad_norm); this log carries only the global norm")
     table = {mode: t for mode, t in table.items() if t}
     if not table:
         return False

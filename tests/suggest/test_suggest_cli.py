@@ -75,6 +75,20 @@ def test_per_tensor_thresholds_roundtrip_into_clip(run, run_h5, tmp_path):
     assert run("suggest-threshold", run_h5, "--per-tensor", "-o", th).exit_code == 2  # exists, no --force
 
 
+def test_per_tensor_thresholds_of_global_norm_alone_are_refused_saying_which_modes_have_them(run, run_h5,
+                                                                                           tmp_path):
+    """--mode global-norm has no per-tensor thresholds: said before the dumps are read (it was "--per-tensor
+    needs gradient dumps (a log carries only the global norm)", given dumps, after reading them all)."""
+    th = str(tmp_path / "th.json")
+    r = run("suggest-threshold", run_h5, "--per-tensor", "-o", th, "--mode", "global-norm")
+    assert r.exit_code == 2 and "--mode global-norm has none" in r.stderr and "--mode norm" in r.stderr
+    assert not os.path.exists(th)
+    log = tmp_path / "log.jsonl"  # a log of the global norm only: it says so
+    log.write_text("".join(json.dumps({"step": s, "grad_norm": 1.0 + (s % 7) / 10}) + "\n" for s in range(60)))
+    r = run("suggest-threshold", str(log), "--per-tensor", "-o", th)
+    assert r.exit_code == 2 and "this log carries only the global norm" in r.stderr and not os.path.exists(th)
+
+
 @pytest.mark.skipif(not os.path.isdir(REAL), reason="../shared/real-logs not present")
 def test_log_input_says_what_cannot_be_derived(run):
     p = os.path.join(REAL, "medbot_trainer_state.json")
