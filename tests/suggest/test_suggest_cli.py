@@ -84,7 +84,8 @@ def test_per_tensor_thresholds_of_global_norm_alone_are_refused_saying_which_mod
     assert r.exit_code == 2 and "--mode global-norm has none" in r.stderr and "--mode norm" in r.stderr
     assert not os.path.exists(th)
     log = tmp_path / "log.jsonl"  # a log of the global norm only: it says so
-    log.write_text("".join(json.dumps({"step": s, "grad_norm": 1.0 + (s % 7) / 10}) + "\n" for s in range(60)))
+    log.write_text("".join(json.dumps({"step": s, "grad_norm": 1.0 + (s % 7) / 10}) + "\n"
+                           for s in range(60)))
     r = run("suggest-threshold", str(log), "--per-tensor", "-o", th)
     assert r.exit_code == 2 and "this log carries only the global norm" in r.stderr and not os.path.exists(th)
 
