@@ -124,7 +124,8 @@ def with_fallback_steps(refs: Sequence[DumpRef],
     """``summaries`` (of ``refs``, in order; None for a dump left out as unreadable), each without a step
     (none given, none in its metadata) given its file name's or its position's
     (:func:`~gradtool.io.history.fallback_steps`): refs from ``expand_inputs(resolve_steps=False)`` get the
-    steps ``expand_inputs`` would have given them. The summaries, without the Nones."""
+    steps ``expand_inputs`` would have given them. The summaries, without the Nones. (Anything with a
+    ``step`` is taken as a summary: ``dump_history``'s series.)"""
     known = [None if summary is None else summary.step for summary in summaries]
     for summary, step in zip(summaries, fallback_steps(refs, known)):
         if summary is not None:

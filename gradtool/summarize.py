@@ -482,19 +482,15 @@ def dump_history(refs: Sequence[Any], *, select: Sequence[str] = (), exclude: Se
     in :func:`~gradtool.engine.summarize_refs` (an unreadable dump is reported to it and left out). Refs
     without steps get their metadata's, else :func:`~gradtool.io.history.fallback_steps`'.
     """
-    from .engine import each_summary, summarize_refs
-    from .io.history import fallback_steps
+    from .engine import each_summary, summarize_refs, with_fallback_steps
 
     kept: dict[str, str] = {}
     if engine == "local":
-        read: list[StepSeries | None] = [None] * len(refs)
+        read: list[Any] = [None] * len(refs)
         for i, summary in each_summary(refs, select=select, exclude=exclude, xp=xp, on_dump=on_dump,
                                        on_unreadable=on_unreadable):
             read[i] = StepSeries.of(summary, kept)
-        for series, step in zip(read, fallback_steps(refs, [None if r is None else r.step for r in read])):
-            if series is not None:
-                series.step = step
-        rows = [r for r in read if r is not None]
+        rows = with_fallback_steps(refs, read)  # (anything with a step, as summaries)
     else:
         rows = [StepSeries.of(s, kept) for s in summarize_refs(
             refs, select=select, exclude=exclude, norm_type=2, xp=xp, engine=engine, scheduler=scheduler,
