@@ -202,6 +202,12 @@ def _compiled_reader() -> Any:
     return log_readers()
 
 
+def _vectorized() -> bool:
+    """Whether the NumPy reader (:mod:`~gradtool.io.wandb_vectorized`) reads the rows where the compiled
+    one is not built (tests turn it off to compare it with the Python reader)."""
+    return True
+
+
 # wandb's own per-row keys: no norm, step, loss or learning rate (their values are not parsed unless
 # --key names one)
 _UNREAD = frozenset({b"_runtime", b"_timestamp"})
@@ -300,8 +306,13 @@ def _row_items(path: str, source: str, reader: Any, key: str | None = None, colu
     by the compiled ``reader`` and, where it leaves a record, by :func:`history_rows`; None when a value
     needs the rows as dicts (an integer beyond 2^53). ``key``: the norm's key given with --key (its values
     are read whatever it is)."""
+    from .wandb_vectorized import read_rows
+
     rows = _Rows(reader, key)
-    _read_each(path, source, rows.record, rows.scan)
+    if reader is not None:
+        _read_each(path, source, rows.record, rows.scan)
+    elif not _vectorized() or not read_rows(path, source, rows):
+        return None
     if not rows.exact:
         return None
     return (rows.columns() if columns else None) or rows.items()
@@ -333,9 +344,8 @@ def read_wandb_log(path: str, key: str | None = None, source: str | None = None,
     parts = run.parts if run is not None and run.parts else (path,)
     named = [(p, source if len(parts) == 1 else p) for p in parts]
     reader = _compiled_reader()
-    items = [_row_items(p, s, reader, key, columns=len(named) == 1) for p, s in named] \
-        if reader is not None else [None]
-    if None in items:  # no compiled reader, or integers float64 cannot hold
+    items = [_row_items(p, s, reader, key, columns=len(named) == 1) for p, s in named]
+    if None in items:  # integers float64 cannot hold (or a collision of the NumPy reader's key hashes)
         hist = from_records([row for p, s in named for row in _rows_of(p, s)], source, "wandb", key)
     else:
         hist = from_row_items(joined_row_items(items), source, "wandb", key)

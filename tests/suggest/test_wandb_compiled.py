@@ -1,8 +1,8 @@
-"""The compiled W&B history reader (gradtool/io/_logscan.c) and the columns history of its rows
-(logs.from_row_items) against the Python reader (history_rows, from_records): the same history, notes and
-errors on generated logs (layouts wandb writes and others, values of every kind, steps going back,
-records split over blocks) and on damaged ones; its CRC-32 against zlib's and its numbers against
-Python's float() and int()."""
+"""The compiled W&B history reader (gradtool/io/_logscan.c), the NumPy one (wandb_vectorized) and the
+columns history of their rows (logs.from_row_items) against the Python reader (history_rows,
+from_records): the same history, notes and errors on generated logs (layouts wandb writes and others,
+values of every kind, steps going back, records split over blocks) and on damaged ones; the compiled
+CRC-32 against zlib's and its numbers against Python's float() and int()."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gradtool.errors import InputError, UsageError
+from gradtool.errors import InputError
 from gradtool.io import logs, wandb_log
-from tests.wandb_encoder import pb_bytes, pb_int, write_log
+from tests.wandb_encoder import write_log
+from tests.wandb_logs import (history_record, number_texts, read_every_way, read_with, records,
+                              trainer_logs)
 
 scan = wandb_log._compiled_reader()
 needs_reader = pytest.mark.skipif(scan is None,
@@ -64,18 +66,6 @@ def _same_number(kind: int, x: float, text: bytes) -> None:
     assert (math.isnan(x) and math.isnan(want)) or same, text
 
 
-number_texts = st.one_of(
-    st.floats().map(lambda f: repr(f).encode()),
-    st.tuples(st.floats(allow_nan=False, allow_infinity=False),
-              st.sampled_from(["e", ".15g", ".3f", ".17g", ".6E"])).map(lambda t: format(*t).encode()),
-    st.integers(-10**20, 10**20).map(lambda i: str(i).encode()),
-    st.from_regex(rb"\A-?[0-9]{1,25}(\.[0-9]{0,25})?([eE][+-]?[0-9]{1,4})?\Z"),
-    st.tuples(st.integers(1, 10**19 - 1), st.integers(-150, 90)).map(lambda t: f"{t[0]}e{t[1]}".encode()),
-    st.binary(max_size=12),
-    st.text("0123456789.eE+-_ NaInfity", max_size=12).map(str.encode),
-)
-
-
 @needs_reader
 @given(number_texts)
 @example(b"NaN")
@@ -106,121 +96,25 @@ def test_numbers_are_pythons(text):
     _same_number(*number(text), text)
 
 
-# --- logs of every kind, read both ways ---------------------------------------------------------------
+# --- logs of every kind, read every way (tests/wandb_logs.py) ------------------------------------
 
-KEYS = [b"train/grad_norm", b"grad_norm", b"train/global_step", b"train/loss", b"train/learning_rate",
-        b"eval/loss", b"_step", b"grad_2.0_norm/w", b"grad_inf_norm/w", b"img", b"\xff", b"\xfe", b"k" * 120,
-        b"_runtime"]
-VALUES = st.one_of(number_texts, st.sampled_from([b'{"_type": "image-file"}', b'"text"', b"", b"-",
-                                                   b"99999999999999999999", b"true"]))
-
-
-@st.composite
-def records(draw):
-    """One record: a history row (items in wandb's layout or others, a step field or none), or another
-    kind of record."""
-    kind = draw(st.sampled_from(["row"] * 6 + ["other", "odd_item", "odd_record"]))
-    if kind == "other":
-        return pb_int(1, 1) + pb_bytes(4, pb_bytes(3, b"x" * draw(st.integers(0, 40000))))
-    items = []
-    for _ in range(draw(st.integers(0, 6))):
-        key, value = draw(st.sampled_from(KEYS)), draw(VALUES)
-        if kind == "odd_item" and draw(st.booleans()):  # a nested key, or fields in another order
-            items.append(pb_bytes(1, pb_bytes(16, value) + pb_bytes(1, key)) if draw(st.booleans())
-                         else pb_bytes(1, pb_bytes(2, b"grads") + pb_bytes(2, key) + pb_bytes(16, value)))
-        else:
-            items.append(pb_bytes(1, pb_bytes(1, key) + pb_bytes(16, value)))
-    body = b"".join(items)
-    if draw(st.booleans()):
-        body += pb_bytes(2, pb_int(1, draw(st.one_of(st.integers(0, 10**6), st.integers(0, 2**63)))))
-    record = pb_int(1, draw(st.integers(0, 10**6))) + pb_bytes(2, body)
-    if kind == "odd_record":  # a fixed-width field before the history, or the history as fixed64
-        record = draw(st.sampled_from([b"\x11" + bytes(8) + record, b"\x11" + bytes(8), b"\x15" + bytes(4)]))
-    return record
-
-
-def _history_steps(draw, n):
-    """Rows of norm, step and loss in the ways logs hold them: steps in order, going back (resumed, or a
-    second training), missing, or floats."""
-    return draw(st.lists(st.one_of(st.integers(0, 60), st.none(), st.floats(-5, 70)), min_size=n, max_size=n))
-
-
-@st.composite
-def trainer_logs(draw):
-    """Records as the Trainer's W&B callback writes them (train/* rows, eval rows between) with other
-    records and steps in every order."""
-    out = []
-    n = draw(st.integers(1, 40))
-    for step in _history_steps(draw, n):
-        items = {}
-        if draw(st.integers(0, 9)):
-            items[b"train/grad_norm"] = draw(number_texts)
-        if draw(st.integers(0, 3)):
-            items[b"train/loss"] = draw(number_texts)
-        if draw(st.booleans()):
-            items[b"train/learning_rate"] = b"4.9e-05"
-        if draw(st.booleans()):
-            other = draw(st.sampled_from([b"grad_2.0_norm/w", b"grad_inf_norm/w", b"eval/loss"]))
-            items[other] = draw(number_texts)
-        if step is not None:
-            items[b"train/global_step"] = (str(step) if isinstance(step, int) else repr(step)).encode()
-        body = b"".join(pb_bytes(1, pb_bytes(1, k) + pb_bytes(16, v)) for k, v in items.items())
-        out.append(pb_int(1, len(out)) + pb_bytes(2, body + pb_bytes(2, pb_int(1, len(out)))))
-        if not draw(st.integers(0, 5)):
-            out.append(draw(records()))
-    return out
-
-
-def _read(path, key, compiled):
-    saved = wandb_log._compiled_reader
-    wandb_log._compiled_reader = (lambda: saved()) if compiled else (lambda: None)
-    try:
-        h = wandb_log.read_wandb_log(str(path), key)
-    except (InputError, UsageError) as exc:
-        return type(exc), str(exc)
-    finally:
-        wandb_log._compiled_reader = saved
-    return (h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr],
-            h.key, h.notes, h.other_keys, repr(h.tensor_norms), repr(h.tensor_max_abs))  # (NaN: by repr)
-
-
-def _both_ways(tmp_path_factory, recs, key=None, damage=None):
-    p = write_log(tmp_path_factory.mktemp("w") / "run-x.wandb", recs)
-    if damage is not None:
-        data = bytearray(p.read_bytes())
-        at, byte = damage
-        data[at % len(data)] ^= byte
-        p.write_bytes(bytes(data))
-    fast, slow = _read(p, key, True), _read(p, key, False)
-    assert fast == slow
-    return fast
-
-
-@needs_reader
 @settings(max_examples=150, deadline=None)
 @given(trainer_logs(), st.sampled_from([None, "train/grad_norm", "train/loss", "grad_2.0_norm/w", "missing"]))
 def test_trainer_logs_read_the_same(tmp_path_factory, recs, key):
-    _both_ways(tmp_path_factory, recs, key)
+    read_every_way(tmp_path_factory, recs, key)
 
 
-@needs_reader
 @settings(max_examples=150, deadline=None)
 @given(st.lists(records(), max_size=30), st.sampled_from([None, "grad_norm", "_step", "\ufffd", "_runtime"]))
 def test_records_of_every_layout_read_the_same(tmp_path_factory, recs, key):
-    _both_ways(tmp_path_factory, recs, key)
+    read_every_way(tmp_path_factory, recs, key)
 
 
-@needs_reader
 @settings(max_examples=100, deadline=None)
 @given(trainer_logs(), st.integers(0, 10**7), st.integers(1, 255))
 def test_damaged_logs_read_the_same(tmp_path_factory, recs, at, byte):
     """A byte changed anywhere (a CRC, a length, a type, the data): the same rows, or the same error."""
-    _both_ways(tmp_path_factory, recs, damage=(at, byte))
-
-
-def _history(i, items, step=None):
-    body = b"".join(pb_bytes(1, pb_bytes(1, k) + pb_bytes(16, v)) for k, v in items)
-    return pb_int(1, i) + pb_bytes(2, body + (b"" if step is None else pb_bytes(2, pb_int(1, step))))
+    read_every_way(tmp_path_factory, recs, damage=(at, byte))
 
 
 @needs_reader
@@ -228,7 +122,7 @@ def test_the_compiled_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
     """The rows of wandb's layout are read by the compiled reader, those in whole blocks by wandb_block
     and those split over two blocks (joined by the Python reader) by wandb_record, none by the Python
     reader; wandb's _runtime is classified but not parsed, unless --key names it."""
-    recs = [_history(i, [(b"train/grad_norm", repr(0.5 + i).encode()), (b"_runtime", b"1.5"),
+    recs = [history_record(i, [(b"train/grad_norm", repr(0.5 + i).encode()), (b"_runtime", b"1.5"),
                          (b"img", b'{"_type": "image"}')], i) for i in range(2000)]
     p = str(write_log(tmp_path / "run-x.wandb", recs))
     calls = {"block": 0, "record": 0}
@@ -258,7 +152,7 @@ def test_the_compiled_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
     assert given.all() and (runtime == 1.5).all()
 
 
-def test_row_items_give_the_records_history():
+def test_row_items_give_the_recordshistory_record():
     """from_row_items on hand-made columns: a resumed run (steps going back), a step logged twice, a loss
     in a row of its own, a row without steps; and its records are the dicts the items say."""
     rows = [{"grad_norm": 1.0, "step": 1, "loss": 3.0}, {"grad_norm": 2.0, "step": 2},
@@ -309,32 +203,31 @@ def test_row_items_read_as_the_records(rows):
             == (want.steps, repr(want.norms), want.loss, want.lr, want.notes, want.tensor_norms))
 
 
-@needs_reader
 def test_steps_beyond_float64s_integers_read_the_same(tmp_path_factory):
     """W&B's step counter (HistoryStep.num) or a step item beyond 2^53: exact, as the Python reader reads
     them (float64 would round 2^53 + 1)."""
     for steps in ([2**53 + 1, 2**60 + 3], [5, 2**63 - 1]):
-        recs = [_history(i, [(b"grad_norm", b"1.5")], s) for i, s in enumerate(steps)]
-        h = _both_ways(tmp_path_factory, recs)
+        recs = [history_record(i, [(b"grad_norm", b"1.5")], s) for i, s in enumerate(steps)]
+        h = read_every_way(tmp_path_factory, recs)
         assert h[0] == steps
-        h = _both_ways(tmp_path_factory, [_history(i, [(b"grad_norm", b"1.5"), (b"step", str(s).encode())])
-                                          for i, s in enumerate(steps)])
+        recs = [history_record(i, [(b"grad_norm", b"1.5"), (b"step", str(s).encode())])
+                for i, s in enumerate(steps)]
+        h = read_every_way(tmp_path_factory, recs)
         assert h[0] == steps
 
 
-@needs_reader
 def test_a_split_records_part_with_a_whole_records_crc_is_damaged(tmp_path):
     """A record typed FIRST (2) whose CRC is that of a FULL (1) record of its data: the Python reader
     refuses it (its CRC is seeded with the type byte), and so does the compiled one."""
-    good = _history(1, [(b"grad_norm", b"1.5")], 1)
+    good = history_record(1, [(b"grad_norm", b"1.5")], 1)
     p = write_log(tmp_path / "run-x.wandb", [good] * 3 + [b"x" * 40000])  # more than a block: not the last
     data = bytearray(p.read_bytes())
     at = 7 + 7 + len(good)  # the second record's header
     assert data[at + 6] == 1
     data[at + 6] = 2
     p.write_bytes(bytes(data))
-    for compiled in (True, False):
-        assert _read(p, None, compiled) == (InputError, f"{p}: damaged W&B log (bad record at byte {at})")
+    for how in ("compiled", "numpy", "python") if scan is not None else ("numpy", "python"):
+        assert read_with(p, None, how) == (InputError, f"{p}: damaged W&B log (bad record at byte {at})")
 
 
 @needs_reader
@@ -382,17 +275,18 @@ def test_item_columns_refuse_items_out_of_range():
 def test_a_trainer_log_is_read_into_one_column_per_key(tmp_path):
     """A log's rows become KeyColumns (no per-key pass over the items); a log of many keys each in few rows
     (columns larger than twice the items) and keys whose bytes decode alike keep the items."""
-    recs = [_history(i, [(b"train/grad_norm", repr(0.5 + i).encode()), (b"train/loss", b"2")], i)
+    recs = [history_record(i, [(b"train/grad_norm", repr(0.5 + i).encode()), (b"train/loss", b"2")], i)
             for i in range(3000)]
     p = str(write_log(tmp_path / "run-x.wandb", recs))
     columns = wandb_log._row_items(p, p, scan, columns=True)
     assert isinstance(columns, logs.KeyColumns) and columns.keys == ["train/grad_norm", "train/loss", "_step"]
     assert columns.column("train/loss")[1].tolist() == [2.0] * 3000 and columns.column("_step")[2].all()
-    sparse = recs + [_history(3000 + j, [(f"grad_2.0_norm/p{j}".encode(), b"1.0")], 3000 + j)
+    sparse = recs + [history_record(3000 + j, [(f"grad_2.0_norm/p{j}".encode(), b"1.0")], 3000 + j)
                      for j in range(400)]
     p = str(write_log(tmp_path / "run-y.wandb", sparse))
     assert isinstance(wandb_log._row_items(p, p, scan, columns=True), logs.RowItems)
-    alike = recs[:5] + [_history(5, [(b"train/grad_norm", b"1.0"), (b"\xff", b"1"), (b"\xfe", b"2")], 5)]
+    alike = recs[:5] + [history_record(5, [(b"train/grad_norm", b"1.0"), (b"\xff", b"1"), (b"\xfe", b"2")],
+                                       5)]
     p = str(write_log(tmp_path / "run-z.wandb", alike))
     items = wandb_log._row_items(p, p, scan, columns=True)
     assert isinstance(items, logs.RowItems) and items.keys.count("\ufffd") == 1

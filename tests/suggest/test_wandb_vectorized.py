@@ -1,0 +1,136 @@
+"""The NumPy W&B history reader (gradtool/io/wandb_vectorized.py), what installs without the compiled one
+read W&B logs with: its value texts against Python's _number, its logs read in chunks of every size
+against the Python reader (tests/wandb_logs.py: the same rows, notes and errors), and that it reads the
+layout wandb writes itself, not through the Python reader."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from gradtool.io import wandb_log, wandb_vectorized
+from gradtool.io.wandb_vectorized import FLOAT, INTEGER, NOT_A_NUMBER, UNSURE, byte_columns, number_values
+from tests.wandb_encoder import pb_bytes, pb_int, write_log
+from tests.wandb_logs import history_record, number_texts as texts_of_numbers, read_every_way, read_with
+from tests.wandb_logs import records, trainer_logs
+
+
+def _kinds_and_values(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.array([len(t) for t in texts], dtype=np.int64)
+    buf = np.frombuffer(b"".join(texts) + bytes(512), dtype=np.uint8)
+    columns = byte_columns(buf, np.cumsum(lengths) - lengths, lengths, max(1, int(lengths.max(initial=1))))
+    return number_values(columns, lengths)
+
+
+ODD_TEXTS = [b"1.", b".5", b"-.5", b"1e5", b"1E+05", b"-0", b"007", b"1.e5", b"--1", b"1e", b"e5", b"-", b".",
+             b"1.2.3", b"1e5e5", b"1+5", b"+1", b"1\x00", b"nan", b"Infinity", b"-Infinity", b"NaN"]
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(texts_of_numbers, st.sampled_from(ODD_TEXTS)), max_size=40))
+@example([b"9007199254740993", b"123456789012345", b"1234567890123456", b"0" * 30])
+@example([b"2.2250738585072011e-308", b"4.9e-324", b"1e400", b"1.1145809631507386", b"9007199254740993.0"])
+def test_value_texts_read_as_python_reads_them(texts):
+    """Each text NOT_A_NUMBER where _number gives None, INTEGER where it gives an int (exact: at most 15
+    digits), FLOAT with float()'s double where it gives a float; UNSURE (left to Python) only for texts
+    outside the JSON-number forms."""
+    kinds, values = _kinds_and_values(texts)
+    for text, kind, value in zip(texts, kinds.tolist(), values.tolist()):
+        want = wandb_log._number(text)
+        if kind == UNSURE:
+            assert not (text[:1].isdigit() and text.replace(b".", b"", 1).isdigit() and len(text) <= 15), text
+            continue
+        if kind == NOT_A_NUMBER:
+            assert want is None, text
+            continue
+        assert type(want) is (int if kind == INTEGER else float), text
+        assert (math.isnan(value) and math.isnan(want)) or (
+            value == want and math.copysign(1, value) == math.copysign(1, want)), text
+
+
+def test_value_texts_of_the_forms_wandb_writes_are_not_left_to_python():
+    texts = [b"0.5", b"1.1145809631507386", b"-3", b"12", b"5e-05", b"4.9e-05", b"1E+22", b"0", b"-0.0"]
+    kinds, values = _kinds_and_values(texts)
+    assert kinds.tolist() == [FLOAT, FLOAT, FLOAT, INTEGER, FLOAT, FLOAT, FLOAT, INTEGER, FLOAT]
+    assert values.tolist() == [float(t) for t in texts]
+
+
+@contextlib.contextmanager
+def _chunks_of(blocks: int):
+    saved = wandb_vectorized.CHUNK_BLOCKS
+    wandb_vectorized.CHUNK_BLOCKS = blocks
+    try:
+        yield
+    finally:
+        wandb_vectorized.CHUNK_BLOCKS = saved
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(records(), max_size=30), st.sampled_from([1, 2, 3]),
+       st.sampled_from([None, "grad_norm", "_step", "_runtime"]))
+def test_logs_read_in_small_chunks_read_the_same(tmp_path_factory, recs, blocks, key):
+    """Chunks of one to three blocks: records split over blocks joined across chunks, a whole record
+    between the parts of a split one, a chunk of no whole record; the same rows as the Python reader's."""
+    with _chunks_of(blocks):
+        read_every_way(tmp_path_factory, recs, key)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trainer_logs(), st.integers(0, 10**7), st.integers(1, 255), st.sampled_from([1, 2]))
+def test_damaged_logs_read_in_small_chunks_read_the_same(tmp_path_factory, recs, at, byte, blocks):
+    with _chunks_of(blocks):
+        read_every_way(tmp_path_factory, recs + [b"x" * 40000] + recs, damage=(at, byte))
+
+
+def test_the_numpy_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
+    """The rows of wandb's layout (whole records and those split over blocks) are read with no call of the
+    Python reader; values that are not numbers give no item."""
+    recs = [history_record(i, [(b"train/grad_norm", repr(0.5 + i).encode()), (b"_runtime", b"1.5"),
+                               (b"img", b'{"_type": "image"}'), (b"train/global_step", str(i + 1).encode())],
+                           i) for i in range(3000)]
+    p = str(write_log(tmp_path / "run-x.wandb", recs))
+    monkeypatch.setattr(wandb_log, "history_rows", None)  # never called
+    monkeypatch.setattr(wandb_log, "_number", None)
+    items = wandb_log._row_items(p, p, None)
+    assert items.n_rows == 3000
+    assert items.keys == ["train/grad_norm", "_runtime", "train/global_step", "_step"]
+    given, values, ints = items.column("train/grad_norm")
+    assert given.all() and values.tolist() == [0.5 + i for i in range(3000)] and not ints.any()
+    given, steps, ints = items.column("train/global_step")
+    assert steps.tolist() == list(range(1, 3001)) and ints.all()
+    assert items.column("_step")[1].tolist() == list(range(3000))
+    given, runtime, _ = items.column("_runtime")
+    assert given.all() and (runtime == 1.5).all()
+
+
+def test_records_of_other_layouts_are_read_by_python_in_their_place(tmp_path):
+    """A record the NumPy reader does not read (an item of a two-byte length, a nested key) is read by
+    history_rows, its row kept in its place among the others."""
+    long_key = b"grad_2.0_norm/" + b"k" * 200
+    nested = pb_bytes(1, pb_bytes(2, b"a") + pb_bytes(2, b"b") + pb_bytes(16, b"7"))
+    recs = [history_record(0, [(b"grad_norm", b"1.0")], 0), history_record(1, [(long_key, b"2.5")], 1),
+            history_record(2, [(b"grad_norm", b"3.0")], 2), pb_int(1, 5) + pb_bytes(2, nested),
+            history_record(4, [(b"grad_norm", b"NaN")], 4)]
+    p = str(write_log(tmp_path / "run-x.wandb", recs))
+    items = wandb_log._row_items(p, p, None)
+    assert items.keys == ["grad_norm", "_step", long_key.decode(), "a.b"]
+    assert repr(items.records()) == repr([
+        {"grad_norm": 1.0, "_step": 0}, {long_key.decode(): 2.5, "_step": 1}, {"grad_norm": 3.0, "_step": 2},
+        {"a.b": 7}, {"grad_norm": math.nan, "_step": 4}])
+    assert read_with(p, None, "numpy") == read_with(p, None, "python")
+
+
+def test_a_collision_of_key_hashes_reads_the_log_in_python(tmp_path, monkeypatch):
+    """Keys are told apart by a hash and checked against their bytes: two keys of one hash (here every
+    key's) are seen, and the log is read by the Python reader, with the same history."""
+    recs = [history_record(i, [(b"train/grad_norm", repr(0.5 + i).encode()), (b"train/loss", b"2.0")], i)
+            for i in range(50)]
+    p = str(write_log(tmp_path / "run-x.wandb", recs))
+    want = read_with(p, None, "python")
+    monkeypatch.setattr(wandb_vectorized, "key_hashes", lambda names, _: np.zeros(len(names), np.uint64))
+    assert wandb_log._row_items(p, p, None) is None
+    assert read_with(p, None, "numpy") == want
