@@ -27,7 +27,8 @@ def _kinds_and_values(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 
 ODD_TEXTS = [b"1.", b".5", b"-.5", b"1e5", b"1E+05", b"-0", b"007", b"1.e5", b"--1", b"1e", b"e5", b"-", b".",
-             b"1.2.3", b"1e5e5", b"1+5", b"+1", b"1\x00", b"nan", b"Infinity", b"-Infinity", b"NaN"]
+             b"1.2.3", b"1e5e5", b"1+5", b"+1", b"1\x00", b"nan", b"Infinity", b"-Infinity", b"NaN", b"1e5.5",
+             b"-1e.5", b"1-", b"1e+", b"0,5", b"1/2"]
 
 
 @settings(max_examples=300)
@@ -122,6 +123,19 @@ def test_records_of_other_layouts_are_read_by_python_in_their_place(tmp_path):
         {"grad_norm": 1.0, "_step": 0}, {long_key.decode(): 2.5, "_step": 1}, {"grad_norm": 3.0, "_step": 2},
         {"a.b": 7}, {"grad_norm": math.nan, "_step": 4}])
     assert read_with(p, None, "numpy") == read_with(p, None, "python")
+
+
+def test_items_of_other_layouts_are_read_by_python(tmp_path):
+    """Items as history_rows' fast path does not read them (a field after the value, the value before the
+    key, a value's length byte that does not match the item's): their records read by Python, in place."""
+    item = pb_bytes(1, b"grad_norm") + pb_bytes(16, b"2.5")
+    layouts = [item + pb_int(3, 7), pb_bytes(16, b"2.5") + pb_bytes(1, b"grad_norm"),
+               item[:-4] + b"\x02" + item[-3:], item + b"\x1a\x00"]
+    for n, body in enumerate(layouts):
+        recs = [history_record(0, [(b"grad_norm", b"1.0")], 0), pb_int(1, 1) + pb_bytes(2, pb_bytes(1, body)),
+                history_record(2, [(b"grad_norm", b"3.0")], 2)]
+        p = write_log(tmp_path / f"run-{n}.wandb", recs)
+        assert read_with(p, None, "numpy") == read_with(p, None, "python")
 
 
 def test_a_collision_of_key_hashes_reads_the_log_in_python(tmp_path, monkeypatch):
