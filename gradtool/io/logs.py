@@ -1274,9 +1274,10 @@ def read_csv(path: str, key: str | None = None, text: str | None = None) -> Norm
         raise InputError(f"{path}: empty CSV (no header)")
     text, cut = _without_cut_last_row(text, len(header), delim)
     columns = _csv_columns(text, header, delim)  # numbers, words and empty cells, by C
+    gaps = columns is None and _may_have_empty_cells(text, delim)
+    if gaps:  # numbers and empty cells, by NumPy (before the all-numeric parse, which fails on them)
+        columns = _csv_numbers_with_gaps(text, header, delim)
     fast = _csv_fast(text, header, delim, key) if columns is None else None  # else msgspec, NumPy
-    if columns is None and fast is None:  # (an all-numeric CSV never pays for this search)
-        columns = _csv_numbers_with_gaps(text, header, delim)  # numbers and empty cells, by NumPy
     if columns is not None:
         hist = _noted_first(from_row_items(columns, path, "csv", key), cut)
         return _note_bucketed(hist, header, text, delim)
@@ -1333,6 +1334,13 @@ def _csv_columns(text: str, header: list[str], delim: str) -> KeyColumns | None:
         return None
     rows, width, values, flags = got
     return KeyColumns.of_buffers(rows, header[:width], values[:width], flags[:width])
+
+
+def _may_have_empty_cells(text: str, delim: str) -> bool:
+    """Whether a CSV's text has two delimiters in a row, or one at a line's start or end: an empty cell,
+    or a quoted delimiter (a search of the text, no pass of NumPy's)."""
+    d = delim
+    return d + d in text or d + "\n" in text or "\n" + d in text or d + "\r" in text or text.startswith(d)
 
 
 def _csv_numbers_with_gaps(text: str, header: list[str], delim: str) -> KeyColumns | None:
