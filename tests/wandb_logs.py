@@ -33,7 +33,7 @@ VALUES = st.one_of(number_texts, st.sampled_from([b'{"_type": "image-file"}', b'
 def records(draw):
     """One record: a history row (items in wandb's layout or others, a step field or none), or another
     kind of record."""
-    kind = draw(st.sampled_from(["row"] * 6 + ["other", "odd_item", "odd_record"]))
+    kind = draw(st.sampled_from(["row"] * 6 + ["other", "odd_item", "odd_record", "odd_field"]))
     if kind == "other":
         return pb_int(1, 1) + pb_bytes(4, pb_bytes(3, b"x" * draw(st.integers(0, 40000))))
     items = []
@@ -44,6 +44,13 @@ def records(draw):
                          else pb_bytes(1, pb_bytes(2, b"grads") + pb_bytes(2, key) + pb_bytes(16, value)))
         else:
             items.append(pb_bytes(1, pb_bytes(1, key) + pb_bytes(16, value)))
+    if kind == "odd_field":  # fields besides items and the step: wandb's _info (200), an unknown varint,
+        # fixed-width and varint fields 1 and 2 (Python takes the fixed-width ones as bytes)
+        extra = st.sampled_from([pb_bytes(200, pb_bytes(1, b"stream")), pb_int(3, 7), pb_int(1, 5),
+                                 pb_int(2, 9), b"\x09" + bytes(8), b"\x15" + bytes(4), b"\x1d" + bytes(4),
+                                 pb_bytes(1, b""), b"\x80\x01\x00"])
+        for _ in range(draw(st.integers(1, 2))):
+            items.insert(draw(st.integers(0, len(items))), draw(extra))
     body = b"".join(items)
     if draw(st.booleans()):
         body += pb_bytes(2, pb_int(1, draw(st.one_of(st.integers(0, 10**6), st.integers(0, 2**63)))))

@@ -155,12 +155,40 @@ def _varint_values(buf: np.ndarray, p: np.ndarray, most: int) -> tuple[np.ndarra
     return value, p + size, last.any(axis=1)
 
 
+def fields_at(buf: np.ndarray, p: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The protobuf field at each ``p`` of a message ending at ``e``: (its tag, where its value starts and
+    ends, and whether it is one Python's field reader would not read so: a tag of more than two bytes or
+    below 8, a varint of more than 10 bytes, a length of more than 4, a group, a value past ``e``)."""
+    t0, t1 = buf[p].astype(np.int64), buf[p + 1].astype(np.int64)
+    short = t0 < 0x80
+    tag = np.where(short, t0, (t0 & 0x7F) | t1 << 7)
+    data_at = p + np.where(short, 1, 2)
+    odd = (~short & (t1 >= 0x80)) | (tag < 8)
+    wire = tag & 7
+    value_end = data_at.copy()
+    is_varint = wire == 0
+    if is_varint.any():
+        v_end, v_ok = _varint_ends(buf, data_at[is_varint], 10)
+        value_end[is_varint] = v_end
+        odd[is_varint] |= ~v_ok
+    value_end[wire == 1] += 8
+    value_end[wire == 5] += 4
+    delimited = wire == 2
+    if delimited.any():
+        length, at, l_ok = _varint_values(buf, data_at[delimited], 4)
+        data_at[delimited] = at
+        value_end[delimited] = at + length
+        odd[delimited] |= ~l_ok
+    odd |= (wire == 3) | (wire == 4) | (wire > 5) | (value_end > e)
+    return tag, data_at, value_end, odd
+
+
 def record_histories(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, ...]:
     """Each Record ``buf[start:end]``'s first length-delimited field 2 (``Record.history``): (status,
-    start, end of the HistoryRecord). Its fields before it are read (a tag of one or two bytes; a varint,
-    fixed-width or length-delimited value) together for all records, one field a step; status NOT_HISTORY
-    when there is no field 2 of wire type 2, TO_PYTHON for anything else (a malformed or unusual field, a
-    fixed-width field 2): :func:`~gradtool.io.wandb_log.history_rows` reads those."""
+    start, end of the HistoryRecord). Its fields before it are read (:func:`fields_at`) together for all
+    records, one field a step; status NOT_HISTORY when there is no field 2 of wire type 2, TO_PYTHON for
+    anything else (a malformed or unusual field, a fixed-width field 2):
+    :func:`~gradtool.io.wandb_log.history_rows` reads those."""
     n = len(start)
     status = np.full(n, NOT_HISTORY, dtype=np.int8)
     h_start = np.zeros(n, dtype=np.int64)
@@ -169,35 +197,13 @@ def record_histories(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tup
     p = start[live]
     while len(live):
         e = end[live]
-        t0, t1 = buf[p].astype(np.int64), buf[p + 1].astype(np.int64)
-        short = t0 < 0x80
-        tag = np.where(short, t0, (t0 & 0x7F) | t1 << 7)
-        q = p + np.where(short, 1, 2)
-        odd = (~short & (t1 >= 0x80)) | (tag < 8)
-        wire = tag & 7
-        value_end = q.copy()
-        length = np.zeros(len(p), dtype=np.int64)
-        is_varint = wire == 0
-        if is_varint.any():
-            v_end, v_ok = _varint_ends(buf, q[is_varint], 10)
-            value_end[is_varint] = v_end
-            odd[is_varint] |= ~v_ok
-        value_end[wire == 1] += 8
-        value_end[wire == 5] += 4
-        delimited = wire == 2
-        if delimited.any():
-            length_d, data_at, l_ok = _varint_values(buf, q[delimited], 4)
-            length[delimited] = length_d
-            q[delimited] = data_at
-            value_end[delimited] = data_at + length_d
-            odd[delimited] |= ~l_ok
-        odd |= (wire == 3) | (wire == 4) | (wire > 5) | (value_end > e)
-        history = ~odd & (tag >> 3 == 2) & (wire != 0)
-        odd |= history & ~delimited  # a fixed-width field 2: Python takes it as bytes
+        tag, data_at, value_end, odd = fields_at(buf, p, e)
+        history = ~odd & (tag >> 3 == 2) & (tag & 7 != 0)
+        odd |= history & (tag & 7 != 2)  # a fixed-width field 2: Python takes it as bytes
         history &= ~odd
         status[live[odd]] = TO_PYTHON
         status[live[history]] = HISTORY
-        h_start[live[history]] = q[history]
+        h_start[live[history]] = data_at[history]
         h_end[live[history]] = value_end[history]
         more = ~odd & ~history & (value_end < e)
         live, p = live[more], value_end[more]
@@ -224,14 +230,15 @@ class Items:
 
 def history_items(buf: np.ndarray, status: np.ndarray, h_start: np.ndarray, h_end: np.ndarray) -> Items:
     """The items of the HistoryRecords ``buf[h_start:h_end]`` of the records of ``status`` HISTORY, the
-    k-th item of every record at the k-th step: ``0a L 0a K <key> 82 01 V <value>`` with L, K, V below 128
-    and ``L == K + V + 5`` (the layout history_rows' fast path reads), and the step ``12 L 08 <varint>``
-    (L below 128, the number at most 2^53). A record holding anything else is set TO_PYTHON in ``status``
-    (its items dropped)."""
+    k-th field of every record at the k-th step: items ``0a L 0a K <key> 82 01 V <value>`` with L, K, V
+    below 128 and ``L == K + V + 5`` (the layout history_rows' fast path reads), the step ``12 L 08
+    <varint>`` (L below 128, the number at most 2^53); other fields (``_info``; a field 1 or 2 of another
+    wire type) skipped, as history_rows skips them. A record holding anything else (an item of another
+    layout, a malformed field) is set TO_PYTHON in ``status`` (its items dropped)."""
     live = np.flatnonzero(status == HISTORY)
     q = h_start[live]
     found: list[tuple[np.ndarray, ...]] = []
-    k = 0
+    taken = np.zeros(len(status), dtype=np.int64)  # each record's items so far
     while len(live):
         e = h_end[live]
         more = q < e
@@ -247,35 +254,35 @@ def history_items(buf: np.ndarray, status: np.ndarray, h_start: np.ndarray, h_en
         item = (framed & (b0 == 0x0A) & (size >= 5) & (buf[q + 2] == 0x0A) & (key_len < 0x80)
                 & (5 + key_len <= size) & (buf[k_at] == 0x82) & (buf[k_at + 1] == 0x01)
                 & (buf[k_at + 2] == size - 5 - key_len))
-        odd = ~item
-        step = None
-        if odd.any():
-            step = odd & framed & (b0 == 0x12) & (size >= 2) & (buf[q + 2] == 0x08)
+        step_value = np.full(len(q), -1, dtype=np.int64)
+        if not item.all():
+            other = ~item
+            step = other & framed & (b0 == 0x12) & (size >= 2) & (buf[q + 2] == 0x08)
             if step.any():
                 value, value_end, ended = _varint_values(buf, q[step] + 3, 8)
-                step_value = np.full(len(q), -1, dtype=np.int64)
-                step_value[step] = value
-                step[step] = ended & (value_end <= end[step]) & (value <= 1 << 53)
-                odd &= ~step
-            if odd.any():
-                status[live[odd]] = TO_PYTHON
-                keep = ~odd
-                live, q, end, step = live[keep], q[keep], end[keep], step[keep]
-                if step.any():
-                    step_value = step_value[keep]
-            if not step.any():
-                step = None
-        found.append((live, q, np.full(len(live), k, dtype=np.int64),
-                      step_value if step is not None else np.full(len(live), -1, dtype=np.int64)))
+                step_value[step] = np.where(ended & (value_end <= end[step]) & (value <= 1 << 53), value, -1)
+            other &= step_value < 0
+            tag, _, field_end, odd = fields_at(buf, q[other], e[other])
+            skipped = ~odd & ((tag >> 3 > 2) | (tag & 7 == 0))  # (a fixed-width 1 or 2: bytes to Python)
+            status[live[other][~skipped]] = TO_PYTHON
+            end[other] = field_end
+            emit = ~other
+            keep = emit.copy()
+            keep[other] = skipped
+            if not keep.all():
+                live, q, end, emit, step_value = live[keep], q[keep], end[keep], emit[keep], step_value[keep]
+        else:
+            emit = item
+        at = live[emit]
+        found.append((at, q[emit], taken[at], step_value[emit]))
+        taken[at] += 1
         q = end
-        k += 1
     if not found:
         none = np.zeros(0, dtype=np.int64)
         return Items(none, none, none, none, none, none)
     record, at, kth, step_num = (np.concatenate(c) for c in zip(*found))
-    counts = np.bincount(record, minlength=len(status))
     order = np.empty(len(record), dtype=np.int64)
-    order[(np.cumsum(counts) - counts)[record] + kth] = np.arange(len(record))
+    order[(np.cumsum(taken) - taken)[record] + kth] = np.arange(len(record))
     order = order[status[record[order]] == HISTORY]
     record, at, step_num = record[order], at[order], step_num[order]
     step = step_num >= 0

@@ -108,6 +108,21 @@ def test_the_numpy_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
     assert given.all() and (runtime == 1.5).all()
 
 
+def test_other_fields_of_a_history_are_skipped_without_python(tmp_path, monkeypatch):
+    """A HistoryRecord's fields besides its items and step (wandb's ``_info``, field 200), and a Record's
+    after its history (``control``, 16), are skipped by the NumPy reader itself, as Python skips them."""
+    body = (pb_bytes(1, pb_bytes(1, b"grad_norm") + pb_bytes(16, b"0.5")) + pb_bytes(200, pb_bytes(1, b"s"))
+            + pb_bytes(2, pb_int(1, 7)))
+    recs = [pb_int(1, i) + pb_bytes(2, body) + pb_bytes(16, pb_int(1, 1)) for i in range(100)]
+    p = str(write_log(tmp_path / "run-x.wandb", recs))
+    want = read_with(p, None, "python")
+    monkeypatch.setattr(wandb_log, "history_rows", None)  # never called
+    items = wandb_log._row_items(p, p, None)
+    assert items.n_rows == 100 and items.records() == [{"grad_norm": 0.5, "_step": 7}] * 100
+    monkeypatch.undo()
+    assert read_with(p, None, "numpy") == want
+
+
 def test_records_of_other_layouts_are_read_by_python_in_their_place(tmp_path):
     """A record the NumPy reader does not read (an item of a two-byte length, a nested key) is read by
     history_rows, its row kept in its place among the others."""
