@@ -170,11 +170,17 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
     done = 0
 
     batch_of: dict[int, Any] = {}  # tensor -> the future of its batch's statistics
+    batch_got: dict[Any, dict[int, TensorStats | None]] = {}  # a batch's, once its future is done (a
+    # future's result() takes a lock: 20,000 tensors' took 0.17 s)
 
     def finish(k: int) -> None:
         info = infos[k]
         if k in batch_of:
-            stats = batch_of[k].result()[k] or streamed_stats(reader, info, p)
+            future = batch_of[k]
+            got = batch_got.get(future)
+            if got is None:
+                got = batch_got[future] = future.result()
+            stats = got[k] or streamed_stats(reader, info, p)
         else:
             stats = accumulated_stats(accs[k], info)
         summary.tensors.append((info.name, stats))

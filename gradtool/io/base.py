@@ -649,6 +649,16 @@ class DumpWriter:
             pos += c.shape[0]
         self.add(info, out)
 
+    def add_run(self, infos: list[TensorInfo], data: np.ndarray) -> None:
+        """Write the tensors ``infos`` (next to one another in the plan) whose bytes, C-ordered and in native
+        byte order, lie one after another in ``data`` (uint8): each through :meth:`add_chunks` here; a
+        format that stores tensors back to back writes the bytes at once (``clip`` of many small tensors
+        gives them so: see ``clip_dump._clip_run``)."""
+        pos = 0
+        for info in infos:
+            self.add_chunks(info, iter([data[pos:pos + info.nbytes].view(info.dtype)]))
+            pos += info.nbytes
+
     def add_copy(self, info: TensorInfo, source: tuple[int, int], where: str) -> bool:
         """Write a tensor whose bytes are to be copied unchanged from ``source`` = (file descriptor, byte
         offset), where they lie uncompressed, C-ordered and in native byte order (a reader's

@@ -197,11 +197,14 @@ class SafetensorsWriter(DumpWriter):
         self._planned = list(infos)
 
     def _entry(self, method: str, name: str, dtype: np.dtype,
-               shape: tuple[int, ...] | None = None) -> TensorInfo:
-        """The next planned header entry, which the tensor about to be written (by ``method``) must match."""
+               shape: tuple[int, ...] | None = None, ahead: int = 0) -> TensorInfo:
+        """The next planned header entry (``ahead``: the one so many after it), which the tensor about to be
+        written (by ``method``) must match."""
         if self._planned is None:
             raise RuntimeError(f"SafetensorsWriter.plan() must be called before {method}()")
-        expect = self._planned[self._next]
+        if self._next + ahead >= len(self._planned):
+            raise RuntimeError(f"tensor {name!r} is not in the planned header")
+        expect = self._planned[self._next + ahead]
         if expect.name != name or expect.dtype != dtype or (shape is not None and shape != expect.shape):
             raise RuntimeError(f"tensor {name!r} does not match the planned header entry {expect.name!r}")
         return expect
@@ -228,6 +231,20 @@ class SafetensorsWriter(DumpWriter):
         if written != expect.nbytes:
             raise RuntimeError(f"tensor {info.name!r}: wrote {written} bytes, planned {expect.nbytes}")
         self._next += 1
+
+    def add_run(self, infos: list[TensorInfo], data: np.ndarray) -> None:
+        """Tensors stored back to back, as safetensors stores them: their bytes written at once (a
+        little-endian machine's, or one-byte types'; else one at a time)."""
+        if sys.byteorder != "little" and any(i.dtype.itemsize > 1 for i in infos):
+            return super().add_run(infos, data)
+        for k, info in enumerate(infos):
+            expect = self._entry("add_run", info.name, info.dtype, ahead=k)
+            if expect.nbytes != info.nbytes:
+                raise RuntimeError(f"tensor {info.name!r}: {info.nbytes} bytes, planned {expect.nbytes}")
+        if sum(i.nbytes for i in infos) != len(data):
+            raise RuntimeError("add_run: the bytes are not the tensors'")
+        write_all(self._f, memoryview(data))
+        self._next += len(infos)
 
     def add_copy(self, info: TensorInfo, source: tuple[int, int], where: str) -> bool:
         """The tensor's bytes copied by the kernel (:func:`copy_range`): safetensors stores them raw, in

@@ -523,3 +523,100 @@ def test_clips_first_pass_over_small_tensors_many_to_a_call_is_the_tensor_by_ten
     assert outcomes[0] == outcomes[1]
     if outcomes[0][0] != "error":
         assert outcomes[0][3] == 2 * len(arrays)  # pass 1 and pass 2, every (floating-point) tensor
+
+
+_run_dtypes = ["float32"] * 8 + ["float16", "bfloat16", "float64", "int32"]
+_run_tensor = st.tuples(st.one_of(st.integers(1, 100), st.integers(0, 150)), st.sampled_from(_run_dtypes),
+                        st.sampled_from(["plain"] * 6 + ["nan", "zeros"]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_run_tensor, min_size=3, max_size=25), st.sampled_from(["safetensors", "npz", "h5"]),
+       st.sampled_from(["propagate", "propagate", "zero"]), st.sampled_from([1e-3, 1e-3, 1e30]),
+       st.booleans(), st.sampled_from([None, None, "t1*"]), st.sampled_from([300, 2000, 1 << 20]))
+def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, tensors, ext, nonfinite, max_,
+                                                              dry, select, run_bytes):
+    """Small tensors lying back to back, clipped a run at a time (one read, a kernel call each, one write:
+    clip_dump._clip_run), give the report, progress and output bytes of clipping them one at a time; runs
+    broken by tensors too large for them (here over 100 elements), of other types, not selected, or
+    over the run's bytes, and by a scale of 1."""
+    import dataclasses
+
+    from gradtool import clip_dump as clip_mod
+    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.errors import InputError
+    from gradtool.io.dump import make_writer
+
+    d = tmp_path_factory.mktemp("runs")
+    rng = np.random.default_rng(len(tensors))
+    arrays = {}
+    for k, (size, dtype, kind) in enumerate(tensors):
+        a = (rng.standard_normal(size) * 100).astype(np.float32 if dtype == "bfloat16" else dtype)
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            a = a.astype(ml_dtypes.bfloat16)
+        if kind == "zeros":
+            a[:] = 0
+        elif kind == "nan" and size and dtype != "int32":
+            a[size // 2] = np.nan
+        arrays[f"t{k}"] = a
+    src = str(d / f"in.{ext}")
+    try:
+        save_dump(src, arrays)
+    except InputError:  # (a format that does not hold bfloat16)
+        return
+    outcomes = []
+    for runs in (True, False):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(clip_mod, "RUN_ELEMENTS", 100)
+            m.setattr(clip_mod, "RUN_BYTES", run_bytes)
+            if not runs:
+                m.setattr(clip_mod, "_small_runs", lambda *a, **k: {})  # one tensor at a time
+            out = str(d / f"out_{runs}.{ext}")
+            ticks = []
+            spec = ClipSpec(mode="global-norm", max=max_, nonfinite=nonfinite,
+                            select=(select,) if select else ())
+            with open_dump(src) as r:
+                if dry:
+                    rep = clip_dump(r, None, spec, on_tensor=ticks.append)
+                else:
+                    with make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata) as w:
+                        rep = clip_dump(r, w, spec, on_tensor=ticks.append)
+            written = {}
+            if not dry:
+                with open_dump(out) as r:
+                    written = {n: r.read(n).tobytes() for n in r.names}
+            outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]), rep.scale,
+                             repr(rep.global_norm_after), sum(ticks), written))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch):
+    """A safetensors dump of 3,000 small float32 tensors (and one of int32 between them): clipped in runs
+    of at most RUN_BYTES, every float32 tensor in one, each run written with one write."""
+    from gradtool import clip_dump as clip_mod
+    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.io.dump import make_writer
+    from gradtool.io.safetensors import SafetensorsWriter
+
+    rng = np.random.default_rng(0)
+    arrays = {f"t{k:04d}": rng.standard_normal(int(rng.integers(1, 400))).astype(np.float32)
+              for k in range(3000)}
+    arrays["t1500"] = np.arange(7, dtype=np.int32)
+    save_dump(str(tmp_path / "in.safetensors"), arrays)
+    runs, writes = [], []
+    clip_run, add_run = clip_mod._clip_run, SafetensorsWriter.add_run
+    monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[2]) or clip_run(*a, **k))
+    monkeypatch.setattr(SafetensorsWriter, "add_run", lambda self, infos, data: writes.append(len(infos))
+                        or add_run(self, infos, data))
+    monkeypatch.setattr(clip_mod, "RUN_BYTES", 64 << 10)
+    with open_dump(str(tmp_path / "in.safetensors")) as r, make_writer(str(tmp_path / "out.safetensors"),
+                                                                       "safetensors", r.metadata) as w:
+        rep = clip_dump(r, w, ClipSpec(mode="global-norm", max=1.0))
+    assert rep.scale < 1 and all(run.nbytes <= 64 << 10 for run in runs) and len(runs) > 10
+    assert sum(len(run.tensors) for run in runs) == 2999 and writes == [len(run.tensors) for run in runs]
+    with open_dump(str(tmp_path / "out.safetensors")) as r:
+        for name, a in arrays.items():
+            want = a if a.dtype == np.int32 else (a * np.float32(rep.scale)).astype(np.float32)
+            assert r.read(name).tobytes() == want.tobytes(), name
