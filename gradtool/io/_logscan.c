@@ -44,8 +44,9 @@
 #define BLOCK 32768
 #define HEADER 7
 #define FULL 1
-#define MAX_KEYS 256
-#define SLOTS 512 /* the key table: open addressing, at most half full */
+#define SLOTS 512 /* the key table: open addressing, at most half full; grown (doubled) up to MAX_SLOTS */
+#define MAX_SLOTS 8192
+#define MAX_KEYS (MAX_SLOTS / 2) /* a log of each parameter's norm: a key per parameter */
 
 typedef uint32_t crc_tables_t[8][256];
 static crc_tables_t crc32_tables, crc32c_tables; /* zlib's CRC-32; CRC-32C (Castagnoli) */
@@ -372,42 +373,117 @@ done:
 }
 
 typedef struct {
-    const unsigned char *key[SLOTS];
-    Py_ssize_t len[SLOTS];
-    int id[SLOTS];   /* the key's index in the dict of keys; -1 until an item of it is read */
-    int skip[SLOTS]; /* its values are not needed */
+    const unsigned char *key; /* NULL: an empty slot */
+    Py_ssize_t len;
+    int id;   /* the key's index in the dict of keys; -1 until an item of it is read */
+    int skip; /* its values are not needed */
+} slot_t;
+
+typedef struct {
+    slot_t *table; /* `slots` slots: `first` until it is outgrown, then on the heap */
+    uint32_t slots;
     int count;
-    int pending[MAX_KEYS], n_pending; /* slots of keys new to the dict in the record being read */
+    int *pending, n_pending; /* slots of keys new to the dict in the record being read (at most slots / 2) */
+    slot_t first[SLOTS];
+    int first_pending[SLOTS / 2];
     PyObject *keys, *skip_set;
     double *values;
     int32_t *rows, *ids;
     Py_ssize_t n_items, cap_items;
 } scan_t;
 
+/* The FNV-1a hash of a key. */
+static uint32_t key_hash(const unsigned char *key, Py_ssize_t len) {
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t i = 0; i < len; i++) h = (h ^ key[i]) * 16777619u;
+    return h;
+}
+
+/* The key table twice as large, its keys (and the slots in `pending`) moved: 0, or -1 out of memory. */
+static int grow_keys(scan_t *s) {
+    uint32_t slots = 2 * s->slots;
+    slot_t *table = PyMem_Calloc(slots, sizeof(slot_t));
+    int *pending = PyMem_Malloc(slots / 2 * sizeof(int));
+    int32_t *moved = PyMem_Malloc(s->slots * sizeof(int32_t));
+    if (table == NULL || pending == NULL || moved == NULL) {
+        PyMem_Free(table);
+        PyMem_Free(pending);
+        PyMem_Free(moved);
+        return -1;
+    }
+    for (uint32_t old = 0; old < s->slots; old++) {
+        moved[old] = -1;
+        if (s->table[old].key == NULL) continue;
+        uint32_t slot = key_hash(s->table[old].key, s->table[old].len) % slots;
+        while (table[slot].key != NULL) slot = (slot + 1) % slots;
+        table[slot] = s->table[old];
+        moved[old] = (int32_t)slot;
+    }
+    for (int k = 0; k < s->n_pending; k++) pending[k] = moved[s->pending[k]];
+    PyMem_Free(moved);
+    if (s->table != s->first) {
+        PyMem_Free(s->table);
+        PyMem_Free(s->pending);
+    }
+    s->table = table;
+    s->pending = pending;
+    s->slots = slots;
+    return 0;
+}
+
+/* A new scan (keys table empty), or NULL out of memory. */
+static scan_t *scan_new(void) {
+    scan_t *s = PyMem_Calloc(1, sizeof(scan_t));
+    if (s == NULL) return NULL;
+    s->table = s->first;
+    s->pending = s->first_pending;
+    s->slots = SLOTS;
+    return s;
+}
+
+static void scan_free(scan_t *s) {
+    if (s == NULL) return;
+    if (s->table != s->first) {
+        PyMem_Free(s->table);
+        PyMem_Free(s->pending);
+    }
+    PyMem_Free(s->values);
+    PyMem_Free(s->rows);
+    PyMem_Free(s->ids);
+    PyMem_Free(s);
+}
+
 #define NO_MEMORY -2
 #define FAILED -3 /* a Python error is set */
 
-/* The slot of `key` in the table (added, with whether its values are skipped, when new); -1 when the table
- * is full, FAILED on a Python error. */
+/* The slot of `key` in the table (added, with whether its values are skipped, when new; the table grown
+ * when half full); -1 when it holds MAX_KEYS keys, FAILED on a Python error (or out of memory). */
 static int key_slot(scan_t *s, const unsigned char *key, Py_ssize_t len) {
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (Py_ssize_t i = 0; i < len; i++) h = (h ^ key[i]) * 16777619u;
-    for (uint32_t slot = h % SLOTS;; slot = (slot + 1) % SLOTS) {
-        if (s->key[slot] == NULL) {
+    uint32_t h = key_hash(key, len);
+    for (uint32_t slot = h % s->slots;; slot = (slot + 1) % s->slots) {
+        slot_t *e = &s->table[slot];
+        if (e->key == NULL) {
             if (s->count == MAX_KEYS) return -1;
+            if ((uint32_t)s->count == s->slots / 2) {
+                if (grow_keys(s) < 0) {
+                    PyErr_NoMemory();
+                    return FAILED;
+                }
+                return key_slot(s, key, len);
+            }
             PyObject *name = PyBytes_FromStringAndSize((const char *)key, len);
             if (name == NULL) return FAILED;
             int skip = PySet_Contains(s->skip_set, name);
             Py_DECREF(name);
             if (skip < 0) return FAILED;
-            s->key[slot] = key;
-            s->len[slot] = len;
-            s->id[slot] = -1;
-            s->skip[slot] = skip;
+            e->key = key;
+            e->len = len;
+            e->id = -1;
+            e->skip = skip;
             s->count++;
             return (int)slot;
         }
-        if (s->len[slot] == len && memcmp(s->key[slot], key, (size_t)len) == 0) return (int)slot;
+        if (e->len == len && memcmp(e->key, key, (size_t)len) == 0) return (int)slot;
     }
 }
 
@@ -415,8 +491,9 @@ static int key_slot(scan_t *s, const unsigned char *key, Py_ssize_t len) {
  * given the next index and added when its record is read whole (commit), forgotten if it is left to
  * Python (rollback): the dict gets the keys of the items read, in first-seen order. FAILED on an error. */
 static int slot_id(scan_t *s, int slot) {
-    if (s->id[slot] >= 0) return s->id[slot];
-    PyObject *name = PyBytes_FromStringAndSize((const char *)s->key[slot], s->len[slot]);
+    slot_t *e = &s->table[slot];
+    if (e->id >= 0) return e->id;
+    PyObject *name = PyBytes_FromStringAndSize((const char *)e->key, e->len);
     if (name == NULL) return FAILED;
     PyObject *known = PyDict_GetItemWithError(s->keys, name);
     Py_DECREF(name);
@@ -433,14 +510,14 @@ static int slot_id(scan_t *s, int slot) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "key index out of range");
         return FAILED;
     }
-    return s->id[slot] = (int)id;
+    return e->id = (int)id;
 }
 
 static int commit(scan_t *s) {
     for (int k = 0; k < s->n_pending; k++) {
-        int slot = s->pending[k];
-        PyObject *name = PyBytes_FromStringAndSize((const char *)s->key[slot], s->len[slot]);
-        PyObject *index = name == NULL ? NULL : PyLong_FromLong(s->id[slot]);
+        slot_t *e = &s->table[s->pending[k]];
+        PyObject *name = PyBytes_FromStringAndSize((const char *)e->key, e->len);
+        PyObject *index = name == NULL ? NULL : PyLong_FromLong(e->id);
         int failed = index == NULL || PyDict_SetItem(s->keys, name, index) < 0;
         Py_XDECREF(name);
         Py_XDECREF(index);
@@ -451,7 +528,7 @@ static int commit(scan_t *s) {
 }
 
 static void rollback(scan_t *s) {
-    for (int k = 0; k < s->n_pending; k++) s->id[s->pending[k]] = -1;
+    for (int k = 0; k < s->n_pending; k++) s->table[s->pending[k]].id = -1;
     s->n_pending = 0;
 }
 
@@ -713,7 +790,7 @@ static int read_record(scan_t *s, const unsigned char *p, Py_ssize_t n, int32_t 
                 if (slot == FAILED) goto failed;
                 if (slot < 0) goto to_python;
                 double x = 0.0;
-                int kind = classify(q + i + 7 + k, end - (i + 7 + k), &x, !s->skip[slot]);
+                int kind = classify(q + i + 7 + k, end - (i + 7 + k), &x, !s->table[slot].skip);
                 if (kind == UNSURE) goto to_python;
                 if (kind != NOT_A_NUMBER) {
                     int id = slot_id(s, slot);
@@ -786,10 +863,7 @@ static int flush(scan_t *s, PyObject **arrays) {
         else
             memcpy(PyByteArray_AS_STRING(arrays[k]) + had, src[k], (size_t)(s->n_items * width[k]));
     }
-    PyMem_Free(s->values);
-    PyMem_Free(s->rows);
-    PyMem_Free(s->ids);
-    PyMem_Free(s);
+    scan_free(s);
     return failed ? -1 : 0;
 }
 
@@ -799,9 +873,9 @@ static PyObject *wandb_block(PyObject *self, PyObject *args) {
     int row0;
     PyObject *out, *arrays[3];
     if (!PyArg_ParseTuple(args, "y*niO", &view, &at, &row0, &out)) return NULL;
-    scan_t *s = PyMem_Calloc(1, sizeof(scan_t));
+    scan_t *s = scan_new();
     if (s == NULL || take_out(out, s, arrays) < 0) {
-        PyMem_Free(s);
+        scan_free(s);
         PyBuffer_Release(&view);
         return s == NULL ? PyErr_NoMemory() : NULL;
     }
@@ -838,9 +912,9 @@ static PyObject *wandb_record(PyObject *self, PyObject *args) {
     int row0;
     PyObject *out, *arrays[3];
     if (!PyArg_ParseTuple(args, "y*iO", &view, &row0, &out)) return NULL;
-    scan_t *s = PyMem_Calloc(1, sizeof(scan_t));
+    scan_t *s = scan_new();
     if (s == NULL || take_out(out, s, arrays) < 0) {
-        PyMem_Free(s);
+        scan_free(s);
         PyBuffer_Release(&view);
         return s == NULL ? PyErr_NoMemory() : NULL;
     }

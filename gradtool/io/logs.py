@@ -375,6 +375,21 @@ class RowItems:
     def __init__(self, n_rows: int, keys: list[str], row: Any, key: Any, value: Any, is_int: Any):
         self.n_rows, self.keys = n_rows, keys
         self.row, self.key, self.value, self.is_int = row, key, value, is_int
+        self._by_key: tuple[Any, Any] | None = None  # (items in key order, where each key's start)
+
+    def _items_of(self, k: int) -> Any:
+        """The items of key ``k`` (in logging order), as a mask of all, or with many keys (a log of each
+        parameter's norm: 500 keys of 5,000 rows each were a scan of all 2.5·10^6 items per key, 0.8 s)
+        as indices, from the items sorted by key once."""
+        import numpy as np
+
+        if len(self.keys) <= 16:
+            return self.key == k
+        if self._by_key is None:
+            order = np.argsort(self.key, kind="stable")
+            self._by_key = order, np.searchsorted(self.key[order], np.arange(len(self.keys) + 1))
+        order, starts = self._by_key
+        return order[starts[k]:starts[k + 1]]
 
     def column(self, name: str | None) -> tuple[Any, Any, Any]:
         """(given, values, is_int) of key ``name`` over the rows: whether each row has it, its value there
@@ -384,7 +399,7 @@ class RowItems:
         given, values = np.zeros(self.n_rows, dtype=bool), np.full(self.n_rows, np.nan)
         is_int = np.zeros(self.n_rows, dtype=bool)
         if name in self.keys:
-            sel = self.key == self.keys.index(name)
+            sel = self._items_of(self.keys.index(name))
             rows, vals, ints = self.row[sel], self.value[sel], self.is_int[sel]
             if rows.size > 1:  # a row's last item of the key (rows are in order): NumPy does not promise
                 last = np.ones(rows.size, dtype=bool)  # which of repeated indices an assignment keeps

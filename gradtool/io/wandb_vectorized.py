@@ -463,7 +463,7 @@ class _Keys:
             np.zeros(len(hashes), dtype=bool)
         if not known.all():
             new = np.flatnonzero(~known)
-            fresh, first = np.unique(hashes[new], return_index=True)
+            _, first = np.unique(hashes[new], return_index=True)
             for i in np.sort(new[first]).tolist():
                 name = rows[i, :lengths[i]].tobytes()
                 if name in self.names:  # the same bytes under another hash: cannot be

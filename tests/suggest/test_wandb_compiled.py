@@ -152,7 +152,30 @@ def test_the_compiled_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
     assert given.all() and (runtime == 1.5).all()
 
 
-def test_row_items_give_the_recordshistory_record():
+@pytest.mark.parametrize("keys", [300, 1200, 5000])
+def test_a_log_of_each_parameters_norm_is_read_by_the_compiled_reader(tmp_path, monkeypatch, keys):
+    """A record of hundreds or thousands of keys (W&B's history of each parameter's gradient norm): the
+    compiled reader's key table grows (rehashing, the record's new keys kept), the rows are the Python
+    reader's, and none is left to it; past MAX_KEYS (4096) distinct keys in a record Python reads it."""
+    names = [f"grad_2.0_norm/layers.{k}.weight".encode() for k in range(keys)]
+    recs = [history_record(i, [(b"grad_2.0_norm_total", b"1.5"), *((n, repr(0.01 * k + i).encode())
+                                                                   for k, n in enumerate(names))], i)
+            for i in range(6)]
+    p = write_log(tmp_path / "run-x.wandb", recs)
+    want = read_with(p, None, "python")
+    assert read_with(p, None, "compiled") == want and read_with(p, None, "numpy") == want
+    if scan is None:
+        return
+    calls = []
+    history_rows = wandb_log.history_rows
+    monkeypatch.setattr(wandb_log, "history_rows", lambda r: calls.append(1) or history_rows(r))
+    items = wandb_log._row_items(str(p), str(p), scan)
+    assert items.n_rows == 6 and len(items.keys) == keys + 2
+    assert bool(calls) == (keys + 2 > 4096)
+    assert items.column(names[-1].decode())[1].tolist() == [0.01 * (keys - 1) + i for i in range(6)]
+
+
+def test_row_items_give_the_records_history():
     """from_row_items on hand-made columns: a resumed run (steps going back), a step logged twice, a loss
     in a row of its own, a row without steps; and its records are the dicts the items say."""
     rows = [{"grad_norm": 1.0, "step": 1, "loss": 3.0}, {"grad_norm": 2.0, "step": 2},
@@ -258,6 +281,30 @@ def test_item_columns_are_the_items_columns(rows):
     got, want = columns.records(), items.records()  # a row's keys in the keys' order: the same keys first
     assert [repr(sorted(r.items())) for r in got] == [repr(sorted(r.items())) for r in want]  # seen
     assert list(dict.fromkeys(k for r in got for k in r)) == list(dict.fromkeys(k for r in want for k in r))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 40), st.one_of(st.floats(), st.integers(-2**53, 2**53))),
+                         max_size=8), max_size=30))
+def test_a_row_items_column_is_its_records_values(rows):
+    """RowItems.column, by a scan of the items (few keys) or from the items sorted by key once (many: a log
+    of each parameter's norm), is each row's value of the key in its records (the last item of it), NaN
+    and not given where a row has none, and whether it was an int."""
+    for n_keys in (41, 5):
+        keyed = [[(k % n_keys, v) for k, v in items] for items in rows]
+        order = list(dict.fromkeys([*(k for items in keyed for k, _ in items), *range(n_keys)]))
+        first_seen = {k: i for i, k in enumerate(order)}
+        flat = [(r, first_seen[k], float(v), type(v) is int)
+                for r, items in enumerate(keyed) for k, v in items]
+        items = logs.RowItems(len(keyed), [f"k{k}" for k in order], *(np.array(c, dtype=t) for c, t in zip(
+            zip(*flat) if flat else ([], [], [], []), (np.int32, np.int32, np.float64, bool))))
+        records = items.records()
+        for name in [*items.keys, "absent"]:
+            given, values, ints = items.column(name)
+            assert given.tolist() == [name in r for r in records]
+            want = [r.get(name, math.nan) for r in records]
+            assert repr(values.tolist()) == repr([float(v) for v in want])
+            assert ints.tolist() == [type(r.get(name)) is int for r in records]
 
 
 @needs_reader
