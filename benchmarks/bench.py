@@ -229,6 +229,22 @@ def write_wandb_log(path: str, norms: np.ndarray) -> None:
         "_timestamp": 1795521146.123456 + 0.37 * i}) for i, v in enumerate(norms)])
 
 
+def write_wandb_per_parameter_log(path: str, norms: np.ndarray, parameters: int = 500) -> None:
+    """A W&B run log of Lightning's ``self.log_dict(grad_norm(self, norm_type=2))`` under the WandbLogger:
+    a history record per step of ``norms`` (the total) with ``parameters`` norms more and the step (each
+    record ~30 KB, split over blocks)."""
+    import pathlib
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    from tests.wandb_encoder import history, write_log
+
+    scale = np.linspace(0.05, 0.5, parameters)
+    names = [f"grad_2.0_norm/layers.{k // 4}.{'qkvo'[k % 4]}_proj.weight" for k in range(parameters)]
+    write_log(pathlib.Path(path), [history(i, i, {
+        "grad_2.0_norm_total": float(v), **dict(zip(names, (scale * float(v)).tolist())),
+        "trainer/global_step": i, "_step": i}) for i, v in enumerate(norms)])
+
+
 def write_tensorboard_log(path: str, norms: np.ndarray, tf2: bool = False) -> str:
     """A TensorBoard run directory of one event file as ``SummaryWriter.add_scalar`` writes it (``tf2``: as
     TensorFlow 2's ``tf.summary.scalar`` and Keras write it, each scalar a tensor of one float32 with the
@@ -334,9 +350,13 @@ def measure_logs(tmp: str, rows: list[tuple[str, str, str, str]]) -> None:
              lambda p: write_per_parameter_log(p, norms[:2_000]), os.path.join(tmp, "params.jsonl")),
             ("a Lightning metrics.csv of per-parameter norms, 20,000 steps x 500 parameters (10^7 points, "
              "validation rows of empty cells; --format json)",
-             lambda p: write_lightning_csv(p, norms[:20_000]), os.path.join(tmp, "metrics.csv"))):
+             lambda p: write_lightning_csv(p, norms[:20_000]), os.path.join(tmp, "metrics.csv")),
+            ("a W&B run log of per-parameter norms, 5,000 records x 500 parameters (2.5x10^6 points; "
+             "--format json)", lambda p: write_wandb_per_parameter_log(p, norms[:5_000]),
+             os.path.join(tmp, "run-params.wandb"))):
         target = make(path) or path
-        fmt = "json" if target.endswith(("params.jsonl", "metrics.csv")) else "value"  # (two modes)
+        two_modes = target.endswith(("params.jsonl", "metrics.csv", "params.wandb"))
+        fmt = "json" if two_modes else "value"
         timed(what, target, fmt, f"{t_jsonl} (10^6-line JSONL)")
 
 
