@@ -161,6 +161,7 @@ def _text_records(text: str, bare: bool,
     tried = hits = 0  # lines the template was tried on since it was made, and how many it read
     wait = backoff = 0  # norm lines to read before the next try to make one, when the last try failed
     scan = _template_text()
+    ascii_text = scan is None and text.isascii()  # (lowercased, its lines stay where they were)
     pos, n = 0, len(text)
     while pos < n:
         start = pos
@@ -172,6 +173,13 @@ def _text_records(text: str, bare: bool,
                     records.append(_Run(template, rows))
                     tried, hits, block = tried + rows, hits + rows, None
                     pos = resume  # (the lines after the last it read may start a block: read here)
+                    continue
+            elif ascii_text:  # the template's pattern reads a run of lines, a window of the text at a time
+                matched, resume = template.run(text, start)
+                if matched:
+                    records.extend(matched)
+                    tried, hits, block = tried + len(matched), hits + len(matched), None
+                    pos = resume
                     continue
             tried += 1
             if (t := template.pattern.fullmatch(line)) is not None:
@@ -262,6 +270,7 @@ class _LineTemplate:
         self.out = [bytearray() for _ in fields]
         self.kinds = ["<i8" if k == "step" else "<f8" for k in fields]
         self.rows = 0
+        self._lines: re.Pattern[str] | None = None  # the pattern of a line and its end (see run)
 
     @classmethod
     def of(cls, line: str, m: re.Match[str]) -> _LineTemplate | None:
@@ -316,6 +325,30 @@ class _LineTemplate:
         pieces.append(_text_between(line[pos:], bool(slots), False))
         ops.extend(_between_ops(line[pos:], bool(slots), False))
         return cls(re.compile("".join(pieces)), tuple(fields), commas, None if commas else tuple(ops))
+
+    def run(self, text: str, pos: int, window: int = 1 << 22) -> tuple[list[tuple[str, ...]], int]:
+        """The lines of ASCII ``text`` from ``pos`` on that the template matches, one after another: what
+        its pattern's ``fullmatch`` gives each line of them lowercased (its groups), and where the first
+        line it does not match starts. One match a line over a lowercased window of lines (about
+        ``window`` characters), not a slice, a lowercasing and a search of the reader's a line: a Megatron
+        line ~3.8 -> ~2 us without the compiled reader."""
+        if self._lines is None:
+            self._lines = re.compile(rf"(?:{self.pattern.pattern})(?:\n|\Z)")
+        match = self._lines.match
+        got: list[tuple[str, ...]] = []
+        n = len(text)
+        while pos < n:
+            end = text.find("\n", min(pos + window, n) - 1)
+            end = n if end < 0 else end + 1
+            lowered = text[pos:end].lower()
+            at = 0
+            while (m := match(lowered, at)) is not None and m.end() > at:
+                got.append(m.groups())
+                at = m.end()
+            pos += at
+            if at < len(lowered):
+                break
+        return got, pos
 
     def columns(self, rows: list[tuple[str, ...]]) -> dict[str, list[Any]]:
         """The numbers the template captured in ``rows``, by field in the reader's order, as the reader
