@@ -1,7 +1,8 @@
 """W&B run-log history rows read with NumPy, every record of a 16 MiB chunk at once: the reader of an
 install without the compiled one (``wandb_block`` in gradtool/io/_logscan.c), giving the same rows as the
 Python reader (:func:`~gradtool.io.wandb_log.history_rows`; property-tested in
-tests/suggest/test_wandb_vectorized.py) about ten times faster than it.
+tests/suggest/test_wandb_vectorized.py and tests/wandb_logs.py): 10^6 records of eight values 14.1 s,
+1.2 GB -> 6.2 s, 375 MB (the compiled reader: 0.85 s).
 
 Each step works on all the records (or items) of a chunk together, the k-th of each at the k-th NumPy
 step, as far as they are laid out as wandb writes them:
@@ -10,13 +11,15 @@ step, as far as they are laid out as wandb writes them:
    the blocks followed side by side; each record's CRC-32 checked by zlib; records split over blocks
    (FIRST/MIDDLE/LAST) joined in Python (:class:`_Joiner`), as :func:`~gradtool.io.wandb_log.log_records`
    does, with its errors;
-2. records (:func:`record_histories`): the Record's fields up to its first length-delimited field 2, the
-   HistoryRecord;
-3. items (:func:`history_items`): ``0a L 0a K <key> 82 01 V <value_json>`` (every length one byte) and the
-   step ``12 L 08 <varint>``, given as the item ``_step``;
-4. values (:func:`number_texts`): JSON numbers (``-?digits[.digits][e[+-]digits]``) parsed by NumPy's text
-   parser (``np.fromstring``, which is Python's own ``float()`` parser, correctly rounded);
-5. keys (:class:`_Keys`): hashed, then each item's key bytes compared with those of the key of its hash.
+2. records (:func:`record_histories`): the Record's fields (:func:`fields_at`) up to its first
+   length-delimited field 2, the HistoryRecord;
+3. items (:func:`history_items`): ``0a L 0a K <key> 82 01 V <value_json>`` (every length one byte), the
+   step ``12 L 08 <varint>`` (given as the item ``_step``) and other fields (skipped);
+4. keys (:class:`_Keys`): hashed (:func:`key_hashes`), then each item's key bytes compared with those of
+   the key of its hash;
+5. values (:func:`number_values`): classified by a few operations on their bytes as columns, integers
+   summed by a matrix product (:func:`parse_integers`), other numbers parsed by NumPy's text parser
+   (:func:`parse_numbers`: ``np.fromstring``, whose numbers are Python's own ``float()`` parser's).
 
 A record any step cannot read so (another layout, a length of two bytes, a malformed field) is read by
 :func:`~gradtool.io.wandb_log.history_rows`, a value (``NaN``, ``Infinity``, ``1_0``, an integer of more
@@ -222,10 +225,6 @@ class Items:
 
     def __len__(self) -> int:
         return len(self.record)
-
-    def take(self, which: np.ndarray) -> Items:
-        return Items(*(a[which] for a in (self.record, self.key, self.key_len, self.value, self.value_len,
-                                           self.step)))
 
 
 def history_items(buf: np.ndarray, status: np.ndarray, h_start: np.ndarray, h_end: np.ndarray) -> Items:
