@@ -373,13 +373,17 @@ def parse_integers(texts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return aligned / _TENS[_MAX_INT_DIGITS - lengths] if len(lengths) else aligned
 
 
-def number_values(texts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def number_values(texts: np.ndarray, lengths: np.ndarray,
+                  unread: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(kind, value) of each value text (a column of ``texts``, zeros after it): its kind as
     :func:`number_texts` gives it, and the value (float()'s or int()'s) of each FLOAT and INTEGER. Texts of
     the characters ``+,-./0-9eE`` alone starting with ``-`` or a digit are given to NumPy's parser directly
     (a text of those characters is a number to float() if and only if it is one number to that parser,
     which is float()'s own: should one not be, they are classified first), texts of digits alone read by
-    :func:`parse_integers`, others classified by :func:`number_texts` (``NaN``, ``Infinity``: UNSURE)."""
+    :func:`parse_integers`, others classified by :func:`number_texts` (``NaN``, ``Infinity``: UNSURE).
+    ``unread``: the texts whose floats nobody reads (wandb's ``_runtime``, ``_timestamp``): those of digits
+    and one point (``1795521146.123456``) are FLOAT without being parsed (NaN, as the compiled reader
+    leaves them)."""
     n = len(lengths)
     values = np.full(n, np.nan)
     if not n:
@@ -398,7 +402,11 @@ def number_values(texts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, n
     odd = np.flatnonzero(kinds == UNSURE)
     if len(odd):
         kinds[odd] = number_texts(texts[:, odd], lengths[odd])
-    read = np.flatnonzero(kinds == FLOAT)
+    floats = kinds == FLOAT
+    if unread is not None and unread.any():  # digits, one point, a digit first: a float to float()
+        dots = (texts == ord(".")).sum(axis=0, dtype=count)
+        floats &= ~(unread & simple & (digits == lengths - 1) & (dots == 1) & ((starts - np.uint8(48)) < 10))
+    read = np.flatnonzero(floats)
     got = parse_numbers(texts[:, read])
     if got is None:  # a text of those characters that is not a number
         kinds[read] = number_texts(texts[:, read], lengths[read])
@@ -540,6 +548,7 @@ class _ChunkReader:
     def __init__(self, source: str, rows: Any, joiner: _Joiner):
         self.source, self.rows, self.joiner = source, rows, joiner
         self.keys = _Keys(rows.keys)
+        self.skip: set[bytes] = rows._out[4]  # keys whose floats nobody reads (see _Rows)
 
     def read(self, chunk: bytearray, n: int, offset: int) -> int | None:
         """Read the records of ``chunk[:n]`` (``offset`` bytes into the log): the position in the chunk of
@@ -598,6 +607,18 @@ class _ChunkReader:
         self.rows.exact &= exact
         return True
 
+    def _unread(self, names: np.ndarray, lengths: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+        """Which items' keys are in the reader's set of keys whose floats nobody reads."""
+        unread = np.zeros(len(lengths), dtype=bool)
+        for name in self.skip:
+            if len(name) > names.shape[1]:
+                continue
+            row = np.zeros((1, names.shape[1]), dtype=np.uint8)
+            row[0, :len(name)] = np.frombuffer(name, dtype=np.uint8)
+            at = np.flatnonzero(hashes == key_hashes(row, np.array([len(name)]))[0])
+            unread[at[(lengths[at] == len(name)) & (names[at] == row).all(axis=1)]] = True
+        return unread
+
     def _items(self, buf: np.ndarray, items: Items,
                by_python: dict[int, dict[str, Any]]) -> tuple[np.ndarray, ...] | None:
         """(record, key index, value, is_int, exact) of the numeric items of the records in order: those of
@@ -614,7 +635,8 @@ class _ChunkReader:
         texts = byte_columns(buf, items.value, items.value_len, int(items.value_len.max(initial=1)))
         kinds = np.full(len(items), INTEGER, dtype=np.int8)
         values = items.step.astype(np.float64)
-        kinds[~step], values[~step] = number_values(texts[:, ~step], items.value_len[~step])
+        unread = self._unread(names, name_len, hashes)
+        kinds[~step], values[~step] = number_values(texts[:, ~step], items.value_len[~step], unread[~step])
         exact = True
         for i in np.flatnonzero(kinds == UNSURE).tolist():
             number = _number(texts[:items.value_len[i], i].tobytes())

@@ -89,7 +89,8 @@ def test_damaged_logs_read_in_small_chunks_read_the_same(tmp_path_factory, recs,
 
 def test_the_numpy_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
     """The rows of wandb's layout (whole records and those split over blocks) are read with no call of the
-    Python reader; values that are not numbers give no item."""
+    Python reader; values that are not numbers give no item; wandb's _runtime floats of digits and a
+    point are classified but not parsed (NaN, as the compiled reader leaves them), unless --key names it."""
     recs = [history_record(i, [(b"train/grad_norm", repr(0.5 + i).encode()), (b"_runtime", b"1.5"),
                                (b"img", b'{"_type": "image"}'), (b"train/global_step", str(i + 1).encode())],
                            i) for i in range(3000)]
@@ -105,6 +106,8 @@ def test_the_numpy_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
     assert steps.tolist() == list(range(1, 3001)) and ints.all()
     assert items.column("_step")[1].tolist() == list(range(3000))
     given, runtime, _ = items.column("_runtime")
+    assert given.all() and np.isnan(runtime).all()
+    given, runtime, _ = wandb_log._row_items(p, p, None, key="_runtime").column("_runtime")
     assert given.all() and (runtime == 1.5).all()
 
 
