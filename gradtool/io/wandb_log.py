@@ -217,18 +217,28 @@ class _Rows:
     """The numeric items of a log's history rows, in logging order, as columns (``values``, ``rows``,
     ``ids``: bytearrays of float64, int32 and int32 key << 1 | is_int; ``keys``: bytes -> index, in
     first-seen order): filled by the compiled reader (:meth:`scan`, given to :func:`log_records`, and
-    :meth:`record`) and, where it leaves a record, from :func:`history_rows` (:meth:`add`). ``exact`` is
-    False once an integer beyond 2^53 was logged (float64 cannot hold it: the rows are read again as
-    dicts)."""
+    :meth:`record`) or the NumPy one (:mod:`~gradtool.io.wandb_vectorized`, through :meth:`extend`) and,
+    where they leave a record, from :func:`history_rows` (:meth:`add`). ``skip``: the keys whose floats
+    nobody reads (wandb's own, unless --key names one). ``exact`` is False once an integer beyond 2^53 was
+    logged (float64 cannot hold it: the rows are read again as dicts)."""
 
     def __init__(self, reader: Any, key: str | None):
         self._reader = reader
         self.rows = 0
         self.keys: dict[bytes, int] = {}
         self.values, self._rows, self.ids = bytearray(), bytearray(), bytearray()
-        skip = _UNREAD - {key.encode("utf-8", "replace")} if key else _UNREAD
-        self._out = (self.keys, self.values, self._rows, self.ids, set(skip))
+        self.skip = set(_UNREAD - {key.encode("utf-8", "replace")} if key else _UNREAD)
+        self._out = (self.keys, self.values, self._rows, self.ids, self.skip)
         self.exact = True
+
+    def extend(self, values: Any, rows: Any, ids: Any, n_rows: int, exact: bool) -> None:
+        """Items of ``n_rows`` more rows as arrays: float64 ``values``, their ``rows`` (int32, this log's
+        numbering) and ``ids`` (int32 key << 1 | is_int); ``exact``: see above."""
+        self.values += values.astype("<f8").tobytes()
+        self._rows += rows.astype("<i4").tobytes()
+        self.ids += ids.astype("<i4").tobytes()
+        self.rows += n_rows
+        self.exact &= exact
 
     def scan(self, block: bytes, at: int) -> int:
         stop, rows = self._reader.wandb_block(block, at, self.rows, self._out)

@@ -548,7 +548,7 @@ class _ChunkReader:
     def __init__(self, source: str, rows: Any, joiner: _Joiner):
         self.source, self.rows, self.joiner = source, rows, joiner
         self.keys = _Keys(rows.keys)
-        self.skip: set[bytes] = rows._out[4]  # keys whose floats nobody reads (see _Rows)
+        self.skip: set[bytes] = rows.skip  # keys whose floats nobody reads
 
     def read(self, chunk: bytearray, n: int, offset: int) -> int | None:
         """Read the records of ``chunk[:n]`` (``offset`` bytes into the log): the position in the chunk of
@@ -600,11 +600,7 @@ class _ChunkReader:
         if got is None:
             return False
         record, ids, values, is_int, exact = got
-        self.rows.values += values.astype("<f8").tobytes()
-        self.rows._rows += row_of[record].astype("<i4").tobytes()
-        self.rows.ids += (ids << 1 | is_int).astype("<i4").tobytes()
-        self.rows.rows += int(is_row.sum())
-        self.rows.exact &= exact
+        self.rows.extend(values, row_of[record], ids << 1 | is_int, int(is_row.sum()), exact)
         return True
 
     def _unread(self, names: np.ndarray, lengths: np.ndarray, hashes: np.ndarray) -> np.ndarray:
