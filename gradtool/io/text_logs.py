@@ -330,8 +330,8 @@ class _LineTemplate:
         """The lines of ASCII ``text`` from ``pos`` on that the template matches, one after another: what
         its pattern's ``fullmatch`` gives each line of them lowercased (its groups), and where the first
         line it does not match starts. One match a line over a lowercased window of lines (about
-        ``window`` characters), not a slice, a lowercasing and a search of the reader's a line: a Megatron
-        line ~3.8 -> ~2 us without the compiled reader."""
+        ``window`` characters), not a slice, a lowercasing and a search of the reader's a line (10^6 Megatron
+        lines without the compiled reader 4.36 -> 3.85 s end to end)."""
         if self._lines is None:
             self._lines = re.compile(rf"(?:{self.pattern.pattern})(?:\n|\Z)")
         match = self._lines.match
