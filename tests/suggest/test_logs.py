@@ -1646,6 +1646,62 @@ def test_a_megatron_log_is_read_by_its_template(monkeypatch):
     assert h.norms[:2] == [1.01, 1.02] and h.loss[0] == 3.0 and h.lr == [1e-4] * 1000
 
 
+_RUN_ROW = " iteration {:8d}/ 1000 | lm loss: {:.6E} | grad norm: {} |"
+
+
+def _run_template():
+    from gradtool.io import text_logs
+
+    first = _RUN_ROW.format(1, 2.0, "1.0").lower()
+    return text_logs._LineTemplate.of(first, text_logs._text_norm(first))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["line"] * 4 + ["upper", "other", "nan"]), min_size=1, max_size=40),
+       st.integers(1, 400), st.integers(1, 900), st.booleans())
+@example(["line"] * 30 + ["other", "line"], 1, 1, True)
+def test_a_template_run_reads_the_lines_it_matches_whatever_its_windows(kinds, first, window, end_break):
+    """_LineTemplate.run reads the lines from a position on that its pattern matches whole (lowercased),
+    each one's groups in order, and gives where the first other line starts (or the text's end), whatever
+    sizes its windows of the text start from and grow to (a window of whole lines, doubling while every
+    line of it matched)."""
+    template = _run_template()
+    lines = [_RUN_ROW.format(i, 2 + 1 / i, f"{1 + i / 100:.3f}") if kind in ("line", "upper") else
+             _RUN_ROW.format(i, 2.0, "nan") if kind == "nan" else "saving checkpoint"
+             for i, kind in enumerate(kinds, 1)]
+    lines = [line.upper() if kind == "upper" else line for line, kind in zip(lines, kinds)]
+    text = "\n".join(lines) + ("\n" if end_break else "")
+    for start in (0, len(lines[0]) + 1):  # from the first line, and from the second
+        want, resume = [], start
+        for line in text[start:].splitlines(keepends=True):
+            if (m := template.pattern.fullmatch(line.rstrip("\n").lower())) is None:
+                break
+            want.append(m.groups())
+            resume += len(line)
+        assert template.run(text, start, window=window, first=first) == (want, resume)
+        assert len(want) == next((i for i, k in enumerate(kinds) if k == "other" and i >= (start > 0)),
+                                 len(kinds)) - (start > 0)
+
+
+def test_a_template_run_cut_short_reads_its_own_lines_not_a_window():
+    """A run of lines ended by another kind of line (a log's timers every few steps) lowercases about its
+    own lines, not a whole window of the text after them: reading a long log of such runs is linear (a
+    4 MiB window each run made 100,000 lines of Megatron's with a timer line every five take 25 s)."""
+    import tracemalloc
+
+    template = _run_template()
+    line = _RUN_ROW.format(7, 2.5, "1.250") + "\n"
+    text = line * 3 + "saving checkpoint\n" + line * 50_000  # 4 MB after the run
+    tracemalloc.start()
+    try:
+        got, pos = template.run(text, 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got) == 3 and pos == 3 * len(line)
+    assert peak < 64 * 1024  # the first window: ~4 KiB of text lowercased, and three rows
+
+
 _FIRST_LINE_CASES = [('[ \n {"step": 1, "grad_norm": 1.5}, {"step": 2, "grad_norm": 2.5}]', "json"),
                      ('{"step": 1, "grad_norm": 1.5}\n{"step": 2, "grad_norm": 2.5}\n', "jsonl"),
                      ("[rank0]: step 1 | grad_norm: 1.5\n[rank0]: step 2 | grad_norm: 2.5\n", "text"),
