@@ -360,3 +360,177 @@ def test_per_tensor_thresholds_and_clip_rate_are_the_tensor_by_tensor_ones(n, te
         bare = suggest_threshold(steps, values, config=config, facts=facts, with_evidence=False)
         assert bare.threshold == whole.threshold and bare.reason == whole.reason
         assert "spikes" not in bare.evidence
+
+
+# ---- the divergence detector's non-finite norms, decided in blocks (suggest._first_nonfinite_break) ------
+def _divergence_one_by_one(x, L, given, steps, has_loss, w):
+    """suggest._find_divergence as it was written before its non-finite norms were decided in blocks: each
+    candidate in turn, three np.median calls a point (the reference for the block form)."""
+    from gradtool.suggest import _block_baseline, _finite_loss, _last_finite
+
+    def loss_diverged(j):
+        after = slice(j + 1, j + 1 + w)
+        bad_after = given[after] & ~np.isfinite(L[after])
+        if bad_after.any() and bad_after.sum() >= max(1, given[after].sum() // 2):
+            return True, {"loss_after": "non-finite"}
+        pre, post, tail = (_finite_loss(L, a, b) for a, b in ((j - w, j), (j + 1, j + 1 + w), (L.size - w, L.size)))
+        if pre.size < 3 or post.size < 1:
+            return False, {}
+        p, q = float(np.median(pre)), float(np.median(post))
+        t = float(np.median(tail)) if tail.size else math.nan
+        return bool(q > p + 0.25 * abs(p) + 1e-12 and t > p + 0.1 * abs(p)), {
+            "loss_before": p, "loss_after": q, "loss_at_end": t}
+
+    n = x.size
+    good = np.isfinite(x) & (x > 0)
+    logs = np.where(good, np.log(np.where(good, x, 1.0)), np.nan)
+    base_m, base_s = _block_baseline(logs)
+    with np.errstate(invalid="ignore"):
+        surge = good & np.isfinite(base_m) & (logs > base_m + np.maximum(6 * base_s, math.log(4)))
+    for j in np.flatnonzero(surge | ~np.isfinite(x)):
+        j = int(j)
+        if j < 1:
+            continue
+        if not np.isfinite(x[j]):
+            rest = x[j: j + w]
+            lasting = np.mean(~np.isfinite(rest)) >= 0.5 and rest.size >= 2
+            loss_bad, info = loss_diverged(j) if has_loss else (False, {})
+            if lasting or loss_bad or j == n - 1:
+                return {"index": j, "step": steps[j], "norm": float(x[j]), "trigger": "non-finite norm",
+                        "norm_before": _last_finite(x, j), **info}
+            continue
+        m = float(base_m[j])
+        if has_loss:
+            bad, info = loss_diverged(j)
+        else:
+            after = logs[j + 1: j + 1 + w]
+            finite_after = after[np.isfinite(after)]
+            bad = bool(after.size >= 3 and (np.mean(~np.isfinite(x[j + 1: j + 1 + w])) >= 0.5 or
+                                            (float(np.median(finite_after)) if finite_after.size else math.nan)
+                                            > m + math.log(4)))
+            info = {}
+        if bad:
+            return {"index": j, "step": steps[j], "norm": float(x[j]), "trigger": "norm surge",
+                    "norm_before": float(math.exp(m)), **info}
+    return "no break among the candidates"
+
+
+_NORM_POINTS = _st.one_of(_st.floats(0.5, 2.0), _st.floats(0.5, 2.0), _st.floats(0.5, 2.0),
+                          _st.sampled_from([math.nan, math.nan, math.inf, -math.inf, 0.0, 50.0, 1e3]))
+_LOSS_POINTS = _st.one_of(_st.floats(1.0, 3.0), _st.sampled_from(
+    [None, math.nan, math.inf, -math.inf, 1.0, 2.0, 2.0, 2.5, 3.0, -0.0, 0.0, -1.0]))
+
+
+@_st.composite
+def _broken_histories(draw):
+    """(norms, loss or None): norms around 1 with NaN, inf, zeros and surges, alone or in runs (a loss scale
+    collapsing); a loss that may step up (to 1.3-3x) and stay, with NaN, inf, ties and points not logged."""
+    points = draw(_st.lists(_st.tuples(_NORM_POINTS, _LOSS_POINTS), min_size=2, max_size=300))
+    runs = draw(_st.sampled_from([None, 1, 3, 17]))
+    if runs:
+        points = [(math.nan if i % (runs + 3) < runs else v, lo) for i, (v, lo) in enumerate(points)]
+    if draw(_st.booleans()):
+        at, factor = draw(_st.integers(0, len(points))), draw(_st.sampled_from([1.3, 1.0 + 2 ** -40, 3.0]))
+        points = [(v, lo * factor if i >= at and lo is not None else lo) for i, (v, lo) in enumerate(points)]
+    x = np.array([v for v, _ in points])
+    return x, ([lo for _, lo in points] if draw(_st.booleans()) else None)
+
+
+def _columns_of(x, loss):
+    from gradtool.suggest import BLOCK, _optional_column
+
+    L, given = _optional_column(loss, x.size)
+    return L, given, np.isfinite(L).sum() >= 6, max(5, min(BLOCK, x.size // 10 or 5))
+
+
+@_settings(max_examples=400, deadline=None)
+@_given(_broken_histories())
+def test_nonfinite_norms_decided_in_blocks_break_where_one_by_one_does(history):
+    """_find_divergence, which decides its non-finite norms in blocks (running counts, row medians), finds
+    the break a candidate at a time finds, with the same evidence (norm before, loss before, after and at
+    the end): NaN and inf norms, alone or in runs, losses that are NaN, inf, not logged, jumping or tied."""
+    from gradtool.suggest import _find_divergence
+
+    x, loss = history
+    L, given, has_loss, w = _columns_of(x, loss)
+    steps = list(range(100, 100 + x.size))
+    got = _find_divergence(x, L, given, steps, has_loss, w)
+    want = _divergence_one_by_one(x, L, given, steps, has_loss, w)
+    if want == "no break among the candidates":
+        assert got is None or got["trigger"] == "non-finite loss"
+    else:
+        assert repr(got) == repr(want)
+
+
+@_settings(max_examples=300, deadline=None)
+@_given(_broken_histories(), _st.integers(1, 4))
+def test_each_nonfinite_norm_breaks_or_not_as_one_by_one_decides(history, first):
+    """_first_nonfinite_break on each non-finite norm alone says what the one-by-one detector says of it,
+    and on all of them, in blocks of 1-4 growing fourfold, gives the first of those."""
+    from gradtool.suggest import _first_nonfinite_break
+
+    x, loss = history
+    L, given, has_loss, w = _columns_of(x, loss)
+    at = np.flatnonzero(~np.isfinite(x))
+    at = at[at >= 1]
+    breaks = []
+    for j in at:
+        only = np.zeros_like(x)  # the one-by-one detector on j alone: every other norm finite and level
+        only[:] = 1.0
+        only[j:] = np.where(np.isfinite(x[j:]), 1.0, x[j:])
+        alone = _divergence_one_by_one(only, L, given, list(range(x.size)), has_loss, w)
+        by_blocks = _first_nonfinite_break(x, L, given, np.array([j]), has_loss, w)
+        assert (by_blocks == j) == (alone != "no break among the candidates" and alone["index"] == j)
+        if by_blocks is not None:
+            breaks.append(int(j))
+    got = _first_nonfinite_break(x, L, given, at, has_loss, w, first=first)
+    assert got == (breaks[0] if breaks else None)
+
+
+@_settings(max_examples=300, deadline=None)
+@_given(_st.lists(_st.one_of(_st.floats(-1e3, 1e3), _st.sampled_from([math.nan, math.inf, -math.inf, 0.0,
+                                                                      -0.0, 1.0, 2.0])), max_size=60),
+        _st.lists(_st.tuples(_st.integers(0, 70), _st.integers(0, 12)), min_size=1, max_size=20))
+def test_window_medians_are_numpys_medians_of_the_finite_values(values, windows):
+    """_window_medians gives, bit for bit, np.median of the finite values of each window (NaN for none),
+    and their count: odd and even counts, windows past the end, empty ones, -0.0 beside 0.0."""
+    from gradtool.suggest import _window_medians
+
+    v = np.array(values, dtype=np.float64)
+    lo = np.array([a for a, _ in windows])
+    hi = np.array([a + k for a, k in windows])
+    med, count = _window_medians(v, lo, hi, 12)
+    for r, (a, k) in enumerate(windows):
+        finite = v[a:a + k][np.isfinite(v[a:a + k])]
+        assert count[r] == finite.size
+        assert repr(float(med[r])) == repr(float(np.median(finite)) if finite.size else math.nan) or (
+            med[r] == 0 and np.median(finite) == 0)  # -0.0 and 0.0 tie: either sign
+
+
+def test_a_log_of_many_nonfinite_norms_breaks_where_the_first_lasting_run_starts():
+    """A long log with a NaN norm every seventh step (skipped fp16 steps) and a run of them at the end:
+    no isolated NaN breaks training, the run does, with the loss that turned non-finite after it."""
+    n = 20_000
+    x = np.exp(np.random.default_rng(7).normal(0, 0.2, n))
+    x[:18_900:7] = np.nan
+    x[19_000:] = np.nan
+    loss = np.linspace(3, 2, n)
+    loss[19_001:] = np.nan
+    f = analyze_history(list(range(n)), x, list(loss))
+    assert f.divergence["index"] == 19_000 and f.divergence["trigger"] == "non-finite norm"
+    assert f.divergence["loss_after"] == "non-finite" and f.nonfinite_steps[:2] == [0, 7]
+
+
+@pytest.mark.parametrize("after, end, breaks", [(2.54, 2.6, True), (2.5, 2.6, False), (2.6, 2.2, False),
+                                                (2.6, 2.2000000000000006, True)])
+def test_a_nonfinite_norm_breaks_when_the_loss_jumps_past_a_quarter_and_ends_above_a_tenth(after, end, breaks):
+    """A lone NaN norm breaks training when the loss after it (median of w points) is more than 1.25x the
+    loss before it (2.0) and the loss at the end more than 1.1x: at the bounds, by the same comparisons."""
+    from gradtool.suggest import _first_nonfinite_break
+
+    n, w = 200, 20
+    x = np.ones(n)
+    x[100] = np.nan
+    loss = np.r_[np.full(100, 2.0), np.full(80, after), np.full(20, end)]
+    got = _first_nonfinite_break(x, loss, np.ones(n, dtype=bool), np.array([100]), True, w)
+    assert got == (100 if breaks else None)
