@@ -1,4 +1,7 @@
+import csv
+import functools
 import importlib.util
+import io
 import json
 import math
 import os
@@ -541,12 +544,13 @@ _csv_header = st.sampled_from([["step", "grad_norm", "loss"], ["grad_norm"],
 
 @settings(max_examples=300, deadline=None)
 @given(header=_csv_header, data=st.data(), delim=st.sampled_from([",", "\t"]), crlf=st.booleans(),
-       trailing=st.sampled_from(["", "\n", "\n\n"]), ragged=st.booleans())
-def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, trailing, ragged):
+       trailing=st.sampled_from(["", "\n", "\n\n"]), ragged=st.booleans(), block=st.integers(1, 40))
+def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, trailing, ragged, block):
     """read_csv by the compiled reader's columns, by msgspec, and without either (NumPy's loadtxt), and
-    the empty cells found with NumPy, gives what the general csv-module path gives (history and notes), or
-    the same error: for plain numbers (the fast paths), empty cells, words (the compiled reader), and cells
-    only the general path reads."""
+    the empty cells found with NumPy (a block of lines at a time: blocks of ``block`` characters and more,
+    to a line's end), gives what the general csv-module path gives (history and notes), or the same error:
+    for plain numbers (the fast paths), empty cells, words (the compiled reader), and cells only the
+    general path reads."""
     from gradtool.io import logs as logs_mod
 
     steps = st.integers(0, 30).map(str)
@@ -580,6 +584,41 @@ def test_csv_fast_paths_equal_the_row_by_row_reader(header, data, delim, crlf, t
     assert read(_csv_columns=none, msgspec=None) == ref
     assert read(_csv_columns=none, _csv_fast=none) == ref  # empty cells with NumPy
     assert read(_csv_columns=none, _csv_fast=none, msgspec=None) == ref
+    gaps = functools.partial(logs_mod._csv_numbers_with_gaps, block=block)
+    assert read(_csv_columns=none, _csv_fast=none, _csv_numbers_with_gaps=gaps) == ref
+    assert read(_csv_columns=none, _csv_fast=none, _csv_numbers_with_gaps=gaps, msgspec=None) == ref
+
+
+_NUMBER_CELL = st.one_of(st.floats(allow_nan=False, allow_infinity=False).map(repr),
+                        st.integers(-10**6, 10**6).map(str), st.sampled_from(["", "", "", "1e-4", "0.0"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 5), st.data(), st.sampled_from([",", "\t"]), st.booleans(),
+       st.sampled_from(["", "\n", "\r\n\n"]), st.integers(1, 60), st.booleans())
+def test_a_csv_of_numbers_and_empty_cells_is_read_a_block_at_a_time(ncols, data, delim, crlf, trailing, block,
+                                                                   msgspec_too):
+    """_csv_numbers_with_gaps reads a rectangular CSV of numbers and empty cells (one at least) a block
+    of lines at a time, whatever the blocks (of ``block`` characters and more, to a line's end): its
+    columns are each cell's number, NaN and not given where the cell is empty, as the csv module splits
+    the rows; by msgspec's parse and by NumPy's."""
+    from gradtool.io import logs as logs_mod
+
+    header = [f"c{i}" for i in range(ncols)]
+    rows = data.draw(st.lists(st.lists(_NUMBER_CELL, min_size=ncols, max_size=ncols), min_size=1, max_size=15))
+    rows[data.draw(st.integers(0, len(rows) - 1))][data.draw(st.integers(0, ncols - 1))] = ""
+    nl = "\r\n" if crlf else "\n"
+    text = nl.join(delim.join(r) for r in [header, *rows]) + trailing
+    with pytest.MonkeyPatch.context() as m:
+        if not msgspec_too:
+            m.setitem(__import__("sys").modules, "msgspec", None)
+        got = logs_mod._csv_numbers_with_gaps(text, header, delim, block=block)
+    assert got is not None and got.n_rows == len(rows) and got.keys == header
+    for c, name in enumerate(header):
+        given, values, _ = got.column(name)
+        cells = [r[c] for r in list(csv.reader(io.StringIO(text), delimiter=delim))[1:len(rows) + 1]]
+        assert given.tolist() == [cell != "" for cell in cells]
+        assert [repr(v) for v in values.tolist()] == [repr(float(cell)) if cell else "nan" for cell in cells]
 
 
 def _csv_columns_or_skip():
