@@ -1095,7 +1095,8 @@ static Py_ssize_t lowered_line(int kind, const void *data, Py_ssize_t n, Py_ssiz
         const unsigned char *s = (const unsigned char *)data, *nl = memchr(s + pos, '\n', (size_t)(n - pos));
         end = nl == NULL ? n : nl - s;
     }
-    if (end - pos > *cap) {
+    if (kind == PyUnicode_1BYTE_KIND && end - pos > *cap) { /* (other kinds: grown below, as read; sized to
+                                                             * the rest of the text, a realloc a call) */
         Py_ssize_t want = 2 * (end - pos) + 256;
         unsigned char *grown = PyMem_Realloc(*buf, (size_t)want);
         if (grown == NULL) return -2;

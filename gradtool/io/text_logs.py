@@ -162,7 +162,7 @@ def _text_records(text: str, bare: bool,
     tried = hits = 0  # lines the template was tried on since it was made, and how many it read
     wait = backoff = 0  # norm lines to read before the next try to make one, when the last try failed
     scan = _template_text()
-    ascii_text = scan is None and text.isascii()  # (lowercased, its lines stay where they were)
+    runs = scan is None or not text.isascii()  # the template's pattern reads runs of lines (see below)
     pos, n = 0, len(text)
     while pos < n:
         start = pos
@@ -175,7 +175,8 @@ def _text_records(text: str, bare: bool,
                     tried, hits, block = tried + rows, hits + rows, None
                     pos = resume  # (the lines after the last it read may start a block: read here)
                     continue
-            elif ascii_text:  # the template's pattern reads a run of lines, a window of the text at a time
+            if runs or template.ops is None:  # the template's pattern reads a run of lines, a window of
+                # the text at a time (where the compiled reader does not: lines of ASCII, no commas)
                 matched, resume = template.run(text, start)
                 if matched:
                     records.extend(matched)
@@ -329,14 +330,15 @@ class _LineTemplate:
 
     def run(self, text: str, pos: int, window: int = 1 << 22,
             first: int = 1 << 12) -> tuple[list[tuple[str, ...]], int]:
-        """The lines of ASCII ``text`` from ``pos`` on that the template matches, one after another: what
-        its pattern's ``fullmatch`` gives each line of them lowercased (its groups), and where the first
-        line it does not match starts. One match a line over a lowercased window of lines, not a slice, a
+        """The lines of ``text`` from ``pos`` on that the template matches, one after another: what its
+        pattern's ``fullmatch`` gives each line of them lowercased (its groups), and where the first line
+        it does not match starts. One match a line over a lowercased window of lines, not a slice, a
         lowercasing and a search of the reader's a line (10^6 Megatron lines without the compiled reader
         4.36 -> 3.85 s end to end). The window grows from about ``first`` characters, doubling while every
         line of it matches, to about ``window``: a run cut short by another kind of line (a log's timers
         every few steps) costs its own lines, not a whole window (100,000 lines with a timer line every
-        five: 25 -> 0.5 s)."""
+        five: 25 -> 0.5 s). A window that lowercasing makes longer (a dotted capital I is two characters
+        lowercased) ends the run where it starts: its lines are not where the lowercased window has them."""
         if self._lines is None:
             self._lines = re.compile(rf"(?:{self.pattern.pattern})(?:\n|\Z)")
         match = self._lines.match
@@ -346,6 +348,8 @@ class _LineTemplate:
             end = text.find("\n", min(pos + size, n) - 1)
             end = n if end < 0 else end + 1
             lowered = text[pos:end].lower()
+            if len(lowered) != end - pos:  # (every character one character lowercased: lines in place)
+                break
             at = 0
             while (m := match(lowered, at)) is not None and m.end() > at:
                 got.append(m.groups())

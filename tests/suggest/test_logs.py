@@ -1688,38 +1688,90 @@ def test_a_megatron_log_is_read_by_its_template(monkeypatch):
 _RUN_ROW = " iteration {:8d}/ 1000 | lm loss: {:.6E} | grad norm: {} |"
 
 
-def _run_template():
+def _run_template(row=_RUN_ROW):
     from gradtool.io import text_logs
 
-    first = _RUN_ROW.format(1, 2.0, "1.0").lower()
+    first = row.format(1, 2.0, "1.0").lower()
     return text_logs._LineTemplate.of(first, text_logs._text_norm(first))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(["line"] * 4 + ["upper", "other", "nan"]), min_size=1, max_size=40),
-       st.integers(1, 400), st.integers(1, 900), st.booleans())
-@example(["line"] * 30 + ["other", "line"], 1, 1, True)
-def test_a_template_run_reads_the_lines_it_matches_whatever_its_windows(kinds, first, window, end_break):
+@given(st.lists(st.sampled_from(["line"] * 4 + ["upper", "other", "nan", "dotted"]), min_size=1, max_size=40),
+       st.integers(1, 400), st.integers(1, 900), st.booleans(), st.sampled_from(["", " \u2502", " \u00e9"]))
+@example(["line"] * 30 + ["other", "line"], 1, 1, True, "")
+@example(["line"] * 3 + ["dotted", "line"], 1, 1, True, " \u2502")
+def test_a_template_run_reads_the_lines_it_matches_whatever_its_windows(kinds, first, window, end_break, mark):
     """_LineTemplate.run reads the lines from a position on that its pattern matches whole (lowercased),
     each one's groups in order, and gives where the first other line starts (or the text's end), whatever
     sizes its windows of the text start from and grow to (a window of whole lines, doubling while every
-    line of it matched)."""
-    template = _run_template()
-    lines = [_RUN_ROW.format(i, 2 + 1 / i, f"{1 + i / 100:.3f}") if kind in ("line", "upper") else
-             _RUN_ROW.format(i, 2.0, "nan") if kind == "nan" else "saving checkpoint"
+    line of it matched); lines of characters that are not ASCII too (``mark``), but for a window holding
+    one that lowercasing makes two (a dotted capital I), where the run ends, before that window."""
+    row = _RUN_ROW + mark
+    template = _run_template(row)
+    lines = [row.format(i, 2 + 1 / i, f"{1 + i / 100:.3f}") if kind in ("line", "upper", "dotted") else
+             row.format(i, 2.0, "nan") if kind == "nan" else "saving checkpoint"
              for i, kind in enumerate(kinds, 1)]
-    lines = [line.upper() if kind == "upper" else line for line, kind in zip(lines, kinds)]
+    lines = [line.upper() if kind == "upper" else line + " \u0130" if kind == "dotted" else line
+             for line, kind in zip(lines, kinds)]
     text = "\n".join(lines) + ("\n" if end_break else "")
     for start in (0, len(lines[0]) + 1):  # from the first line, and from the second
+        if start > len(text):
+            continue
         want, resume = [], start
         for line in text[start:].splitlines(keepends=True):
             if (m := template.pattern.fullmatch(line.rstrip("\n").lower())) is None:
                 break
             want.append(m.groups())
             resume += len(line)
-        assert template.run(text, start, window=window, first=first) == (want, resume)
-        assert len(want) == next((i for i, k in enumerate(kinds) if k == "other" and i >= (start > 0)),
-                                 len(kinds)) - (start > 0)
+        assert len(want) == next((i for i, k in enumerate(kinds) if k in ("other", "dotted")
+                                  and i >= (start > 0)), len(kinds)) - (start > 0)
+        got, pos = template.run(text, start, window=window, first=first)
+        read = lines[(start > 0):(start > 0) + len(got)]
+        assert got == want[:len(got)] and pos == min(len(text), start + sum(len(line) + 1 for line in read))
+        if "\u0130" not in text:
+            assert (got, pos) == (want, resume)
+        elif got != want:  # a window of the run's lines holds a dotted I: the run ends before it
+            assert "\u0130" in text[pos:pos + 2 * max(first, window) + 200]
+
+
+@pytest.mark.parametrize("row", [_RUN_ROW + " \u2502", " step {:d}, loss {}, grad norm: {}"])
+def test_lines_the_compiled_template_does_not_read_are_read_a_run_at_a_time(monkeypatch, row):
+    """Lines of characters that are not ASCII, and lines of thousands commas (which the compiled reader
+    leaves to Python), are read by the template's pattern a run of lines at a time (_LineTemplate.run),
+    with or without the compiled reader: not a fullmatch and the reader's Python a line."""
+    from gradtool.io import text_logs
+
+    read = []
+    run = text_logs._LineTemplate.run
+    monkeypatch.setattr(text_logs._LineTemplate, "run",
+                        lambda self, *a, **k: read.append(len((got := run(self, *a, **k))[0])) or got)
+    text = "".join(row.format(i, 2.0 + i % 5, f"{1 + i / 100:.3f}") + "\n" for i in range(1, 3001))
+    h = text_logs.read_text_log("x.log", text=text)
+    assert h.steps == list(range(1, 3001)) and h.norms[:2] == [1.01, 1.02]
+    assert sum(read) == 2999  # every line but the first, from which the template was made
+
+
+def test_the_compiled_template_on_a_text_not_of_one_byte_characters_allocates_a_line_not_the_text():
+    """template_text (gradtool/io/_logscan.c) on a str of two-byte characters (a log with a box-drawing
+    character in every line) allocates about a line: its buffer was sized to the rest of the text at every
+    call, a call a line (200,000 such Megatron lines: 3.1 s, 1.5 s without it)."""
+    import tracemalloc
+
+    from gradtool.io import text_logs
+
+    scan = text_logs._template_text()
+    if scan is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    row = _RUN_ROW + " \u2502"
+    template = _run_template(row)
+    text = "\n".join(row.format(i, 2.0, "1.5") for i in range(1, 50_001)) + "\n"  # 3.6 MB of text
+    tracemalloc.start()
+    try:
+        got = scan(template.ops, text, 0, template.out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == (0, 0, 0) and peak < 256 * 1024  # a line that is not ASCII: left to Python at once
 
 
 def test_a_template_run_cut_short_reads_its_own_lines_not_a_window():
