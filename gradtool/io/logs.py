@@ -163,9 +163,17 @@ class NormHistory:
 
 
 def _num(v: Any) -> float | None:
+    """A logged value as a float: a number (not a bool), or a string of one as ``float`` reads it (spaces
+    around, nan, inf, infinity in any case, a sign on each; NaN always positive); else None."""
     t = type(v)
     if t is float:
         return v
+    if t is str:  # (``float`` first: the words and spaces below are its own; 1.6 -> 0.5 s for 1.5M cells)
+        try:
+            x = float(v)
+        except ValueError:
+            return None
+        return math.nan if x != x else x
     if t is int:
         return float(v)
     if v is None or isinstance(v, bool):

@@ -651,6 +651,45 @@ def test_the_compiled_csv_reader_reads_a_cell_as_the_general_reader(cell):
         assert repr(np.frombuffer(values[0], np.float64)[0].item()) == repr(want)
 
 
+def _num_by_words(v):
+    """_num as it was written before it tried ``float`` first: words, spaces and signs by hand."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if not isinstance(v, str):
+        return None
+    s = v.strip()
+    if not s:
+        return None
+    low = s.lower()
+    if low in ("nan", "+nan", "-nan"):
+        return math.nan
+    if low in ("inf", "+inf", "infinity", "+infinity"):
+        return math.inf
+    if low in ("-inf", "-infinity"):
+        return -math.inf
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(alphabet=" \t\n\r\x0b\x0c\x85\xa0\u2003+-.0123456789eEinfatyINFATYx_\u0661\u0663", max_size=12)
+       | st.sampled_from(["-nan", "+NaN", " -NAN ", "+Infinity", "-inf", "1_000", "_1", "1__0", "\u0661.5",
+                          "\x00", "1\x00", "nan\n", "\u3000inf", "0x10", "1e400", "-1e-400"])
+       | st.floats() | st.integers() | st.booleans() | st.none())
+def test_num_reads_a_value_as_it_did_word_by_word(v):
+    """_num, which tries float() on a string first, reads every value as its word-by-word form did:
+    numbers, bools and None; strings with any spaces around (Unicode's too), signs, nan and inf words in
+    any case (NaN positive), underscores, digits of other scripts, NUL, nothing."""
+    from gradtool.io.logs import _num
+
+    got, want = _num(v), _num_by_words(v)
+    assert repr(got) == repr(want) and (got is None or math.copysign(1, got) == math.copysign(1, want))
+
+
 def test_the_compiled_csv_reader_takes_the_usual_cells():
     """What the compiled CSV reader reads itself rather than leaving it to the csv module: numbers as
     Python prints them and with leading zeros or a bare point, NaN/inf words, words, empty cells, cells in
