@@ -252,8 +252,8 @@ static int64_t tensor_scalar_at(const unsigned char *v, int64_t n) {
     return -1;
 }
 
-#define MAX_TAGS 1024
-#define TAG_SLOTS 2048
+#define MAX_TAGS 65536 /* (1,024 left a log of each of 2,000 parameters' norms half to Python: 5.9 -> 1.2 s) */
+#define TAG_SLOTS (2 * MAX_TAGS)
 
 /* tfevent_scalars(buffer, starts, lengths) -> (found, steps, values, tags, names, kinds): of the records
  * whose data are at starts (int64) with lengths (int64) in the buffer, those laid out as writers write one

