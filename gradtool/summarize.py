@@ -368,18 +368,46 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
                 in_flight -= sizes[k]
                 cond.notify_all()
 
+    def work_on(ks: list[int]) -> list[tuple[int, TensorStats]]:
+        return [(k, work(k)) for k in ks]
+
     results: list[TensorStats | None] = [None] * len(infos)
     pool = ThreadPoolExecutor(DECOMPRESS_WORKERS, thread_name_prefix="gradtool-inflate")
     try:
-        futures = {pool.submit(work, k): k for k in sorted(range(len(infos)), key=lambda k: -sizes[k])}
+        futures = [pool.submit(work_on, ks) for ks in _member_jobs(sizes)]
         for fut in as_completed(futures):
-            results[futures[fut]] = fut.result()
-            if on_tensor:
-                on_tensor(1)
+            for k, result in fut.result():
+                results[k] = result
+                if on_tensor:
+                    on_tensor(1)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     summary.tensors.extend((info.name, r) for info, r in zip(infos, results))  # type: ignore[misc]
     return summary
+
+
+SMALL_MEMBER_JOB_BYTES = 1 << 20  # compressed members smaller than this go to the workers together
+
+
+def _member_jobs(sizes: list[int]) -> list[list[int]]:
+    """The members (their inflated ``sizes``) as the workers' jobs: largest first, one a job, but for the
+    small ones, which go together up to SMALL_MEMBER_JOB_BYTES a job (a future a member cost a lock's
+    wait each: 20,000 members of 200 bytes, 1.9 s)."""
+    jobs: list[list[int]] = []
+    small: list[int] = []
+    held = 0
+    for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
+        if sizes[k] >= SMALL_MEMBER_JOB_BYTES:
+            jobs.append([k])
+            continue
+        small.append(k)
+        held += sizes[k]
+        if held >= SMALL_MEMBER_JOB_BYTES or len(small) >= 1024:
+            jobs.append(small)
+            small, held = [], 0
+    if small:
+        jobs.append(small)
+    return jobs
 
 
 def accumulated_stats(acc: StatsAccumulator, info: TensorInfo) -> TensorStats:

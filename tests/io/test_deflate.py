@@ -48,6 +48,29 @@ def test_blocks_on_threads_make_one_stream_of_the_input(data, writes, block, isa
     assert d.decompress(threaded) == data and d.eof and not d.unused_data
 
 
+class _CountingPool(ThreadPoolExecutor):
+    def __init__(self):
+        super().__init__(2)
+        self.jobs = 0
+
+    def submit(self, *args, **kwargs):
+        self.jobs += 1
+        return super().submit(*args, **kwargs)
+
+
+@pytest.mark.parametrize("size, block, handed", [(0, 1000, 0), (200, 1000, 0), (deflate.INLINE_BYTES - 1, 1 << 20, 0),
+                                                 (deflate.INLINE_BYTES, 1 << 20, 1), (2500, 1000, 3)])
+def test_a_stream_of_one_short_block_is_compressed_by_the_writers_thread(size, block, handed):
+    """A stream of one block shorter than INLINE_BYTES (a small member) is compressed in the writer's
+    thread, not handed to the pool and waited for; longer streams, and streams of several blocks (each
+    block to the pool, the last too), are handed over. The same bytes either way."""
+    data = np.random.default_rng(size).integers(0, 4, size, dtype=np.uint8).tobytes()
+    with _CountingPool() as pool:
+        threaded = _compressed(data, [], block, pool)
+    assert pool.jobs == handed and threaded == _compressed(data, [], block, None)
+    assert zlib.decompress(threaded, -15) == data
+
+
 def test_levels_and_history_across_blocks():
     """A block that repeats the one before it compresses to almost nothing (the dictionary carries the
     history across the cut, as one stream would), and an explicit zlib level is used as given."""

@@ -190,6 +190,41 @@ def test_compressed_members_on_two_threads_equal_the_stored_dump(tmp_path, slack
     assert [n for n, _ in par.tensors] == list(t) and len(calls) == len(t)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 5000), st.integers(0, 3 << 20)), max_size=3000))
+def test_compressed_members_go_to_the_workers_largest_first_the_small_ones_together(sizes):
+    """_member_jobs gives every member once: those of SMALL_MEMBER_JOB_BYTES or more a job each, largest
+    first, then the small ones, still largest first, together up to that many bytes (or 1,024) a job."""
+    from gradtool.summarize import SMALL_MEMBER_JOB_BYTES, _member_jobs
+
+    jobs = _member_jobs(sizes)
+    flat = [k for job in jobs for k in job]
+    assert sorted(flat) == list(range(len(sizes)))
+    assert [sizes[k] for k in flat] == sorted(sizes, reverse=True)
+    for job in jobs:
+        if len(job) > 1 or sizes[job[0]] < SMALL_MEMBER_JOB_BYTES:
+            assert all(sizes[k] < SMALL_MEMBER_JOB_BYTES for k in job) and len(job) <= 1024
+            assert sum(sizes[k] for k in job[:-1]) < SMALL_MEMBER_JOB_BYTES
+    small = [k for k in flat if sizes[k] < SMALL_MEMBER_JOB_BYTES]
+    assert len([j for j in jobs if sizes[j[0]] < SMALL_MEMBER_JOB_BYTES]) <= (
+        sum(sizes[k] for k in small) // SMALL_MEMBER_JOB_BYTES + len(small) // 1024 + 1)
+
+
+def test_many_tiny_compressed_members_are_summarised_in_file_order(tmp_path):
+    """3,000 deflated members of a few elements (the workers take them many a job) are summarised in
+    file order, each as the same dump stored uncompressed gives it."""
+    rng = np.random.default_rng(3)
+    t = {f"t{i}": rng.standard_normal(int(rng.integers(0, 40))).astype(np.float32) for i in range(3000)}
+    stored, packed = str(tmp_path / "s.npz"), str(tmp_path / "c.npz")
+    np.savez(stored, **t)
+    np.savez_compressed(packed, **t)
+    calls = []
+    with open_dump(packed) as reader:
+        par = summarize_dump(reader, on_tensor=calls.append)
+    _same(par, _summaries(stored, 1))
+    assert [n for n, _ in par.tensors] == list(t) and len(calls) == len(t)
+
+
 def test_inflating_in_pieces_checks_size_and_crc(tmp_path, monkeypatch):
     from gradtool.io.npz import NpzReader
 
