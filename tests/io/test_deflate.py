@@ -156,3 +156,33 @@ def _with_chunk_rows(create, rows):
             kw["chunks"] = (min(rows, shape[0]),) + tuple(max(1, (n + 1) // 2) for n in shape[1:])
         return create(self, name, shape=shape, dtype=dtype, data=data, **kw)
     return wrapped
+
+
+@pytest.mark.parametrize("shape, chunk_rows, handed", [((5, 3), 8, 0), ((1,), 8, 0), ((6, 3), 2, 3),
+                                                       ((40_000,), 40_000, 1)])
+def test_a_gzip_dataset_of_one_small_chunk_is_compressed_by_the_writers_thread(tmp_path, monkeypatch, shape,
+                                                                               chunk_rows, handed):
+    """A gzip dataset of one chunk under INLINE_BYTES is compressed by the writer's thread; datasets of
+    several chunks, or of one larger chunk, hand their chunks to the writer's pool. h5py reads them back."""
+    import h5py
+
+    from gradtool.io.base import TensorInfo
+    from gradtool.io.hdf5 import Hdf5Writer
+
+    pools = []
+    monkeypatch.setattr(deflate, "thread_pool", lambda: pools.append(_CountingPool()) or pools[-1])
+    create = h5py.Group.create_dataset
+
+    def whole_rows(self, name, shape=None, dtype=None, data=None, **kw):  # chunks of whole rows
+        kw["chunks"] = (min(chunk_rows, shape[0]),) + tuple(shape[1:])
+        return create(self, name, shape=shape, dtype=dtype, data=data, **kw)
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", whole_rows)
+    a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    p = str(tmp_path / "g.h5")
+    w = Hdf5Writer(p, {"step": 1})
+    w.add_chunks(TensorInfo("t", shape, a.dtype, compression="gzip", compression_opts=4), iter([a.reshape(-1)]))
+    w.close()
+    assert sum(pool.jobs for pool in pools) == handed
+    with h5py.File(p) as f:
+        assert f["t"].compression == "gzip" and np.array_equal(f["t"][...], a)
