@@ -304,6 +304,47 @@ def write_megatron_log(path: str, norms: np.ndarray) -> None:
                      "iterations: 0 |\n" for i, v in enumerate(norms))
 
 
+def write_megatron_log_with_timers(path: str, norms: np.ndarray, every: int = 5) -> None:
+    """A Megatron-LM console log with a timers line after every ``every`` iteration lines (``--log-timers-
+    to-tensorboard``'s console twin): runs of the iteration lines' template cut short (a window of the text
+    lowercased per run made it quadratic without the compiled reader until the thirty-fourth session)."""
+    with open(path, "w") as f:
+        for i, v in enumerate(norms):
+            f.write(f" iteration {i + 1:8d}/ {len(norms):8d} | consumed samples: {8 * (i + 1)} | learning "
+                    f"rate: 1.000E-04 | lm loss: {2.0:.6E} | loss scale: 1.0 | grad norm: {float(v):.3f} |\n")
+            if i % every == every - 1:
+                f.write("time (ms) | forward-backward: 123.45 | optimizer: 6.78 | batch-generator: 0.12\n")
+
+
+def write_tensorboard_per_parameter_log(path: str, norms: np.ndarray, parameters: int = 200) -> str:
+    """A TensorBoard run of Lightning's ``grad_norm`` under the TensorBoardLogger: ``grad_2.0_norm_total``
+    and each parameter's ``grad_2.0_norm/<parameter>`` as an ``add_scalar`` event each, every step of
+    ``norms`` (hundreds of tags of one length: 42 s without the compiled reader until the thirty-fourth
+    session)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    from tests import tensorboard_encoder as enc
+
+    scale = np.linspace(0.05, 0.5, parameters)
+    names = [f"grad_2.0_norm/layers.{k // 4}.{'qkvo'[k % 4]}_proj.weight" for k in range(parameters)]
+    os.makedirs(path)
+    with open(os.path.join(path, "events.out.tfevents.1795521146.bench"), "wb") as f:
+        f.write(enc.record(enc.file_version_event()))
+        for i, v in enumerate(norms):
+            values = [("grad_2.0_norm_total", float(v)), *zip(names, (scale * float(v)).tolist())]
+            f.write(b"".join(enc.record(enc.summary_event(i, [enc.scalar_value(tag, x)], 1795521146.0 + i))
+                             for tag, x in values))
+    return path
+
+
+def write_jsonl_with_nonfinite(path: str, norms: np.ndarray) -> None:
+    """A JSON Lines log whose norm is NaN one step in seven and inf one in fifty (skipped fp16 steps): a
+    divergence candidate each (three medians each until the thirty-fourth session: 4 s for 300,000)."""
+    with open(path, "w") as f:
+        for i, v in enumerate(norms):
+            x = "NaN" if i % 7 == 0 else "Infinity" if i % 50 == 3 else repr(float(v))
+            f.write(f'{{"step": {i}, "grad_norm": {x}, "loss": 2.0}}\n')
+
+
 def measure_logs(tmp: str, rows: list[tuple[str, str, str, str]]) -> None:
     """Target 7's rows: ``suggest-threshold`` on a log of 10^6 points of each kind gradtool reads (built in
     ``tmp``), each timed as a user runs it, and again with ``GRADTOOL_NO_KERNELS=1``: what a user without
@@ -353,9 +394,16 @@ def measure_logs(tmp: str, rows: list[tuple[str, str, str, str]]) -> None:
              lambda p: write_lightning_csv(p, norms[:20_000]), os.path.join(tmp, "metrics.csv")),
             ("a W&B run log of per-parameter norms, 5,000 records x 500 parameters (2.5x10^6 points; "
              "--format json)", lambda p: write_wandb_per_parameter_log(p, norms[:5_000]),
-             os.path.join(tmp, "run-params.wandb"))):
+             os.path.join(tmp, "run-params.wandb")),
+            ("a TensorBoard run of per-parameter norms, 5,000 steps x 200 parameters (10^6 scalar events; "
+             "--format json)", lambda p: write_tensorboard_per_parameter_log(p, norms[:5_000]),
+             os.path.join(tmp, "tb-params")),
+            ("a Megatron text log of 10^5 lines, a timers line every 5", lambda p: write_megatron_log_with_timers(
+                p, norms[:100_000]), os.path.join(tmp, "timers.log")),
+            ("a JSON Lines log of 3x10^5 points, one norm in six NaN or inf",
+             lambda p: write_jsonl_with_nonfinite(p, norms[:300_000]), os.path.join(tmp, "nonfinite.jsonl"))):
         target = make(path) or path
-        two_modes = target.endswith(("params.jsonl", "metrics.csv", "params.wandb"))
+        two_modes = target.endswith(("params.jsonl", "metrics.csv", "params.wandb", "tb-params"))
         fmt = "json" if two_modes else "value"
         timed(what, target, fmt, f"{t_jsonl} (10^6-line JSONL)")
 
@@ -551,6 +599,33 @@ def main() -> None:
             add(f"{what} on 8 steps of {len(smalls)} tensors: peak RSS (vs stats of one step)", rss_hist,
                 rss_many, "one step", unit="MiB")
         shutil.rmtree(many_hist)
+        # ... and the same tensors compressed: a savez_compressed npz and an HDF5 file of gzip datasets
+        # (a thread, a pool hand-off and an open dataset each, until the thirty-fourth session: clip of the
+        # npz 8.4 s; stats and clip of the HDF5 file 14 s and 23 s, 2 GB)
+        import h5py
+
+        packed = {"savez_compressed npz": os.path.join(tmp, "many_packed.npz"),
+                  "HDF5 of gzip datasets": os.path.join(tmp, "many_gzip.h5")}
+        np.savez_compressed(packed["savez_compressed npz"], **{f"t{i:05d}": a for i, a in enumerate(smalls)})
+        with h5py.File(packed["HDF5 of gzip datasets"], "w") as f:
+            for i, a in enumerate(smalls):
+                f.create_dataset(f"g{i // 100:03d}/t{i:05d}", data=a, compression="gzip")
+        for label, path in packed.items():
+            raw_read(path)
+            t_raw_packed = timeit(lambda: raw_read(path), rep)
+            t_stats_packed, rss_packed = run_measured(gradtool_cmd() + ["stats", path, "--format", "json"], 1)
+            out_packed = path.replace("many_", "many_clipped_")
+            settle(path, out_packed)
+            t_clip_packed, rss_clip_packed = run_measured(clip_command(path, out_packed, "1e-3", False), 1)
+            add(f"stats CLI, the same {len(smalls)} tensors as a {label} (vs raw read)", t_stats_packed,
+                t_raw_packed, "raw read")
+            add(f"clip --no-fsync CLI, the same {len(smalls)} tensors as a {label} (vs raw read)", t_clip_packed,
+                t_raw_packed, "raw read")
+            add(f"stats and clip of that {label}: peak RSS (vs stats of the safetensors file)",
+                max(rss_packed, rss_clip_packed), rss_many, "safetensors", unit="MiB")
+            for f in (path, out_packed):
+                if os.path.exists(f):
+                    os.remove(f)
         for f in (many, out_many):
             if os.path.exists(f):
                 os.remove(f)
