@@ -1675,8 +1675,8 @@ def from_metric_arrays(keys: Iterable[str], nkey: str, arrays_of: Callable[[str]
     # as from_records makes it of from_metric_series' records (a dict per step, in the order of the steps):
     # the keys in the order they first come in those records, then each parameter's norm at the steps
     names = [k for k in dict.fromkeys((nkey, lkey, rkey, *l2.values(), *mx.values())) if k]
-    firsts = {k: int(a.min()) for k in names if len(a := arrays_of(k)[0])}
-    record_keys = ["step", *sorted(firsts, key=lambda k: (firsts[k], names.index(k)))]
+    firsts = {k: (int(a.min()), i) for i, k in enumerate(names) if len(a := arrays_of(k)[0])}
+    record_keys = ["step", *sorted(firsts, key=firsts.__getitem__)]
     return tensor_norms_from(_with_others(hist, record_keys, nkey), record_keys,
                              lambda wanted: {k: StepValues(*last_at_each_step(k)) for k in wanted})
 
