@@ -168,33 +168,18 @@ def _num(v: Any) -> float | None:
     t = type(v)
     if t is float:
         return v
-    if t is str:  # (``float`` first: the words and spaces below are its own; 1.6 -> 0.5 s for 1.5M cells)
-        try:
+    if t is int:
+        return float(v)
+    if isinstance(v, str):  # (``float`` itself: the words and spaces were spelled out here one by one, and
+        try:  # 1.5M cells took 1.6 s; 0.6 s now)
             x = float(v)
         except ValueError:
             return None
         return math.nan if x != x else x
-    if t is int:
-        return float(v)
     if v is None or isinstance(v, bool):
         return None
     if isinstance(v, (int, float)):
         return float(v)
-    if isinstance(v, str):
-        s = v.strip()
-        if not s:
-            return None
-        low = s.lower()
-        if low in ("nan", "+nan", "-nan"):
-            return math.nan
-        if low in ("inf", "+inf", "infinity", "+infinity"):
-            return math.inf
-        if low in ("-inf", "-infinity"):
-            return -math.inf
-        try:
-            return float(s)
-        except ValueError:
-            return None
     return None
 
 

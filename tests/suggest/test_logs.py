@@ -651,6 +651,10 @@ def test_the_compiled_csv_reader_reads_a_cell_as_the_general_reader(cell):
         assert repr(np.frombuffer(values[0], np.float64)[0].item()) == repr(want)
 
 
+class _Str(str):
+    """A subclass of str (a value some parser hands over as one)."""
+
+
 def _num_by_words(v):
     """_num as it was written before it tried ``float`` first: words, spaces and signs by hand."""
     if isinstance(v, bool) or v is None:
@@ -679,11 +683,12 @@ def _num_by_words(v):
 @given(st.text(alphabet=" \t\n\r\x0b\x0c\x85\xa0\u2003+-.0123456789eEinfatyINFATYx_\u0661\u0663", max_size=12)
        | st.sampled_from(["-nan", "+NaN", " -NAN ", "+Infinity", "-inf", "1_000", "_1", "1__0", "\u0661.5",
                           "\x00", "1\x00", "nan\n", "\u3000inf", "0x10", "1e400", "-1e-400"])
+       | st.text(alphabet=" +-.0123456789eEnaifNAIF", max_size=8).map(_Str)
        | st.floats() | st.integers() | st.booleans() | st.none())
 def test_num_reads_a_value_as_it_did_word_by_word(v):
     """_num, which tries float() on a string first, reads every value as its word-by-word form did:
-    numbers, bools and None; strings with any spaces around (Unicode's too), signs, nan and inf words in
-    any case (NaN positive), underscores, digits of other scripts, NUL, nothing."""
+    numbers, bools and None; strings (and a subclass's) with any spaces around (Unicode's too), signs, nan
+    and inf words in any case (NaN positive), underscores, digits of other scripts, NUL, nothing."""
     from gradtool.io.logs import _num
 
     got, want = _num(v), _num_by_words(v)
