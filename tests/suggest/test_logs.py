@@ -1707,10 +1707,12 @@ def test_lines_read_by_a_template_are_read_as_the_patterns_read_them(text):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(text_logs, "_template_text", lambda: None)
         by_pattern = _text_outcome(text)  # by the template's pattern
+        m.setattr(text_logs._RunSink, "RUN_ROWS", 1)
+        by_runs = _text_outcome(text)  # by the template's pattern, every window's numbers kept as arrays
         m.setattr(text_logs._LineTemplate, "of", classmethod(lambda cls, line, match: None))
         slow = _text_outcome(text)
     plain = _text_outcome("\n".join(text.lower().splitlines()))  # lines split and lowered by Python
-    assert fast == by_pattern == slow == plain
+    assert fast == by_pattern == by_runs == slow == plain
 
 
 def test_a_megatron_log_is_read_by_its_template(monkeypatch):
@@ -1787,8 +1789,13 @@ def test_lines_the_compiled_template_does_not_read_are_read_a_run_at_a_time(monk
 
     read = []
     run = text_logs._LineTemplate.run
-    monkeypatch.setattr(text_logs._LineTemplate, "run",
-                        lambda self, *a, **k: read.append(len((got := run(self, *a, **k))[0])) or got)
+
+    def counted(self, *a, sink=None, **k):  # the rows run hands its sink (or gives back)
+        got = run(self, *a, sink=None if sink is None else lambda rows: read.append(len(rows)) or sink(rows), **k)
+        read.append(len(got[0]))
+        return got
+
+    monkeypatch.setattr(text_logs._LineTemplate, "run", counted)
     text = "".join(row.format(i, 2.0 + i % 5, f"{1 + i / 100:.3f}") + "\n" for i in range(1, 3001))
     h = text_logs.read_text_log("x.log", text=text)
     assert h.steps == list(range(1, 3001)) and h.norms[:2] == [1.01, 1.02]
