@@ -134,16 +134,25 @@ def clip_by_value(t: Any, clip_value_min: Any, clip_value_max: Any, *, nonfinite
     t = asarray(t, xp)
     if not is_floating(t):
         return t
-    lo = asarray(clip_value_min, xp)
-    hi = asarray(clip_value_max, xp)
-    if bool(xp.any(xp.isnan(xp.astype(lo, xp.float64)))) or bool(xp.any(xp.isnan(xp.astype(hi, xp.float64)))):
-        raise UsageError("clip_value_min and clip_value_max must not be NaN")
-    if bool(xp.any(xp.astype(lo, xp.float64) > xp.astype(hi, xp.float64))):
-        raise UsageError("clip_value_min must be <= clip_value_max; swap them or fix the bounds")
-    for bound in (lo, hi):
-        if not _broadcasts_to(tuple(bound.shape), tuple(t.shape)):
-            raise UsageError(f"a clip bound of shape {tuple(bound.shape)} does not broadcast to the tensor's "
-                             f"shape {tuple(t.shape)} (bounds never grow a tensor)")
+    if type(clip_value_min) is float and type(clip_value_max) is float:  # the usual bounds: checked as
+        # Python floats (the array checks below cost ~20 us a call: 20,000 small tensors, 0.4 s)
+        if math.isnan(clip_value_min) or math.isnan(clip_value_max):
+            raise UsageError("clip_value_min and clip_value_max must not be NaN")
+        if clip_value_min > clip_value_max:
+            raise UsageError("clip_value_min must be <= clip_value_max; swap them or fix the bounds")
+        lo, hi = xp.asarray(clip_value_min), xp.asarray(clip_value_max)
+    else:
+        lo = asarray(clip_value_min, xp)
+        hi = asarray(clip_value_max, xp)
+        if bool(xp.any(xp.isnan(xp.astype(lo, xp.float64)))) or \
+                bool(xp.any(xp.isnan(xp.astype(hi, xp.float64)))):
+            raise UsageError("clip_value_min and clip_value_max must not be NaN")
+        if bool(xp.any(xp.astype(lo, xp.float64) > xp.astype(hi, xp.float64))):
+            raise UsageError("clip_value_min must be <= clip_value_max; swap them or fix the bounds")
+        for bound in (lo, hi):
+            if not _broadcasts_to(tuple(bound.shape), tuple(t.shape)):
+                raise UsageError(f"a clip bound of shape {tuple(bound.shape)} does not broadcast to the "
+                                 f"tensor's shape {tuple(t.shape)} (bounds never grow a tensor)")
     t = _apply_policy(t, nonfinite, xp)
     lo_t = xp.astype(lo, t.dtype)
     hi_t = xp.astype(hi, t.dtype)

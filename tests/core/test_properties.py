@@ -80,6 +80,28 @@ def test_clip_by_value_bounds_and_identity(t, lo, width):
                           t[inside].view(f"u{t.dtype.itemsize}"))
 
 
+@settings(max_examples=200, deadline=None)
+@given(tensors(), st.floats(allow_nan=True), st.floats(allow_nan=True),
+       st.sampled_from(["error", "propagate", "zero"]))
+def test_clip_by_value_of_float_bounds_is_that_of_array_bounds(t, lo, hi, policy):
+    """Bounds given as Python floats (checked as floats, the fast path) clip as the same bounds given as
+    NumPy scalars and 0-d arrays (checked as arrays): the same bits, or the same error (NaN bounds,
+    lo > hi, non-finite elements under "error")."""
+    def outcome(a, b):
+        try:
+            with np.errstate(over="ignore"):  # (bounds past float16's range: both paths cast them)
+                return clip_by_value(t, a, b, nonfinite=policy)
+        except Exception as exc:  # noqa: BLE001 - the error itself is compared
+            return type(exc), str(exc)
+
+    fast = outcome(lo, hi)
+    for slow in (outcome(np.float64(lo), np.float64(hi)), outcome(np.asarray(lo), np.asarray(hi))):
+        if isinstance(fast, tuple):
+            assert fast == slow
+        else:
+            assert fast.dtype == slow.dtype and fast.tobytes() == slow.tobytes()
+
+
 @settings(max_examples=100, deadline=None)
 @given(tensors(dtype=np.float64), thresholds, st.floats(1e-3, 1e3))
 def test_scale_invariance(t, c, k):
