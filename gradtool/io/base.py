@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import mmap
@@ -16,6 +17,23 @@ import numpy as np
 from ..errors import InputError, UnsafeInputError
 
 MAX_NAME_LENGTH = 4096
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused meanwhile (and on again after, if it was on): an index or a log
+    of many thousands of small objects that hold no cycles is built without the collector's repeated
+    scans of them, which cost more than building them (a 20,000-tensor safetensors header: 0.22 -> 0.16
+    s; a 10^6-line log, more than its parse)."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass
@@ -152,11 +170,17 @@ def check_dtype(dtype: np.dtype, name: str, path: str) -> np.dtype:
 
 
 def check_shape(shape: Any, name: str, path: str) -> tuple[int, ...]:
-    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+    """``shape`` as a tuple of ints: a tuple or list of at most 64 non-negative ints (not bools), else an
+    InputError naming the tensor. (Plain ints, the usual case, are told by their types at C speed.)"""
+    if not isinstance(shape, (tuple, list)):
         raise InputError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
-    if any(d < 0 for d in shape) or len(shape) > 64:
+    if not set(map(type, shape)) <= {int}:
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise InputError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
+        shape = [int(d) for d in shape]
+    if len(shape) > 64 or (shape and min(shape) < 0):
         raise InputError(f"{path}: tensor {name!r} has an invalid shape {tuple(shape)!r}")
-    return tuple(int(d) for d in shape)
+    return tuple(shape)
 
 
 PLACED_ALLOCATION_BYTES = 1 << 16  # from this size the 8 KiB of slack of a placed array are worth it

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import InputError, UsageError
 from .atomic import atomic_output
-from .base import DumpReader, DumpWriter, TensorInfo, check_tensor_name, check_unique
+from .base import DumpReader, DumpWriter, TensorInfo, check_tensor_name, check_unique, collector_paused
 from .detect import detect_format, head_of, not_a_dump, output_format
 
 
@@ -183,7 +183,8 @@ def open_dump(path: str, *, group: str | None = None, format: str | None = None)
         fmt = format or detect_format(path)
         if fmt is None:
             raise InputError(f"{display}: {not_a_dump(head_of(path), display)}")
-        reader = _reader(fmt, path, display, group)
+        with collector_paused():  # (an index of thousands of tensors: see collector_paused)
+            reader = _reader(fmt, path, display, group)
     except BaseException:
         if temp:
             os.unlink(temp)

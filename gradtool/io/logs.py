@@ -1700,15 +1700,10 @@ def read_norm_log(path: str, key: str | None = None, *, source: str | None = Non
     ``path``) names it in errors and in the result, e.g. ``<stdin>`` for a spooled copy of standard input.
     The cyclic garbage collector is paused meanwhile: a 10^6-line log makes millions of objects that hold
     no cycles, and its repeated full scans of them cost more than the parse."""
-    import gc
+    from .base import collector_paused
 
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return _read_norm_log(path, key, source or path, run)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _read_norm_log(path: str, key: str | None, source: str, run: str | None = None) -> NormHistory:

@@ -18,6 +18,7 @@ import os
 import struct
 import sys
 from collections.abc import Iterator
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -61,11 +62,15 @@ def code_of(dtype: np.dtype) -> str | None:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
+    """A JSON object's pairs as a dict; ValueError naming the first key given twice (the dict made at C
+    speed, the pairs searched only when it has fewer keys than they)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"duplicate key {k!r}")
+            seen.add(k)
     return out
 
 
@@ -74,6 +79,9 @@ def _metadata_value(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+_ENTRY_KEYS = frozenset(("dtype", "shape", "data_offsets"))
 
 
 class SafetensorsReader(DumpReader):
@@ -115,7 +123,7 @@ class SafetensorsReader(DumpReader):
         self.metadata = {str(k): _metadata_value(v) if isinstance(v, str) else v for k, v in meta.items()}
         entries = []
         for name, spec in header.items():
-            if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= set(spec):
+            if not isinstance(spec, dict) or not _ENTRY_KEYS <= spec.keys():
                 raise InputError(f"{p}: tensor {name!r}: malformed header entry")
             code = spec["dtype"]
             dtype = dtype_of(code) if isinstance(code, str) else None
@@ -135,7 +143,7 @@ class SafetensorsReader(DumpReader):
             if end > data_size:
                 raise InputError(f"{p}: tensor {name!r}: data_offsets {offs} run past the end of the file (truncated?)")
             entries.append((begin, end, info))
-        entries.sort(key=lambda e: (e[0], e[1]))
+        entries.sort(key=itemgetter(0, 1))
         last_end = 0
         for begin, end, info in entries:
             if begin < last_end and end > begin:

@@ -242,3 +242,84 @@ def test_tensor_name_check_is_its_definition(name):
     except UnsafeInputError:
         refused = True
     assert refused == _name_refused_by_definition(name)
+
+
+def _check_shape_by_each_dimension(shape, name, path):
+    """check_shape as it was written before plain ints were told by their types together."""
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise InputError(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
+    if any(d < 0 for d in shape) or len(shape) > 64:
+        raise InputError(f"{path}: tensor {name!r} has an invalid shape {tuple(shape)!r}")
+    return tuple(int(d) for d in shape)
+
+
+class _Dim(int):
+    """An int subclass (an IntEnum's members are such), a shape's dimension all the same."""
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(
+    st.lists(st.one_of(st.integers(-3, 2**40), st.booleans(), st.floats(0, 4), st.none(), st.text(max_size=2),
+                       st.integers(0, 9).map(_Dim), st.integers(0, 9).map(np.int64)), max_size=5),
+    st.lists(st.integers(0, 3), min_size=60, max_size=70), st.integers(0, 5), st.none(), st.text(max_size=3),
+    st.lists(st.integers(0, 9), max_size=4).map(tuple)))
+def test_a_shape_is_checked_as_it_was_dimension_by_dimension(shape):
+    """check_shape accepts and refuses what it did when it checked each dimension in a generator: lists
+    and tuples of at most 64 non-negative ints (int subclasses too, bools and NumPy ints not), with the
+    same message; a tuple of ints back."""
+    from gradtool.io.base import check_shape
+
+    def outcome(check):
+        try:
+            got = check(shape, "t", "x.safetensors")
+            return got, [type(d) for d in got]
+        except InputError as exc:
+            return str(exc)
+
+    assert outcome(check_shape) == outcome(_check_shape_by_each_dimension)
+
+
+@pytest.mark.parametrize("text, error", [('{"a": 1, "b": {"c": 2, "c": 3}}', "duplicate key 'c'"),
+                                         ('{"b": 1, "a": 2, "b": 3, "a": 4}', "duplicate key 'b'"),
+                                         ('{"a": {"b": 1}, "b": {"a": 1}}', None)])
+def test_a_safetensors_header_with_a_key_given_twice_is_refused_naming_the_first(text, error):
+    """_no_duplicates (json's object_pairs_hook for safetensors headers) names the first key given twice in
+    an object, at any depth; an object of distinct keys is a dict of them."""
+    import json
+
+    from gradtool.io.safetensors import _no_duplicates
+
+    if error is None:
+        assert json.loads(text, object_pairs_hook=_no_duplicates) == json.loads(text)
+        return
+    with pytest.raises(ValueError, match=error):
+        json.loads(text, object_pairs_hook=_no_duplicates)
+
+
+def test_the_collector_is_paused_while_an_index_is_read_and_on_again_after(tmp_path, monkeypatch):
+    """open_dump reads an index with the cyclic garbage collector paused (thousands of small objects, no
+    cycles), and turns it on again after, when the index is refused too; one already off stays off."""
+    import gc
+
+    from gradtool.io import safetensors
+
+    seen = []
+    index = safetensors.SafetensorsReader._index
+    monkeypatch.setattr(safetensors.SafetensorsReader, "_index", lambda self: seen.append(gc.isenabled()) or index(self))
+    good = str(tmp_path / "a.safetensors")
+    save_dump(good, {"w": np.ones(3, np.float32)})
+    bad = str(tmp_path / "b.safetensors")  # refused by its index: a tensor named twice
+    h = b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'
+    with open(bad, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"\0" * 8)
+    assert gc.isenabled()
+    open_dump(good).close()
+    with pytest.raises(InputError):
+        open_dump(bad)
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        open_dump(good).close()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
