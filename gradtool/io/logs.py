@@ -391,8 +391,8 @@ class RowItems:
 
         given, values = np.zeros(self.n_rows, dtype=bool), np.full(self.n_rows, np.nan)
         is_int = np.zeros(self.n_rows, dtype=bool)
-        if name in self.keys:
-            sel = self._items_of(self.keys.index(name))
+        if (k := _key_number(self, name)) is not None:
+            sel = self._items_of(k)
             rows, vals, ints = self.row[sel], self.value[sel], self.is_int[sel]
             if rows.size > 1:  # a row's last item of the key (rows are in order): NumPy does not promise
                 last = np.ones(rows.size, dtype=bool)  # which of repeated indices an assignment keeps
@@ -436,10 +436,9 @@ class KeyColumns:
         """(given, values, is_int) of key ``name`` over the rows (see :meth:`RowItems.column`)."""
         import numpy as np
 
-        if name not in self.keys:
+        if (k := _key_number(self, name)) is None:
             return (np.zeros(self.n_rows, dtype=bool), np.full(self.n_rows, np.nan),
                     np.zeros(self.n_rows, dtype=bool))
-        k = self.keys.index(name)
         flags = self._flags[k]
         return flags != 0, self._values[k], flags == 2
 
@@ -450,6 +449,15 @@ class KeyColumns:
             for r in flags.nonzero()[0].tolist():
                 out[r][name] = int(values[r]) if flags[r] == 2 else float(values[r])
         return out
+
+
+def _key_number(columns: Any, name: str | None) -> int | None:
+    """Where ``name`` is in ``columns.keys`` (distinct names), or None: from a dict of them made once (a
+    search of the list per key made a log of 65,000 parameters' norms quadratic: 100 s)."""
+    numbers = getattr(columns, "_key_numbers", None)
+    if numbers is None or len(numbers) != len(columns.keys):
+        numbers = columns._key_numbers = {k: i for i, k in enumerate(columns.keys)}
+    return numbers.get(name)  # type: ignore[arg-type]
 
 
 def joined_row_items(parts: list[RowItems]) -> RowItems:

@@ -140,9 +140,10 @@ def test_lines_of_flat_objects_of_numbers_are_read(rows, spaced):
 
 
 def test_too_many_keys_or_columns_larger_than_the_text_are_left_to_the_decoders():
-    wide = "{" + ",".join(f'"k{i}":1' for i in range(4097)) + "}"
-    assert _compiled(wide) is None  # more than 4096 keys
-    assert _compiled(wide.replace(',"k4096":1', ""))[1][-1] == "k4095"  # 4096: read
+    wide = "{" + ",".join(f'"k{i}":1' for i in range(65_537)) + "}"
+    assert _compiled(wide) is None  # more than 65,536 keys
+    assert _compiled(wide.replace(',"k65536":1', ""))[1][-1] == "k65535"  # 65,536: read (5,000 parameters
+    # of a mixture of experts were left to the decoders at 4,096)
     sparse = "\n".join(['{"a":1}'] * 1000 + ["{" + ",".join(f'"k{i}":1' for i in range(40)) + "}"])
     assert _compiled(sparse) is None  # 41 columns of 1001 rows: more bytes than the text
     assert _compiled(sparse.rsplit("\n", 1)[0])[0] == 1000

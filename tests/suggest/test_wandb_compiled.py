@@ -152,11 +152,12 @@ def test_the_compiled_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
     assert given.all() and (runtime == 1.5).all()
 
 
-@pytest.mark.parametrize("keys", [300, 1200, 5000])
+@pytest.mark.parametrize("keys", [300, 1200, 5000, 65_535])
 def test_a_log_of_each_parameters_norm_is_read_by_the_compiled_reader(tmp_path, monkeypatch, keys):
-    """A record of hundreds or thousands of keys (W&B's history of each parameter's gradient norm): the
-    compiled reader's key table grows (rehashing, the record's new keys kept), the rows are the Python
-    reader's, and none is left to it; past MAX_KEYS (4096) distinct keys in a record Python reads it."""
+    """A record of hundreds or thousands of keys (W&B's history of each parameter's gradient norm, a
+    mixture of experts' too): the compiled reader's key table grows (rehashing, the record's new keys
+    kept), the rows are the Python reader's, and none is left to it; past MAX_KEYS (65,536) distinct keys
+    in a record Python reads it."""
     names = [f"grad_2.0_norm/layers.{k}.weight".encode() for k in range(keys)]
     recs = [history_record(i, [(b"grad_2.0_norm_total", b"1.5"), *((n, repr(0.01 * k + i).encode())
                                                                    for k, n in enumerate(names))], i)
@@ -171,7 +172,7 @@ def test_a_log_of_each_parameters_norm_is_read_by_the_compiled_reader(tmp_path, 
     monkeypatch.setattr(wandb_log, "history_rows", lambda r: calls.append(1) or history_rows(r))
     items = wandb_log._row_items(str(p), str(p), scan)
     assert items.n_rows == 6 and len(items.keys) == keys + 2
-    assert bool(calls) == (keys + 2 > 4096)
+    assert bool(calls) == (keys + 2 > 65_536)
     assert items.column(names[-1].decode())[1].tolist() == [0.01 * (keys - 1) + i for i in range(6)]
 
 

@@ -111,6 +111,25 @@ def test_the_numpy_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
     assert given.all() and (runtime == 1.5).all()
 
 
+def test_a_few_wide_records_are_left_to_python_past_their_first_items(tmp_path, monkeypatch):
+    """Records of hundreds of items, fewer than FEW_RECORDS of them (a log of each parameter's norm, a few
+    steps long), are read by the Python reader past their first 64 items (a NumPy step of a few arrays a
+    item cost more), to the same rows; as many records as FEW_RECORDS are read side by side."""
+    names = [f"grad_2.0_norm/p{k}".encode() for k in range(300)]
+    history_rows = wandb_log.history_rows
+    for n, python in ((3, True), (wandb_vectorized.FEW_RECORDS, False)):
+        recs = [history_record(i, [(b"grad_2.0_norm_total", repr(1.5 + i).encode()),
+                                   *((k, repr(0.01 * j + i).encode()) for j, k in enumerate(names))], i)
+                for i in range(n)]
+        p = str(write_log(tmp_path / f"run-{n}.wandb", recs))
+        calls = []
+        monkeypatch.setattr(wandb_log, "history_rows", lambda r, calls=calls: calls.append(1) or history_rows(r))
+        assert read_with(p, None, "numpy") == read_with(p, None, "python")
+        items = wandb_log._row_items(p, p, None)
+        assert (len(calls) > n) == python and items.n_rows == n and len(items.keys) == 302
+        assert items.column("grad_2.0_norm/p299")[1].tolist() == [2.99 + i for i in range(n)]
+
+
 def test_other_fields_of_a_history_are_skipped_without_python(tmp_path, monkeypatch):
     """A HistoryRecord's fields besides its items and step (wandb's ``_info``, field 200), and a Record's
     after its history (``control``, 16), are skipped by the NumPy reader itself, as Python skips them."""
