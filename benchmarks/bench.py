@@ -400,12 +400,16 @@ def measure_logs(tmp: str, rows: list[tuple[str, str, str, str]]) -> None:
             ("a TensorBoard run of per-parameter norms, 5,000 steps x 200 parameters (10^6 scalar events; "
              "--format json)", lambda p: write_tensorboard_per_parameter_log(p, norms[:5_000]),
              os.path.join(tmp, "tb-params")),
+            ("a W&B run log of a mixture of experts' per-parameter norms, 500 records x 5,000 parameters "
+             "(2.5x10^6 points; --format json)",
+             lambda p: write_wandb_per_parameter_log(p, norms[:500], parameters=5_000),
+             os.path.join(tmp, "run-experts.wandb")),
             ("a Megatron text log of 10^5 lines, a timers line every 5", lambda p: write_megatron_log_with_timers(
                 p, norms[:100_000]), os.path.join(tmp, "timers.log")),
             ("a JSON Lines log of 3x10^5 points, one norm in six NaN or inf",
              lambda p: write_jsonl_with_nonfinite(p, norms[:300_000]), os.path.join(tmp, "nonfinite.jsonl"))):
         target = make(path) or path
-        two_modes = target.endswith(("params.jsonl", "metrics.csv", "params.wandb", "tb-params"))
+        two_modes = target.endswith(("params.jsonl", "metrics.csv", "params.wandb", "tb-params", "experts.wandb"))
         fmt = "json" if two_modes else "value"
         timed(what, target, fmt, f"{t_jsonl} (10^6-line JSONL)")
 
