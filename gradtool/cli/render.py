@@ -359,9 +359,12 @@ def _natural_widths(columns: Sequence[str], cells: list[list[str]]) -> list[int]
         return None
     for r in cells:
         for i, v in enumerate(r):
-            n = cell_len(v)
-            if n < len(v) or _CONTROL.search(v):
-                return None
+            if v.isascii() and v.isprintable():  # a cell a character (numbers, names): no rich call (20,000
+                n = len(v)  # rows of a clip report: 0.16 -> 0.03 s)
+            else:
+                n = cell_len(v)
+                if n < len(v) or _CONTROL.search(v):
+                    return None
             if n > widths[i]:
                 widths[i] = n
     return widths
@@ -377,9 +380,8 @@ def _padded_row(row: Sequence[str], widths: Sequence[int], justify: Sequence[str
     for v, w, j in zip(row, widths, justify):
         if j == "right":
             v = v.rstrip()
-            parts.append(" " * (w - cell_len(v)) + v)
-        else:
-            parts.append(v + " " * (w - cell_len(v)))
+        n = len(v) if v.isascii() and v.isprintable() else cell_len(v)  # (see _natural_widths)
+        parts.append(" " * (w - n) + v if j == "right" else v + " " * (w - n))
     return "  ".join(parts) + "\n"
 
 
