@@ -444,7 +444,7 @@ class _LineTemplate:
         from .logs import _columns, _with_others
 
         parts: dict[str, list[Any]] = {k: [] for k, _ in self.order}
-        kinds = list(map(type, records))  # (the next run found by list.index, not a loop in Python)
+        kinds = list(map(type, records))  # (the next run found by a binary search, not a loop in Python)
         runs = [i for i, kind in enumerate(kinds) if kind is _Run] if _Run in kinds else []
         runs.append(len(records))
         at = 0
