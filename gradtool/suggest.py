@@ -331,11 +331,7 @@ def _find_divergence(x: np.ndarray, L: np.ndarray, given: np.ndarray, steps: lis
                      w: int) -> dict[str, Any] | None:
     """First index where training breaks: a surge or non-finite value followed by lasting damage."""
     n = x.size
-    good = np.isfinite(x) & (x > 0)
-    logs = np.where(good, np.log(np.where(good, x, 1.0)), np.nan)
-    base_m, base_s = _block_baseline(logs)
-    with np.errstate(invalid="ignore"):
-        surge = good & np.isfinite(base_m) & (logs > base_m + np.maximum(6 * base_s, math.log(4)))
+    logs, base_m, surge = _surges(x)
     candidates = np.flatnonzero(surge | ~np.isfinite(x))
     candidates = candidates[candidates >= 1]
     broken = _first_nonfinite_break(x, L, given, candidates[~np.isfinite(x[candidates])], has_loss, w)
@@ -343,18 +339,10 @@ def _find_divergence(x: np.ndarray, L: np.ndarray, given: np.ndarray, steps: lis
         candidates = candidates[candidates < broken]
     for j in candidates[np.isfinite(x[candidates])]:
         j = int(j)
-        m = float(base_m[j])
-        if has_loss:
-            bad, info = _loss_diverged(L, given, j, w)
-        else:
-            after = logs[j + 1: j + 1 + w]
-            after_bad = ~np.isfinite(x[j + 1: j + 1 + w])
-            bad = bool(after.size >= 3 and (np.mean(after_bad) >= 0.5 or
-                                            _median(after[np.isfinite(after)]) > m + math.log(4)))
-            info = {}
+        bad, info = _surge_breaks(x, logs, L, given, j, float(base_m[j]), has_loss, w)
         if bad:
             return {"index": j, "step": steps[j], "norm": float(x[j]), "trigger": "norm surge",
-                    "norm_before": float(math.exp(m)), **info}
+                    "norm_before": float(math.exp(base_m[j])), **info}
     if broken is not None:
         info = _loss_diverged(L, given, broken, w)[1] if has_loss else {}
         return {"index": broken, "step": steps[broken], "norm": float(x[broken]), "trigger": "non-finite norm",
@@ -372,6 +360,31 @@ def _find_divergence(x: np.ndarray, L: np.ndarray, given: np.ndarray, steps: lis
             return {"index": j, "step": steps[j], "norm": float(x[j]), "trigger": "non-finite loss",
                     "norm_before": _last_finite(x, j)}
     return None
+
+
+def _surges(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(log x, NaN where x is not finite and positive; each point's baseline, the median log norm of the
+    block before it (:func:`_block_baseline`); the surges: a log norm more than max(6 robust sigma, log 4)
+    above its baseline)."""
+    good = np.isfinite(x) & (x > 0)
+    logs = np.where(good, np.log(np.where(good, x, 1.0)), np.nan)
+    base_m, base_s = _block_baseline(logs)
+    with np.errstate(invalid="ignore"):
+        surge = good & np.isfinite(base_m) & (logs > base_m + np.maximum(6 * base_s, math.log(4)))
+    return logs, base_m, surge
+
+
+def _surge_breaks(x: np.ndarray, logs: np.ndarray, L: np.ndarray, given: np.ndarray, j: int, m: float,
+                  has_loss: bool, w: int) -> tuple[bool, dict[str, Any]]:
+    """Whether the surge at ``j`` (its block's median log norm ``m``) breaks training, and what says so:
+    the loss diverges after it (:func:`_loss_diverged`), or, with no loss logged, the next ``w`` norms
+    (three at least) are mostly non-finite or their median is more than 4x the block's."""
+    if has_loss:
+        return _loss_diverged(L, given, j, w)
+    after = logs[j + 1: j + 1 + w]
+    after_bad = ~np.isfinite(x[j + 1: j + 1 + w])
+    return bool(after.size >= 3 and (np.mean(after_bad) >= 0.5 or
+                                     _median(after[np.isfinite(after)]) > m + math.log(4))), {}
 
 
 def _first_nonfinite_break(x: np.ndarray, L: np.ndarray, given: np.ndarray, at: np.ndarray, has_loss: bool,

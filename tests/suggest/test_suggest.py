@@ -305,8 +305,6 @@ def test_real_logs_are_not_called_clipped():
 def _per_tensor_reference(steps, series, facts, config, divisors=None, cap=None):
     """suggest_per_tensor as it was: every tensor's whole suggestion (evidence and all), and the clip
     rate of each tensor at its own τ counted tensor by tensor."""
-    from gradtool.suggest import clip_rates, evidence
-
     per = {}
     for name, values in series.items():
         t = suggest_threshold(steps, values, config=config, facts=facts).threshold
@@ -366,7 +364,7 @@ def test_per_tensor_thresholds_and_clip_rate_are_the_tensor_by_tensor_ones(n, te
 def _divergence_one_by_one(x, L, given, steps, has_loss, w):
     """suggest._find_divergence as it was written before its non-finite norms were decided in blocks: each
     candidate in turn, three np.median calls a point (the reference for the block form)."""
-    from gradtool.suggest import _block_baseline, _finite_loss, _last_finite
+    from gradtool.suggest import _finite_loss, _last_finite, _surge_breaks, _surges
 
     def loss_diverged(j):
         after = slice(j + 1, j + 1 + w)
@@ -382,11 +380,7 @@ def _divergence_one_by_one(x, L, given, steps, has_loss, w):
             "loss_before": p, "loss_after": q, "loss_at_end": t}
 
     n = x.size
-    good = np.isfinite(x) & (x > 0)
-    logs = np.where(good, np.log(np.where(good, x, 1.0)), np.nan)
-    base_m, base_s = _block_baseline(logs)
-    with np.errstate(invalid="ignore"):
-        surge = good & np.isfinite(base_m) & (logs > base_m + np.maximum(6 * base_s, math.log(4)))
+    logs, base_m, surge = _surges(x)  # (the candidates: the same as the block form's)
     for j in np.flatnonzero(surge | ~np.isfinite(x)):
         j = int(j)
         if j < 1:
@@ -399,16 +393,8 @@ def _divergence_one_by_one(x, L, given, steps, has_loss, w):
                 return {"index": j, "step": steps[j], "norm": float(x[j]), "trigger": "non-finite norm",
                         "norm_before": _last_finite(x, j), **info}
             continue
-        m = float(base_m[j])
-        if has_loss:
-            bad, info = loss_diverged(j)
-        else:
-            after = logs[j + 1: j + 1 + w]
-            finite_after = after[np.isfinite(after)]
-            bad = bool(after.size >= 3 and (np.mean(~np.isfinite(x[j + 1: j + 1 + w])) >= 0.5 or
-                                            (float(np.median(finite_after)) if finite_after.size else math.nan)
-                                            > m + math.log(4)))
-            info = {}
+        m = float(base_m[j])  # (a surge: as the block form decides it, not what is under test here)
+        bad, info = _surge_breaks(x, logs, L, given, j, m, has_loss, w)
         if bad:
             return {"index": j, "step": steps[j], "norm": float(x[j]), "trigger": "norm surge",
                     "norm_before": float(math.exp(m)), **info}
