@@ -520,3 +520,28 @@ def test_a_nonfinite_norm_breaks_when_the_loss_jumps_past_a_quarter_and_ends_abo
     loss = np.r_[np.full(100, 2.0), np.full(80, after), np.full(20, end)]
     got = _first_nonfinite_break(x, loss, np.ones(n, dtype=bool), np.array([100]), True, w)
     assert got == (100 if breaks else None)
+
+
+@pytest.mark.parametrize("after, breaks", [(3.5, False), (4.5, True)])
+def test_a_surge_without_a_loss_breaks_when_the_norms_after_it_stay_past_four_times_the_baseline(after, breaks):
+    """With no loss logged, a surge breaks training when the median of the next norms is more than 4x the
+    baseline (the block's median) — 3.5x is a burst that passed; or when most of them are non-finite."""
+    from gradtool.suggest import _surge_breaks
+
+    x = np.r_[np.ones(40), 100.0, np.full(20, after)]
+    logs = np.log(x)
+    assert _surge_breaks(x, logs, np.full(x.size, np.nan), np.zeros(x.size, bool), 40, 0.0, False, 10) == (breaks, {})
+    x[41:46] = np.nan  # half of the next ten norms non-finite: broken whatever the rest
+    assert _surge_breaks(x, np.log(x), np.full(x.size, np.nan), np.zeros(x.size, bool), 40, 0.0, False, 10)[0]
+
+
+@pytest.mark.parametrize("sigmas, surge", [(5.5, False), (6.5, True)])
+def test_a_surge_is_a_norm_more_than_six_robust_sigmas_above_the_block_before(sigmas, surge):
+    """A point is a surge when its log norm is more than max(6 robust sigma, log 4) above the median of the
+    previous full block (a block of wide spread: 6 sigma is the larger)."""
+    from gradtool.suggest import BLOCK, MAD_TO_SIGMA, _surges
+
+    spread = np.tile([-1.0, 1.0], BLOCK // 2)  # log norms ±1: median 0, MAD 1, sigma 1.4826
+    logs = np.r_[spread, spread, [sigmas * MAD_TO_SIGMA]]
+    _, _, surges = _surges(np.exp(logs))
+    assert bool(surges[-1]) == surge and not surges[:-1].any()
