@@ -457,12 +457,7 @@ class Hdf5Reader(DumpReader):
         with self._datasets_lock:
             ds = self._datasets.pop(name, None)
         if ds is None:
-            h5py = _h5py()
-            try:
-                ds = h5py.Dataset(h5py.h5d.open(self._root.id, name.encode()))
-            except Exception as exc:  # h5py raises KeyError/OSError/RuntimeError on corrupt internals
-                raise InputError(f"{self.display_path}: corrupt HDF5 file, dataset {name!r} "
-                                 f"({type(exc).__name__}: {exc})") from None
+            ds = _h5py().Dataset(self._dataset_id(name))
         with self._datasets_lock:
             self._datasets[name] = ds  # (the last asked for last)
             while len(self._datasets) > OPEN_DATASETS:
