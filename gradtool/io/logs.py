@@ -1716,7 +1716,8 @@ def read_norm_log(path: str, key: str | None = None, *, source: str | None = Non
 
 def _read_norm_log(path: str, key: str | None, source: str, run: str | None = None) -> NormHistory:
     from . import mlflow_store
-    from .text_logs import _csv_header_like, _is_json, read_dict_lines, read_text_log
+    from .dict_lines import read_dict_lines
+    from .text_logs import _csv_header_like, _is_json, read_text_log
     from .detect import SQLITE_MAGIC, head_of
 
     if os.path.isdir(path):

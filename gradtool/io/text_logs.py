@@ -1,7 +1,7 @@
 """Console logs as gradient-norm histories: text lines (Megatron-LM's ``iteration 100/ 1000 | ... | grad
-norm: 1.234 |``, torchtitan, OLMo, Composer, MMEngine, fairseq, nanoGPT-derived loops, llm.c) and lines
-that end in a dict of metrics (the Hugging Face Trainer's console, fairseq's JSON format). Read with
-patterns on lowercased lines, never evaluated. :func:`~gradtool.io.logs.read_norm_log` tells these from
+norm: 1.234 |``, torchtitan, OLMo, Composer, MMEngine, fairseq, nanoGPT-derived loops, llm.c), read with
+patterns on lowercased lines, never evaluated (lines that end in a dict of metrics, the Hugging Face
+Trainer's console: :mod:`~gradtool.io.dict_lines`). :func:`~gradtool.io.logs.read_norm_log` tells these from
 the structured logs (:mod:`~gradtool.io.logs`) and hands them here.
 """
 
@@ -13,8 +13,7 @@ import re
 from typing import Any
 
 from ..errors import InputError
-from .logs import (STEP_KEYS, NormHistory, _clip_words, _find_key, _find_norm_key, _last_training, _noted,
-                   _num, _read_text, from_records)
+from .logs import NormHistory, _clip_words, _find_norm_key, _noted, _read_text, from_records
 
 _UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # 1,234 at the end of a value
 _NUMBER = rf"[-+]?{_UNSIGNED}"
@@ -562,8 +561,6 @@ def _text_loss_and_lr(record: dict[str, Any], line: str, llmc: bool = False) -> 
         record["learning_rate"] = float(lr.group(1).replace(",", ""))
 
 
-_DICT_TAIL = re.compile(r"\{[^{}]*\}\s*$")  # a line that ends in a flat {...} of metrics
-_DICT_PAIR = re.compile(r"""(['"])([^'"]*)\1\s*:\s*(?:(['"])([^'"]*)\3|([^,}'"\s][^,}]*))""")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours and cursor moves
 _VALUE_IN_CELL = re.compile(r"[:=]\s*[-+]?\d|[\x00-\x08\x0b-\x1f]")  # "grad_norm: 1.2", ANSI colours
 
@@ -583,43 +580,3 @@ def _csv_header_like(first: str, key: str | None) -> bool:
     nkey = _find_norm_key(cells, key)
     return (nkey is not None and _VALUE_IN_CELL.search(nkey) is None
             and _TEXT_NORM.search(nkey.lower()) is None)  # "grad_norm tensor(1.2, device='cuda:0')"
-
-
-def read_dict_lines(path: str, key: str | None = None, text: str | None = None) -> NormHistory | None:
-    """Lines that end in a dict of metrics, the way trainers print them to the console: the Hugging Face
-    Trainer's ``{'loss': 2.31, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.1}`` (a Python
-    repr: single quotes, bare ``nan``) and fairseq's ``... | train_inner | {"num_updates": "100",
-    "gnorm": "3.4", ...}``. The pairs are read with a pattern, never evaluated. None when no such line
-    holds a gradient norm. Without a step key (the Trainer prints none) the steps are the lines' order,
-    and the history says so."""
-    text = _read_text(path) if text is None else text
-    records: list[dict[str, Any]] = []
-    lines, fairseq_notes = _without_fairseq_epoch_ends(text, text.splitlines())
-    for line in lines:
-        m = _DICT_TAIL.search(line)
-        if m is None:
-            continue
-        pairs = _DICT_PAIR.findall(m.group())  # a bare tensor(1.2, device='cuda:0'): transformers 4.38's norm
-        records.append({k: quoted if q else bare.strip().removeprefix("tensor(")
-                        for _, k, q, quoted, bare in pairs})
-    keys = dict.fromkeys(k for r in records for k in r)
-    if not records or (nkey := _find_norm_key(keys, key)) is None:
-        return None
-    notes = []
-    if _find_key(keys, STEP_KEYS) is None and "epoch" in keys:  # the Trainer's: no step, but its epoch
-        with_norm = [r for r in records if _num(r.get(nkey)) is not None]
-        epochs = [_num(r.get("epoch")) for r in with_norm]
-        if with_norm and None not in epochs:
-            cut, notes = _last_training(epochs, "epoch")  # the epoch starting over: another training
-            records = with_norm[cut:]
-    hist = _noted(from_records(records, path, "console", key), notes + fairseq_notes)
-    if not hist.steps:
-        return None  # no number where the norm should be: not this kind of log
-    if _find_key(keys, STEP_KEYS) is None:
-        hist.line_order = True
-        # the Trainer's console (transformers' ProgressCallback prints floats as f"{v:.4g}" strings)
-        better = ("; the Trainer's trainer_state.json (in each checkpoint-*/ of its output directory) has "
-                  "the steps, and every digit" if "epoch" in keys else "")
-        hist.notes.append(f"{path}: the log gives no step numbers: steps are the order of its lines "
-                          f"(0, 1, 2, ...), not training steps{better}")
-    return hist
