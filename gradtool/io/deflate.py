@@ -61,6 +61,7 @@ class ParallelDeflater:
         self._pending = bytearray()  # input not yet handed to a block
         self._history = b""  # the last WINDOW bytes of the input handed to blocks
         self._jobs: deque[Future[bytes] | bytes] = deque()
+        self._blocks = 0  # blocks handed over so far (done ones leave _jobs as they are collected)
 
     def _submit(self, block: bytes, last: bool, here: bool = False) -> None:
         """``block`` to the pool (``here``, or no pool: compressed in this thread, to the same bytes)."""
@@ -68,6 +69,7 @@ class ParallelDeflater:
         self._jobs.append(deflate_block(*args) if here or self._pool is None else
                           self._pool.submit(deflate_block, *args))
         self._history = (self._history + block)[-WINDOW:]
+        self._blocks += 1
 
     def _collect(self, wait_for: int) -> bytes:
         """The compressed blocks at the front that are done, in order; waits until at most ``wait_for``
@@ -96,7 +98,7 @@ class ParallelDeflater:
         thread: handing it to the pool and waiting cost more than compressing it (20,000 members of 200
         bytes: a hand-off each, 1.9 s)."""
         block = bytes(self._pending)
-        self._submit(block, last=True, here=not self._jobs and len(block) < INLINE_BYTES)
+        self._submit(block, last=True, here=not self._blocks and len(block) < INLINE_BYTES)
         self._pending.clear()
         return self._collect(0)
 
