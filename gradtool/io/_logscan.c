@@ -1236,6 +1236,186 @@ failed:
     return NULL;
 }
 
+/* A dict-line template's operations (dict_lines._DictTemplate.ops): */
+#define DOP_TEXT 0  /* (0, bytes): that ASCII text */
+#define DOP_VALUE 1 /* (1,): a value, the longest run of [0-9A-Za-z_.+-] there */
+
+/* Whether c may be in a dict-line template's value (dict_lines._VALUE): [0-9A-Za-z_.+-]. */
+static int value_char(Py_UCS4 c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '.' ||
+           c == '+' || c == '-';
+}
+
+/* The value token v[0:n] as dict_lines reads it (_num(token): float(), NaN positive): 1 and *out for a
+ * decimal number float() reads (decimal(), as a text log writes numbers) or Python's repr of a NaN or an
+ * infinity ("nan", "inf", "-inf"); 0 for any other token (the Python reader reads its line). */
+static int dict_value(const unsigned char *v, Py_ssize_t n, double *out) {
+    if (n == 3 && memcmp(v, "nan", 3) == 0) {
+        *out = Py_NAN;
+        return 1;
+    }
+    if (n == 3 && memcmp(v, "inf", 3) == 0) {
+        *out = Py_HUGE_VAL;
+        return 1;
+    }
+    if (n == 4 && memcmp(v, "-inf", 4) == 0) {
+        *out = -Py_HUGE_VAL;
+        return 1;
+    }
+    return n > 0 && decimal(v, n, 0, out, 1) == NUMBER;
+}
+
+/* Match the line s[start:end] (characters of type T) against a dict-line template's ops: any characters
+ * but braces, "{", the ops, spaces and tabs (dict_lines._DictTemplate's pattern, ASCII from the "{" on);
+ * 1 and the values in row on a match, else 0. One function per width of character (PyUnicode kinds). */
+#define MATCH_DICT_LINE(NAME, T)                                                                              \
+    static int NAME(const op_t *ops, Py_ssize_t n_ops, const T *s, Py_ssize_t start, Py_ssize_t end,         \
+                    double *row) {                                                                            \
+        Py_ssize_t i = start;                                                                                 \
+        int opened = 0;                                                                                       \
+        while (i < end && !opened) {                                                                          \
+            T c = s[i++];                                                                                     \
+            if (c == '}') return 0;                                                                           \
+            opened = c == '{';                                                                                \
+        }                                                                                                     \
+        if (!opened) return 0;                                                                                \
+        int n_row = 0;                                                                                        \
+        unsigned char token[64];                                                                              \
+        for (Py_ssize_t k = 0; k < n_ops; k++) {                                                              \
+            const op_t *op = &ops[k];                                                                         \
+            if (op->kind == DOP_TEXT) {                                                                       \
+                if (end - i < op->len) return 0;                                                              \
+                for (Py_ssize_t j = 0; j < op->len; j++)                                                      \
+                    if (s[i + j] != (T)(unsigned char)op->text[j]) return 0;                                  \
+                i += op->len;                                                                                 \
+            } else { /* (a token longer than 64: the next text, which starts with no value character, fails) */ \
+                Py_ssize_t t = 0;                                                                             \
+                while (i < end && t < (Py_ssize_t)sizeof token && value_char(s[i])) token[t++] = (unsigned char)s[i++]; \
+                if (!dict_value(token, t, &row[n_row++])) return 0;                                           \
+            }                                                                                                 \
+        }                                                                                                     \
+        while (i < end && (s[i] == ' ' || s[i] == '\t')) i++;                                                 \
+        return i == end;                                                                                      \
+    }
+
+/* What a character is to dict_lines below 256: 1 a line break of str.splitlines() (\n \r \v \f \x1c \x1d
+ * \x1e \x85), 2 "{", else 0; above, U+2028 and U+2029 are breaks. */
+static unsigned char dict_line_chars[256];
+
+static void dict_line_chars_init(void) {
+    const unsigned char breaks[] = {'\n', '\r', 0x0b, 0x0c, 0x1c, 0x1d, 0x1e, 0x85};
+    for (size_t i = 0; i < sizeof breaks; i++) dict_line_chars[breaks[i]] = 1;
+    dict_line_chars['{'] = 2;
+}
+
+/* The line of s[0:n] (characters of type T) that starts at at, as str.splitlines() splits: where it ends
+ * (*end) and the next starts (*next: after its break, "\r\n" one), and whether it holds a "{". */
+#define SCAN_DICT_LINE(NAME, T)                                                                               \
+    static int NAME(const T *s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t *end, Py_ssize_t *next) {             \
+        int brace = 0;                                                                                        \
+        Py_ssize_t i = at;                                                                                    \
+        for (; i < n; i++) {                                                                                  \
+            T c = s[i];                                                                                       \
+            unsigned char what = c < 256 ? dict_line_chars[c] : (c == 0x2028 || c == 0x2029);                 \
+            if (what == 1) break;                                                                             \
+            brace |= what == 2;                                                                               \
+        }                                                                                                     \
+        *end = i;                                                                                             \
+        *next = i >= n ? n : i + 1 + (s[i] == '\r' && i + 1 < n && s[i + 1] == '\n');                        \
+        return brace;                                                                                         \
+    }
+
+MATCH_DICT_LINE(match_dict_line_1, Py_UCS1)
+MATCH_DICT_LINE(match_dict_line_2, Py_UCS2)
+MATCH_DICT_LINE(match_dict_line_4, Py_UCS4)
+SCAN_DICT_LINE(scan_dict_line_1, Py_UCS1)
+SCAN_DICT_LINE(scan_dict_line_2, Py_UCS2)
+SCAN_DICT_LINE(scan_dict_line_4, Py_UCS4)
+
+static int match_dict_line(const op_t *ops, Py_ssize_t n_ops, int kind, const void *data, Py_ssize_t start,
+                           Py_ssize_t end, double *row) {
+    if (kind == PyUnicode_1BYTE_KIND) return match_dict_line_1(ops, n_ops, data, start, end, row);
+    if (kind == PyUnicode_2BYTE_KIND) return match_dict_line_2(ops, n_ops, data, start, end, row);
+    return match_dict_line_4(ops, n_ops, data, start, end, row);
+}
+
+static int scan_dict_line(int kind, const void *data, Py_ssize_t n, Py_ssize_t at, Py_ssize_t *end,
+                          Py_ssize_t *next) {
+    if (kind == PyUnicode_1BYTE_KIND) return scan_dict_line_1(data, n, at, end, next);
+    if (kind == PyUnicode_2BYTE_KIND) return scan_dict_line_2(data, n, at, end, next);
+    return scan_dict_line_4(data, n, at, end, next);
+}
+
+/* dict_lines(ops, text, pos, out) -> (stop, rows): the lines of str text from offset pos on (the start of
+ * a line; lines as str.splitlines() splits them) that a dict-line template's ops
+ * match read, their values appended to out (a list of one bytearray per value op: float64), lines
+ * holding no "{" skipped (no dict: no record), up to stop: the offset of the first line holding "{" that
+ * they do not match (or len(text)); rows lines were read. */
+static PyObject *dict_lines(PyObject *self, PyObject *args) {
+    PyObject *ops_obj, *text, *out;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "O!UnO!", &PyTuple_Type, &ops_obj, &text, &pos, &PyList_Type, &out))
+        return NULL;
+    Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n = PyUnicode_GET_LENGTH(text);
+    op_t *ops = PyMem_Calloc((size_t)n_ops + 1, sizeof(op_t));
+    double *rows = NULL;
+    Py_ssize_t n_rows = 0, rows_cap = 0;
+    if (ops == NULL) return PyErr_NoMemory();
+    int values = 0;
+    for (Py_ssize_t k = 0; k < n_ops; k++) {
+        PyObject *t = PyTuple_GET_ITEM(ops_obj, k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) goto bad_ops;
+        ops[k].kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        if (ops[k].kind == DOP_TEXT) {
+            if (PyTuple_GET_SIZE(t) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(t, 1))) goto bad_ops;
+            ops[k].text = PyBytes_AS_STRING(PyTuple_GET_ITEM(t, 1));
+            ops[k].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 1));
+        } else if (ops[k].kind == DOP_VALUE) {
+            values++;
+        } else {
+            goto bad_ops;
+        }
+    }
+    if (PyErr_Occurred()) goto failed;
+    if (values < 1 || values > 4096 || PyList_GET_SIZE(out) != values) goto bad_ops;
+    for (Py_ssize_t j = 0; j < values; j++)
+        if (!PyByteArray_Check(PyList_GET_ITEM(out, j))) goto bad_ops;
+    if (pos < 0 || pos > n) {
+        PyErr_SetString(PyExc_IndexError, "dict_lines: pos out of range");
+        goto failed;
+    }
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t at = pos;
+    while (at < n) {
+        Py_ssize_t end, next;
+        if (scan_dict_line(kind, data, n, at, &end, &next)) {
+            if (n_rows == rows_cap) {
+                rows_cap = 2 * rows_cap + 1024;
+                double *grown = PyMem_Realloc(rows, (size_t)rows_cap * (size_t)values * sizeof(double));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto failed;
+                }
+                rows = grown;
+            }
+            if (!match_dict_line(ops, n_ops, kind, data, at, end, rows + n_rows * values)) break;
+            n_rows++;
+        }
+        at = next;
+    }
+    if (append_columns(out, (const int64_t *)(void *)rows, n_rows, values) < 0) goto failed;
+    PyMem_Free(ops);
+    PyMem_Free(rows);
+    return Py_BuildValue("(nn)", at, n_rows);
+bad_ops:
+    PyErr_SetString(PyExc_ValueError, "dict_lines: malformed ops or out");
+failed:
+    PyMem_Free(ops);
+    PyMem_Free(rows);
+    return NULL;
+}
+
 /* SQLite rows into columns (sqlite_rows: mlflow_store.py, trackio_store.py), through the very SQLite
  * library the sqlite3 module uses: its functions' addresses come from Python (ctypes, from the _sqlite3
  * module's library), so nothing here links against SQLite or needs its header. The declarations below
@@ -1864,6 +2044,10 @@ static PyMethodDef methods[] = {
      "template_text(ops, text, pos, out) -> (stop, resume, rows): the lines of text from offset pos that a\n"
      "text log template's ops match, their numbers appended to out, up to the first norm line they do not\n"
      "match (see _logscan.c)."},
+    {"dict_lines", dict_lines, METH_VARARGS,
+     "dict_lines(ops, text, pos, out) -> (stop, rows): the lines of text (as str.splitlines() splits it)\n"
+     "from offset pos that a dict-line template's ops match, their values appended to out, lines without\n"
+     "'{' skipped, up to the first line with '{' they do not match (see _logscan.c)."},
     {"sqlite_rows", sqlite_rows, METH_VARARGS,
      "sqlite_rows(api, uri, sql, params, kinds) -> (rows, columns) or None: a read-only query's rows as\n"
      "columns, through SQLite's functions at the addresses api (see _logscan.c)."},
@@ -1893,6 +2077,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gradtool.io._logscan
                                     "Optional compiled log readers (see _logscan.c).", -1, methods};
 
 PyMODINIT_FUNC PyInit__logscan(void) {
+    dict_line_chars_init();
     crc_init(crc32_tables, 0xEDB88320u);
     crc_init(crc32c_tables, 0x82F63B78u);
 #ifdef CLMUL_CRC

@@ -3,18 +3,49 @@ history the general reader gives (a dict a line, then from_records), on logs of 
 others, across the template reader's blocks."""
 
 import math
+import os
+import struct
+from itertools import chain
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gradtool.io import dict_lines
-from gradtool.io.logs import read_norm_log
+from gradtool.io.compiled import log_readers
+from gradtool.io.logs import _num, from_records, read_norm_log
+
+_COMPILED = log_readers()
+needs_compiled = pytest.mark.skipif(_COMPILED is None, reason="gradtool.io._logscan not built, or "
+                                    "GRADTOOL_NO_KERNELS set")
 
 
 def _general(path, key=None, text=None):
+    """The history by the general reader alone: a dict a line, then from_records."""
     text = open(path, encoding="utf-8", newline="").read() if text is None else text
-    return dict_lines._history_of_records(str(path), key, text)
+    records, keys, notes = dict_lines._general_records(text, key)
+    hist = None if records is None else from_records(records, str(path), "console", key)
+    return None if hist is None else dict_lines._console_history(hist, str(path), keys, notes)
+
+
+def _exactly(v):
+    return v if v is None else struct.pack("<d", v)
+
+
+def _same_records(text):
+    """The records the template reader reads are the general reader's, each value as _num reads it (NaN
+    positive), each key a record has kept, the keys in the general reader's order."""
+    read = dict_lines._template_records(text, None)
+    records, keys, notes = dict_lines._general_records(text, None)
+    if read is None:
+        return
+    items, got_keys, got_notes = read
+    assert (list(got_keys), got_notes) == (list(keys), notes)
+    assert (items is None) == (records is None)
+    if items is not None:
+        assert items.keys == list(dict.fromkeys(chain.from_iterable(records)))
+        assert ([sorted((k, _exactly(v)) for k, v in r.items()) for r in items.records()]
+                == [sorted((k, _exactly(_num(v))) for k, v in r.items()) for r in records])
 
 
 def _same_history(got, want):
@@ -35,7 +66,7 @@ _TOKENS = st.one_of(  # values a template reads
 _VALUES = st.one_of(_TOKENS, _TOKENS, _TOKENS, _TOKENS, _TOKENS, _TOKENS, st.sampled_from(
     ["tensor(1.5, device='cuda:0')", "1.5 ", " 2", "'a b'", "1,5", "{", "}", "", "'1,5'", "'x' 'y'"]))
 _KEYS = st.sampled_from(["loss", "grad_norm", "learning_rate", "epoch", "eval_loss", "step", "gnorm",
-                         "train_runtime", "grad_norm/layer.0", "lr", "'quoted'", "a b"])
+                         "train_runtime", "grad_norm/layer.0", "lr", "'quoted'", "a b", "grad_norm/\u0441\u043b\u043e\u0439"])
 
 
 # the usual first, several times; then what makes no template (" , ": a value "2.3 " stripped; a brace
@@ -65,7 +96,8 @@ _HF = ["loss", "grad_norm", "learning_rate", "epoch"]
 
 @st.composite
 def _console(draw):
-    template = draw(st.sampled_from([_HF, _HF, ["loss", "grad_norm"], ["grad_norm", "step"]]))
+    template = draw(st.sampled_from([_HF, _HF, ["loss", "grad_norm"], ["grad_norm", "step"],
+                                     ["grad_norm/\u0441\u043b\u043e\u0439", "grad_norm"]]))
     line = _dict_line(template, draw(_SEPS), draw(_PREFIXES), draw(_TAILS))
     lines = draw(st.lists(st.one_of(line, line, line, _OTHER), min_size=4, max_size=40))
     breaks = draw(st.lists(_BREAK, min_size=len(lines), max_size=len(lines)))
@@ -76,16 +108,27 @@ def _hf_line(i, g, epoch):
     return f"{{'loss': {2.5 - i / 1000:.4g}, 'grad_norm': {g}, 'learning_rate': 5e-05, 'epoch': {epoch}}}"
 
 
+@pytest.mark.parametrize("compiled", [pytest.param(True, marks=needs_compiled), False])
 @settings(max_examples=400, deadline=None)
 @given(text=_console(), block=st.sampled_from([1, 7, 64, 1 << 22]))
 @example(text="{'loss': 2.0, 'grad_norm': 1.0, 'epoch': 0.5}\n{'loss': 2.0, 'grad_norm': 2.0, 'epoch': 0.1}\n"
               "{'eval_loss': 1.0, 'epoch': 0.1}\n", block=1 << 22)
-def test_the_template_reader_gives_the_general_readers_history(tmp_path_factory, text, block):
+@example(text="\u2588 {'grad_norm': 1.5}\n{'grad_norm': None}\n\n{'grad_norm': 1_0}\n{'grad_norm': -nan}\n"
+              "x\n{'grad_norm': 2.5}  \n{'grad_norm': 1e400}\n", block=1 << 22)
+@example(text="{'loss': 1.0, 'grad_norm': 1.0, 'epoch': 0.5}\n{'x': 1, 'grad_norm': 2.0, 'epoch': 0.1}\n"
+              "{'loss': 1.0, 'grad_norm': 3.0, 'epoch': 0.2}\n", block=1 << 22)  # a restart: keys of the last
+@example(text="{'loss': 1.0, 'grad_norm': 1.0, 'epoch': 0.5}\n{'x': 1, 'grad_norm': 2.0, 'epoch': 0.1}\n",
+         block=1 << 22)  # training's records, in their order; none of the template's kept
+def test_the_template_reader_gives_the_general_readers_history(tmp_path_factory, compiled, text, block):
+    """With the compiled reader (the lines it reads, the others by the pattern) or without it, and with
+    blocks of a few characters or of the default size."""
     path = tmp_path_factory.mktemp("d") / "console.log"
     with open(path, "w", encoding="utf-8", newline="") as f:
         f.write(text)
-    saved = dict_lines._DictTemplate.BLOCK
+    saved = dict_lines._DictTemplate.BLOCK, os.environ.get("GRADTOOL_NO_KERNELS")
     dict_lines._DictTemplate.BLOCK = block
+    if not compiled:
+        os.environ["GRADTOOL_NO_KERNELS"] = "1"
     try:
         try:
             want = _general(path)
@@ -94,8 +137,13 @@ def test_the_template_reader_gives_the_general_readers_history(tmp_path_factory,
                 dict_lines.read_dict_lines(str(path), None, text)
             return
         _same_history(dict_lines.read_dict_lines(str(path), None, text), want)
+        _same_records(text)
     finally:
-        dict_lines._DictTemplate.BLOCK = saved
+        dict_lines._DictTemplate.BLOCK = saved[0]
+        if saved[1] is None:
+            os.environ.pop("GRADTOOL_NO_KERNELS", None)
+        else:
+            os.environ["GRADTOOL_NO_KERNELS"] = saved[1]
 
 
 def test_the_trainers_lines_are_read_by_the_template(tmp_path):
@@ -140,14 +188,60 @@ def test_which_dicts_make_a_template(line, keys):
 
 
 def test_floats_read_as_num_reads_them():
-    from gradtool.io.logs import _num
+    for texts in (["1.5", "-nan", "NaN", "inf", "1_000", "abc", "None", "-0.0", "1e999", "0x1"],
+                  ["-nan", "1.5", "-0.0"]):  # (words among them, or numbers alone: float() on them all)
+        values, flags = dict_lines._floats(texts)
+        assert len(values) == len(flags) == len(texts)
+        for t, v, f in zip(texts, values.tolist(), flags.tolist()):
+            want = _num(t)
+            assert f == (want is not None)
+            assert _exactly(v) == _exactly(math.nan if want is None else want)
 
-    texts = ["1.5", "-nan", "NaN", "inf", "1_000", "abc", "None", "-0.0", "1e999", "0x1"]
-    values, flags = dict_lines._floats(texts)
-    for t, v, f in zip(texts, values.tolist(), flags.tolist()):
-        want = _num(t)
-        assert f == (want is not None)
-        if want is not None:
-            assert repr(v) == repr(want) and math.copysign(1, v) == math.copysign(1, want)
-        else:
-            assert math.isnan(v)
+
+def _scan(line_or_text, template_line=None):
+    """What the compiled reader reads of a text by the template of ``template_line`` (its first line):
+    (stop, rows, the values by column)."""
+    text = line_or_text
+    template = dict_lines._DictTemplate.of(template_line or text.split("\n")[0])
+    out = [bytearray() for _ in template.keys]
+    stop, rows = _COMPILED.dict_lines(template.ops, text, 0, out)
+    return stop, rows, [struct.unpack(f"<{len(c) // 8}d", c) for c in out]
+
+
+@needs_compiled
+def test_the_compiled_reader_reads_the_template_lines_and_skips_lines_without_a_brace():
+    line = "{'loss': 2.31, 'grad_norm': 1.2345678901234567, 'learning_rate': 4.999995e-05, 'epoch': 0.01}"
+    bar = " 10%|\u2588\u2588        | 10/100 [00:01<00:09]"  # (a text of two-byte characters)
+    text = "\n".join([line, bar, bar + line.replace("0.01", "0.02") + " \t", "", "no dict here", line]) + "\n"
+    stop, rows, values = _scan(text, line)
+    assert (stop, rows) == (len(text), 3)
+    assert values == [(2.31,) * 3, (1.2345678901234567,) * 3, (4.999995e-05,) * 3, (0.01, 0.02, 0.01)]
+
+
+@needs_compiled
+@pytest.mark.parametrize("line", [
+    "{'loss': 2.0, 'grad_norm': None}", "{'loss': 2.0, 'grad_norm': 1_000}", "{'loss': 2.0, 'grad_norm': -nan}",
+    "{'loss': 2.0, 'grad_norm': .5}", "{'loss': 2.0, 'grad_norm': 1.5x}", "{'loss': 2.0, 'grad_norm': NaN}",
+    "{'loss': 2.0, 'grad_norm': " + "1" * 70 + "}", "{'loss': 2.0, 'grad_norm': 1.5} x", "}{'loss': 2.0, 'grad_norm': 1.5}",
+    "{'loss': 2.0, 'grad_norm': 1.5}}", "{'loss': 2.0,  'grad_norm': 1.5}", "{'Loss': 2.0, 'grad_norm': 1.5}",
+    "{'loss': 2.0, 'grad_norm': 1.5", "{'loss': 2.0, 'grad_norm': \u0661}",
+])
+def test_the_compiled_reader_stops_at_a_line_it_does_not_read(line):
+    # a value float() reads otherwise or not at all, another text, a line cut short: the Python reader's
+    text = "{'loss': 1.0, 'grad_norm': 3.0}\n" + line + "\n{'loss': 1.0, 'grad_norm': 3.0}\n"
+    stop, rows, _ = _scan(text)
+    assert (stop, rows) == (text.index("\n") + 1, 1)
+
+
+@needs_compiled
+@settings(max_examples=1000, deadline=None)
+@given(value=st.one_of(st.floats(allow_nan=False).map(repr), st.floats(allow_nan=False).map(lambda x: f"{x:.17e}"),
+                       st.from_regex(r"\A[-+]?[0-9]{1,25}(\.[0-9]{0,25})?([eE][-+]?[0-9]{1,4})?\Z"),
+                       st.sampled_from(["nan", "inf", "-inf", "0", "-0", "-0.0", "1e-400", "1e400",
+                                        "9007199254740993", "2.2250738585072011e-308", "4.9e-324"])))
+def test_the_compiled_reader_reads_values_as_float_does(value):
+    line = "{'grad_norm': " + value + ", 'loss': 1}"
+    stop, rows, values = _scan(line, line)
+    assert rows == 1 and stop == len(line)
+    want = float(value)
+    assert struct.pack("<d", values[0][0]) == struct.pack("<d", math.nan if want != want else want)
