@@ -17,10 +17,11 @@ import glob
 import io
 import json
 import math
+import operator
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain, islice
+from itertools import chain, islice, repeat
 from typing import Any, Literal, NoReturn
 
 from ..errors import InputError, UsageError, listed
@@ -292,11 +293,18 @@ def _norm_keys_besides(keys: Iterable[str], chosen: str) -> list[str]:
             and (k.lower() in NORM_KEYS or _looks_like_norm_key(k))]
 
 
+COLUMNS_FROM_ROWS = 64  # from_records reads more records than this, not all alike, by columns
+
+
 def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key: str | None = None,
-                 split_trainings: bool = True) -> NormHistory:
+                 split_trainings: bool = True, by_rows: bool = False) -> NormHistory:
     """Build a history from dict records (HF log_history entries, JSONL lines, CSV rows). With
     ``split_trainings``, records whose steps start over hold several trainings: the last is read (see
-    :func:`_last_training`); records merged from files on purpose (a run's checkpoints) pass False."""
+    :func:`_last_training`); records merged from files on purpose (a run's checkpoints) pass False.
+    Records of plain numbers with a norm in each are read by :func:`_vectorised`; more than
+    ``COLUMNS_FROM_ROWS`` others (evaluation rows among them, values that are strings or None) by
+    :func:`from_row_items` on :class:`RecordColumns` (a trainer_state.json of 10^6 steps: 3.2 -> 0.6 s);
+    else (``by_rows``: what :func:`from_row_items` hands back) by the loop below, a record at a time."""
     if type(records) is not list or set(map(type, records)) != {dict}:  # the type scan runs in C
         records = [r for r in records if type(r) is dict]
     rows = records
@@ -311,6 +319,11 @@ def from_records(records: Iterable[dict[str, Any]], source: str, kind: str, key:
         # per-parameter norms from the last training's rows, as below (every row here has a norm)
         return tensor_norms_from(_with_others(hist, all_keys, key), all_keys,
                                  _values_by_step(rows[fast[6]:], skey))
+    if split_trainings and not by_rows and len(rows) > COLUMNS_FROM_ROWS:
+        try:
+            return from_row_items(RecordColumns(rows, list(all_keys)), source, kind, key)
+        except OverflowError:  # an int beyond float64's range: the loop raises it as it always did
+            pass
     notes: list[str] = []
     if split_trainings and skey:  # the steps of the norm rows, in log order: several trainings?
         ordered = [(i, int(st)) for i, r in enumerate(rows) if _num(r.get(nkey)) is not None
@@ -451,6 +464,55 @@ class KeyColumns:
         return out
 
 
+class RecordColumns:
+    """Dict records (``rows``, their string ``keys`` in first-seen order) with :class:`RowItems`' interface,
+    each key's column made from the dicts when first asked for (:func:`from_row_items` asks for the norm,
+    step, loss and learning rate, and per-parameter norms): a value is what :func:`_num` makes of it, by
+    ``float`` over the column when it holds only floats, ints and None. :meth:`records` are the rows."""
+
+    def __init__(self, rows: list[dict[str, Any]], keys: list[str]):
+        self.rows, self.keys, self.n_rows = rows, keys, len(rows)
+        self._made: dict[str, tuple[Any, Any, Any]] = {}
+
+    def column(self, name: str | None) -> tuple[Any, Any, Any]:
+        """(given, values, is_int) of key ``name`` over the rows (see :meth:`RowItems.column`): given where
+        :func:`_num` makes a number of the row's value, that number, and whether the value is an int."""
+        import numpy as np
+
+        if _key_number(self, name) is None:
+            return (np.zeros(self.n_rows, dtype=bool), np.full(self.n_rows, np.nan),
+                    np.zeros(self.n_rows, dtype=bool))
+        if name not in self._made:
+            self._made[name] = _number_column(list(map(dict.get, self.rows, repeat(name))))  # type: ignore[index]
+        return self._made[name]  # type: ignore[index]
+
+    def records(self) -> list[dict[str, Any]]:
+        return self.rows
+
+
+def _number_column(values: list[Any]) -> tuple[Any, Any, Any]:
+    """(given, values, is_int) of a column of logged values as :func:`_num` reads each: floats and ints by
+    ``float`` (``_num``'s own conversion of them; a NaN kept as it is), None not given, anything else (a
+    string, a bool) by ``_num`` itself."""
+    import numpy as np
+
+    n, kinds = len(values), set(map(type, values))  # (maps of C functions: ~4x faster than generators)
+    is_int = (np.fromiter(map(operator.is_, map(type, values), repeat(int)), bool, n) if int in kinds
+              else np.zeros(n, dtype=bool))
+    if kinds <= {float, int}:
+        return np.ones(n, dtype=bool), np.fromiter(map(float, values), np.float64, n), is_int
+    if kinds <= {float, int, type(None)}:
+        given = np.fromiter(map(operator.is_not, values, repeat(None)), bool, n)
+        there = [v for v in values if v is not None]
+        out = np.full(n, np.nan)
+        out[given] = np.fromiter(map(float, there), np.float64, len(there))
+        return given, out, is_int
+    nums = list(map(_num, values))
+    given = np.fromiter((x is not None for x in nums), bool, n)
+    out = np.fromiter((math.nan if x is None else x for x in nums), np.float64, n)
+    return given, out, is_int
+
+
 def _key_number(columns: Any, name: str | None) -> int | None:
     """Where ``name`` is in ``columns.keys`` (distinct names), or None: from a dict of them made once (a
     search of the list per key made a log of 65,000 parameters' norms quadratic: 100 s)."""
@@ -493,7 +555,7 @@ def from_row_items(items: RowItems, source: str, kind: str, key: str | None = No
     has_step, step, _ = items.column(skey)
     finite = has_step & np.isfinite(step)
     if np.any(np.abs(step[finite]) >= 2.0 ** 53):  # int(step) beyond float64's integers: as the records do
-        return from_records(items.records(), source, kind, key)
+        return from_records(items.records(), source, kind, key, by_rows=True)
     start, notes = 0, []
     if skey is not None:
         at = np.flatnonzero(has_norm & finite)
@@ -831,7 +893,7 @@ def _columns(steps: Any, norms: Any, loss: Any, lr: Any, types_known: bool = Fal
 
 def _loads(text: str, source: str) -> Any:
     try:
-        return json.loads(text)  # accepts NaN / Infinity / -Infinity
+        return _decode_json(text)  # accepts NaN / Infinity / -Infinity
     except (ValueError, RecursionError) as exc:
         raise InputError(_malformed_json(source, text, exc)) from None
 
@@ -1057,17 +1119,19 @@ def csv_logger_runs(path: str, depth: int = 3) -> list[str]:
                   if "metrics.csv" in names)
 
 
-def _decode_array(text: str) -> list[Any]:
-    """``json.loads`` of a JSON array, by msgspec's C decoder when the extra ``gradtool[speedups]`` is
-    installed (3-5x faster on a 10^6-line log). Both raise ValueError on malformed JSON; msgspec also on the
-    non-standard NaN/Infinity tokens, which the caller then hands to the standard decoder."""
+def _decode_json(text: str) -> Any:
+    """``json.loads(text)``, by msgspec's C decoder when the extra ``gradtool[speedups]`` is installed (3-5x
+    faster: a trainer_state.json of 10^6 steps 1.7 -> 0.5 s). What msgspec does not decode as json does
+    (the non-standard NaN/Infinity tokens, lone surrogates, numbers beyond float64's range, malformed
+    JSON, nesting deeper than the recursion limit), it refuses, and the standard decoder then decides (and
+    words its errors). (msgspec takes documents nested 996-999 deep, a few levels more than json does.)"""
     try:
         import msgspec
     except ImportError:
         return json.loads(text)
     try:
         return msgspec.json.decode(text)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return json.loads(text)  # NaN/Infinity tokens, or a real error that json reports in its words
 
 
@@ -1254,7 +1318,7 @@ def read_jsonl(path: str, key: str | None = None, text: str | None = None) -> No
         lines = [line for line in (raw.strip() for raw in text.splitlines()) if line.startswith("{")]
         joined = "[" + ",".join(lines) + "]"
     try:  # fast path: every line is an object, so the file is one JSON array away from a single parse
-        records = [r for r in _decode_array(joined) if isinstance(r, dict)]
+        records = [r for r in _decode_json(joined) if isinstance(r, dict)]
     except (ValueError, RecursionError):
         if lines is None:
             lines = [line for line in (raw.strip() for raw in text.splitlines()) if line.startswith("{")]
@@ -1748,7 +1812,7 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
         if opening == "{":
             error: Exception | None = None
             try:
-                doc = json.loads(text)
+                doc = _decode_json(text)
             except (ValueError, RecursionError) as exc:
                 doc, error = None, exc
             if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):

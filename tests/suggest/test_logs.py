@@ -358,13 +358,33 @@ def monkeypatch_session():
 
 def test_msgspec_decoder_is_used_and_falls_back_on_nan_tokens():
     pytest.importorskip("msgspec")
-    from gradtool.io.logs import _decode_array
+    from gradtool.io.logs import _decode_json
 
-    assert _decode_array('[{"a": 1.5}]') == [{"a": 1.5}]
-    out = _decode_array('[{"a": NaN, "b": Infinity, "c": -Infinity}]')  # msgspec refuses; json takes them
+    assert _decode_json('[{"a": 1.5}]') == [{"a": 1.5}]
+    out = _decode_json('[{"a": NaN, "b": Infinity, "c": -Infinity}]')  # msgspec refuses; json takes them
     assert math.isnan(out[0]["a"]) and out[0]["b"] == math.inf and out[0]["c"] == -math.inf
     with pytest.raises(ValueError):
-        _decode_array('[{"a": 1,}')
+        _decode_json('[{"a": 1,}')
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": 1, "a": 2}', '{"a": 123456789012345678901234567890}', '{"a": -9223372036854775809}',
+    '{"a": "\\ud800"}', '{"a": 1e400}', '{"a": -0}', '{"a": -0.0}', '{"a": 1E5}', '{"a": 2.4703282292062328e-324}',
+    '{"\\u00e9": "\\u00e9"}', '{"a":1} x', '{"a": 1,}', ' {"log_history": [{"b": null, "c": [true, false]}]} ',
+    '{"a": NaN}', "[" * 100_000 + "]" * 100_000, "", "{}\n{}",
+])
+def test_json_documents_decode_as_json_loads_decodes_them(text):
+    """A document is what json.loads makes of it, or the same error (msgspec decodes what it can and
+    refuses the rest: lone surrogates, numbers beyond float64, NaN tokens, deep nesting)."""
+    from gradtool.io.logs import _decode_json
+
+    def decoded(decode):
+        try:
+            return repr(decode(text))
+        except (ValueError, RecursionError) as exc:
+            return type(exc), str(exc)
+
+    assert decoded(_decode_json) == decoded(json.loads)
 
 
 _num_or_none = st.one_of(st.floats(allow_nan=False, allow_infinity=False, width=64), st.integers(-10**6, 10**6),
