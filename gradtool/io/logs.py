@@ -1853,9 +1853,14 @@ def _next_character(text: str, start: int) -> str:
 
 
 def _first_line(text: str, start: int = 0) -> str:
-    """The line of ``text`` that starts at ``start``, without its line break (a copy of that line only)."""
+    """The line of ``text`` that starts at ``start``, without its line break, "\\n" or "\\r" (where the csv
+    module ends a row): a copy of that line only. (A log of progress-bar updates, each after a "\\r", has
+    one "\\n" at its end: its whole text was this line, split into cells to see whether it is a CSV
+    header, ~35 us an update.)"""
     end = text.find("\n", start)
-    return text[start:] if end < 0 else text[start:end]
+    end = len(text) if end < 0 else end
+    cr = text.find("\r", start, end)
+    return text[start:end if cr < 0 else cr]
 
 
 def _export_run_column(header_line: str, run: str, key: str | None, source: str) -> tuple[str, Any]:

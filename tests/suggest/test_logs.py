@@ -2042,3 +2042,24 @@ def test_the_compiled_template_reads_a_text_as_its_lines(kinds, breaks, end_with
     got = list(zip(*(np.frombuffer(col, kind).tolist() for col, kind in zip(template.out, template.kinds))))
     assert rows == len(want) == len(got) and resume == last_next
     assert [repr(v) for r in got for v in r] == [repr(v) for r in want for v in r]
+
+
+def test_a_log_of_progress_bar_updates_is_not_split_into_csv_cells(tmp_path, monkeypatch):
+    """A log of tqdm updates (each after a "\\r", one "\\n" at the end; a custom loop's
+    ``set_postfix(grad_norm=...)``) was one line to the CSV-header check, which split the whole text into
+    cells and looked at each (~35 us an update): its first line ends at the first "\\r", as the csv module
+    ends a row."""
+    from gradtool.io import logs
+
+    n = 5000
+    p = tmp_path / "train.log"
+    p.write_text("".join(f"\rEpoch 0: {i // 50:3d}%|\u2588  | {i + 1}/{n} [00:01<00:30, 9.87it/s, "
+                         f"loss=2.5, grad_norm={1 + i % 7 / 10:.3f}]" for i in range(n)) + "\n", encoding="utf-8")
+    looked = []
+    real = logs._looks_like_norm_key
+    monkeypatch.setattr(logs, "_looks_like_norm_key", lambda k: looked.append(k) or real(k))
+    h = read_norm_log(str(p))
+    assert h.kind == "text" and h.norms == [1 + i % 7 / 10 for i in range(n)] and h.line_order
+    assert len(looked) < 50
+    assert logs._first_line("a,b\rc,d\ne") == "a,b" and logs._first_line("x\r\ny", 0) == "x"
+    assert logs._first_line("  a\n", 2) == "a" and logs._first_line("abc") == "abc"
