@@ -1676,14 +1676,50 @@ static int text_bytes(PyObject *arg, Py_buffer *view, int *have_view, const unsi
     return 1;
 }
 
+/* json_rows' reader of text b[0:n]: JSON Lines (array 0), or (array 1) the JSON array of flat objects that
+ * starts at b[start] ("[", after blanks), any blanks and line breaks between its tokens, its end offset
+ * (after its "]") in *end. */
+static PyObject *json_table(const unsigned char *b, Py_ssize_t n, int array, Py_ssize_t start, Py_ssize_t *end);
+
 static PyObject *json_rows(PyObject *self, PyObject *arg) {
     Py_buffer view;
     const unsigned char *b;
-    Py_ssize_t n;
+    Py_ssize_t n, end;
     int have_view, got = text_bytes(arg, &view, &have_view, &b, &n);
     if (got <= 0) return got < 0 ? NULL : Py_NewRef(Py_None);
-    Py_ssize_t lines = 1;
-    for (const unsigned char *p = b, *end = b + n; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++)
+    PyObject *result = json_table(b, n, 0, 0, &end);
+    if (have_view) PyBuffer_Release(&view);
+    return result;
+}
+
+/* json_array_rows(text, start) -> (rows, keys, values, flags, first_keys, end) or None: json_rows of the
+ * JSON array of flat objects at offset start of text (a trainer_state.json's log_history, each object
+ * over several lines), end the offset after its "]"; None where json_rows gives None, for an element that
+ * is no such object, or an array json.loads would refuse. */
+static PyObject *json_array_rows(PyObject *self, PyObject *args) {
+    PyObject *text;
+    Py_ssize_t start, end = 0;
+    Py_buffer view;
+    const unsigned char *b;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "On", &text, &start)) return NULL;
+    int have_view, got = text_bytes(text, &view, &have_view, &b, &n);
+    if (got <= 0) return got < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *result = start < 0 || start > n ? Py_NewRef(Py_None) : json_table(b, n, 1, start, &end);
+    if (have_view) PyBuffer_Release(&view);
+    if (result == NULL || result == Py_None) return result;
+    PyObject *with_end = Py_BuildValue("(OOOOOn)", PyTuple_GET_ITEM(result, 0), PyTuple_GET_ITEM(result, 1),
+                                       PyTuple_GET_ITEM(result, 2), PyTuple_GET_ITEM(result, 3),
+                                       PyTuple_GET_ITEM(result, 4), end);
+    Py_DECREF(result);
+    return with_end;
+}
+
+static PyObject *json_table(const unsigned char *b, Py_ssize_t n, int array, Py_ssize_t start, Py_ssize_t *end) {
+#define BLANK(c) (json_space(c) || (array && (c) == '\n'))
+    Py_ssize_t lines = 1; /* rows at most: lines, or objects ("{") of an array */
+    for (const unsigned char *p = b + start, *e = b + n; (p = memchr(p, array ? '{' : '\n', (size_t)(e - p))) != NULL;
+         p++)
         lines++;
     json_keys_t *keys = PyMem_Calloc(1, sizeof(json_keys_t));
     PyObject *values = PyList_New(0), *flags = PyList_New(0), *result = NULL;
@@ -1693,9 +1729,19 @@ static PyObject *json_rows(PyObject *self, PyObject *arg) {
     for (int c = 0; follow != NULL && c <= JSON_MAX_KEYS; c++) follow[c] = -1;
     int n_cols = 0, first_keys = -1, ok = keys != NULL && values != NULL && flags != NULL;
     if (keys == NULL) PyErr_NoMemory();
-    Py_ssize_t i = 0, row = 0;
-    while (ok && i < n) {
-        while (i < n && json_space(b[i])) i++;
+    Py_ssize_t i = start, row = 0;
+    int closed = !array; /* an array's "]" read */
+    if (array) {
+        while (i < n && BLANK(b[i])) i++;
+        if (i >= n || b[i++] != '[') goto give_up;
+        while (i < n && BLANK(b[i])) i++;
+        if (i < n && b[i] == ']') {
+            closed = 1;
+            *end = ++i;
+        }
+    }
+    while (ok && i < n && !(array && closed)) {
+        while (i < n && BLANK(b[i])) i++;
         if (i == n) break;
         if (b[i] == '\n') {
             i++;
@@ -1703,7 +1749,7 @@ static PyObject *json_rows(PyObject *self, PyObject *arg) {
         }
         if (b[i++] != '{') goto give_up;
         int after = JSON_MAX_KEYS;
-        while (i < n && json_space(b[i])) i++;
+        while (i < n && BLANK(b[i])) i++;
         int empty = i < n && b[i] == '}';
         if (empty) i++;
         while (!empty) {
@@ -1722,9 +1768,9 @@ static PyObject *json_rows(PyObject *self, PyObject *arg) {
                 if (i >= n) goto give_up;
                 klen = i++ - k0;
             }
-            while (i < n && json_space(b[i])) i++;
+            while (i < n && BLANK(b[i])) i++;
             if (i >= n || b[i++] != ':') goto give_up;
-            while (i < n && json_space(b[i])) i++;
+            while (i < n && BLANK(b[i])) i++;
             double x = 0.0;
             int kind;
             if (i < n && b[i] == '"') { /* Trackio's nonfinite floats */
@@ -1766,10 +1812,10 @@ static PyObject *json_rows(PyObject *self, PyObject *arg) {
             after = c;
             val[c][row] = x;
             flag[c][row] = kind == INTEGER ? 2 : 1;
-            while (i < n && json_space(b[i])) i++;
+            while (i < n && BLANK(b[i])) i++;
             if (i < n && b[i] == ',') {
                 i++;
-                while (i < n && json_space(b[i])) i++;
+                while (i < n && BLANK(b[i])) i++;
                 continue;
             }
             if (i < n && b[i] == '}') {
@@ -1779,11 +1825,23 @@ static PyObject *json_rows(PyObject *self, PyObject *arg) {
             goto give_up;
         }
         if (!ok) break;
-        while (i < n && json_space(b[i])) i++;
-        if (i < n && b[i] != '\n') goto give_up;
         if (first_keys < 0) first_keys = n_cols;
         row++;
+        if (array) { /* "," and the next object, or "]" */
+            while (i < n && BLANK(b[i])) i++;
+            if (i < n && b[i] == ',') { /* (the next element: an object, or it gives up above) */
+                i++;
+                continue;
+            }
+            if (i >= n || b[i] != ']') goto give_up;
+            closed = 1;
+            *end = ++i;
+            break;
+        }
+        while (i < n && json_space(b[i])) i++;
+        if (i < n && b[i] != '\n') goto give_up;
     }
+    if (ok && !closed) goto give_up;
     if (ok) {
         PyObject *names = PyList_New(n_cols);
         for (int c = 0; names != NULL && c < n_cols; c++) {
@@ -1806,8 +1864,8 @@ done:
     PyMem_Free(keys);
     Py_XDECREF(values);
     Py_XDECREF(flags);
-    if (have_view) PyBuffer_Release(&view);
     return result;
+#undef BLANK
 }
 
 /* A CSV cell v[0:n] as gradtool's _num(cell) reads it (logs.py): NOT_A_NUMBER (empty, or a word float()
@@ -2055,6 +2113,9 @@ static PyMethodDef methods[] = {
      "csv_columns(text, ncols, delim) -> (rows, width, values, flags) or None: a CSV body of numbers and\n"
      "empty cells as one float64 column and one uint8 column of flags (0 no number, 1 a number) per column\n"
      "(see _logscan.c)."},
+    {"json_array_rows", json_array_rows, METH_VARARGS,
+     "json_array_rows(text, start) -> (rows, keys, values, flags, first_keys, end) or None: json_rows of\n"
+     "the JSON array of flat objects at offset start of text, end the offset after it (see _logscan.c)."},
     {"json_rows", json_rows, METH_O,
      "json_rows(text) -> (rows, keys, values, flags, first_keys) or None: JSON Lines of flat objects of\n"
      "numbers as one float64 column and one uint8 column of flags (0 absent, 1 float, 2 int) per key (see\n"

@@ -1271,6 +1271,40 @@ def _msgspec_typed(text: str | bytes, path: str, key: str | None, kind: str = "j
     return _with_others(_noted(NormHistory(*fast[:4], path, nkey, kind, fast[4]), fast[5]), seen, key)
 
 
+_LOG_HISTORY = re.compile(r'"log_history"\s*:\s*\[')
+_PLACEHOLDER = "gradtool: log_history read by columns"
+
+
+def _trainer_state_columns(text: str, source: str, key: str | None) -> NormHistory | None:
+    """The history of a Hugging Face ``trainer_state.json`` (``text``) whose ``log_history`` the compiled
+    reader reads as an array of flat objects of numbers (``json_array_rows`` in gradtool/io/_logscan.c,
+    json_rows' reader with line breaks anywhere) into one column per key, the rest of the document decoded
+    with a placeholder string in the array's place: what ``from_records(json.loads(text)["log_history"])``
+    gives when that placeholder is the decoded document's top-level ``log_history`` (the array found was
+    the one json.loads keeps: the placeholder appears nowhere else in the text), computed from the columns
+    by :func:`from_row_items` (10^6 steps: ~2.2 -> ~0.9 s). None (the document decoded whole decides)
+    without the compiled readers, for a text that is not ASCII, or where the array or the document is
+    anything else."""
+    from .compiled import log_readers
+
+    readers = log_readers()
+    m = _LOG_HISTORY.search(text) if readers is not None else None
+    if m is None:
+        return None
+    got = readers.json_array_rows(text, m.end() - 1)  # (None for a str that is not ASCII)
+    if got is None or _PLACEHOLDER in text:
+        return None
+    n, names, values, flags, _, end = got
+    try:
+        doc = _decode_json(f'{text[:m.end() - 1]}"{_PLACEHOLDER}"{text[end:]}')
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("log_history") != _PLACEHOLDER:
+        return None
+    keys = [name.decode("ascii") for name in names]
+    return from_row_items(KeyColumns.of_buffers(n, keys, values, flags), source, "trainer_state", key)
+
+
 def _concatenated_objects(text: str) -> list[dict[str, Any]]:
     """The objects of JSON documents written one after another, each over several lines (a record per
     ``json.dump(..., indent=2)``): up to the first that does not parse (a cut last one). Read whether or
@@ -1810,6 +1844,8 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
     if opening == "{" or (opening == "[" and _next_character(text, at + 1) in ("{", "]", "")):
         stripped = text[at:]
         if opening == "{":
+            if (state := _trainer_state_columns(text, source, key)) is not None:
+                return state
             error: Exception | None = None
             try:
                 doc = _decode_json(text)

@@ -59,14 +59,7 @@ def _reference(text: bytes):
 
 def _compiled(text):
     got = log_readers().json_rows(text)
-    if got is None:
-        return None
-    rows, names, values, flags, first = got
-    keys = [n.decode("ascii") for n in names]
-    columns = {k: list(zip(map(repr, np.frombuffer(v, np.float64).tolist()),
-                           np.frombuffer(f, np.uint8).tolist()))
-               for k, v, f in zip(keys, values, flags)}
-    return rows, keys, columns, first
+    return None if got is None else _compiled_table(got)
 
 
 _KEYS = st.sampled_from(["step", "grad_norm", "loss", "lr", "train/global_step", "a b", "_step", "k\\\"q",
@@ -198,3 +191,118 @@ def test_a_plain_jsonl_log_is_read_by_the_columns(monkeypatch):
     h = logs_mod.read_jsonl("x.jsonl", text=text)
     assert h.steps == list(range(50)) and [repr(v) for v in h.norms[:2]] == ["1.5", "nan"]
     assert h.loss == [2.0] * 50
+
+
+def _array_reference(text: str, start: int):
+    """What json_array_rows must give of the array at ``start``: json.loads of it, as _reference reads a
+    line's object, and the offset after it; None when json.loads refuses it or an element is no flat
+    object of numbers."""
+    try:
+        doc, end = json.JSONDecoder().raw_decode(text, start + len(text[start:]) - len(text[start:].lstrip(" \t\r\n")))
+    except ValueError:
+        return None
+    if type(doc) is not list or any(type(d) is not dict for d in doc):
+        return None
+    ref = _reference("\n".join(json.dumps(d) for d in doc).encode()) if doc else (0, [], {}, 0)
+    return None if ref is None else (*ref, end)
+
+
+def _compiled_array(text: str, start: int):
+    got = log_readers().json_array_rows(text, start)
+    if got is None:
+        return None
+    *table, end = got
+    return (*_compiled_table(table), end)
+
+
+def _compiled_table(table):
+    rows, names, values, flags, first = table
+    keys = [n.decode("ascii") for n in names]
+    columns = {k: list(zip(map(repr, np.frombuffer(v, np.float64).tolist()), np.frombuffer(f, np.uint8).tolist()))
+               for k, v, f in zip(keys, values, flags)}
+    return rows, keys, columns, first
+
+
+@st.composite
+def _arrays(draw):
+    """A JSON array of objects as json.dump(..., indent=...) writes a trainer_state.json's log_history,
+    or spaced any way, now and then an element or a token of another kind."""
+    blank = st.sampled_from(["", " ", "\n", "\n    ", "\r\n  ", "\t"])
+    elements = []
+    for _ in range(draw(st.integers(0, 8))):
+        kind = draw(st.integers(0, 15))
+        if kind == 0:
+            elements.append(draw(st.sampled_from(["1", "[]", '"x"', "null", "{", "{}", '{"a": {}}'])))
+            continue
+        keys = draw(st.lists(_KEYS, max_size=5))
+        values = [draw(_OTHERS if kind == 1 else _NUMBERS) for _ in keys]
+        items = ",".join(f'{draw(blank)}"{k}"{draw(blank)}:{draw(blank)}{v}{draw(blank)}' for k, v in zip(keys, values))
+        elements.append("{" + items + draw(blank) + "}")
+    body = ",".join(draw(blank) + e + draw(blank) for e in elements)
+    tail = draw(st.sampled_from(["]", "]", "] ,", ",]", "", "]]"]))
+    return draw(st.sampled_from(["", '{"log_history": ', "  "])) + "[" + body + tail + draw(st.sampled_from(["", "}", " x"]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_arrays())
+@example('[\n  {\n    "epoch": 0.01,\n    "grad_norm": NaN,\n    "step": 1\n  },\n  {}\n]')
+@example("[]")
+@example("[{},]")  # a trailing comma: no JSON
+@example('[{"a": 1} {"a": 2}]')  # no comma between
+def test_where_the_compiled_array_reader_answers_its_columns_are_what_json_loads_reads(text):
+    start = text.index("[")
+    got = _compiled_array(text, start)
+    if got is not None:
+        assert got == _array_reference(text, start)
+
+
+def test_a_trainer_states_log_history_is_read_by_the_compiled_array_reader(tmp_path, monkeypatch):
+    """trainer_state.json as the Trainer writes it (indent 2, sorted keys, an evaluation entry among the
+    steps, a NaN norm) is read by json_array_rows, not decoded whole: the history json.loads gives."""
+    from gradtool.io import logs
+
+    history = [{"epoch": i / 100, "grad_norm": math.nan if i == 7 else 1.0 + i % 5, "learning_rate": 5e-05,
+                "loss": 2.5 - i / 1000, "step": i} for i in range(1, 300)]
+    history.insert(50, {"epoch": 0.5, "eval_loss": 2.0, "eval_runtime": 1.5, "step": 50})
+    p = tmp_path / "trainer_state.json"
+    p.write_text(json.dumps({"best_metric": None, "epoch": 3.0, "global_step": 299, "log_history": history,
+                             "logging_steps": 1, "trial_params": None}, indent=2, sort_keys=True))
+    decoded = []
+    real = logs._decode_json
+    monkeypatch.setattr(logs, "_decode_json", lambda t: decoded.append(len(t)) or real(t))
+    h = logs.read_norm_log(str(p))
+    want = logs.from_records(history, str(p), "trainer_state")
+    assert (h.kind, h.steps, repr(h.norms), h.loss, h.lr, h.notes) == (
+        "trainer_state", want.steps, repr(want.norms), want.loss, want.lr, want.notes)
+    assert decoded and max(decoded) < 500  # the document without its log_history
+
+
+@pytest.mark.parametrize("doc", [
+    # the array found first is not the one json.loads keeps, or not the document's: the whole is decoded
+    '{"log_history": [{"step": 1, "grad_norm": 1.0}], "log_history": [{"step": 2, "grad_norm": 2.0}]}',
+    '{"x": {"log_history": [{"step": 1, "grad_norm": 1.0}]}, "log_history": [{"step": 2, "grad_norm": 2.0}]}',
+    '{"x": {"log_history": [{"step": 1, "grad_norm": 1.0}]}, "log\\u005fhistory": [{"step": 3, "grad_norm": 3.0}]}',
+    '{"note": "gradtool: log_history read by columns", "log_history": [{"step": 1, "grad_norm": 1.0}]}',
+    '{"x": {"log_history": [{"step": 1, "grad_norm": 1.0}]}, "log_history": "gradtool: log_history read by columns"}',
+    '{"log_history": [{"step": 1, "grad_norm": 1.0}, {"step": 2, "grad_norm": "2"}]}',
+    '{"log_history": [{"step": 1, "grad_norm": 1.0}]} trailing',
+    '{"log_history": []}', '{"log_history": [{"step": 1, "grad_norm": 1.0}], }',
+])
+def test_a_trainer_state_is_read_as_json_loads_reads_it(tmp_path, doc):
+    from gradtool.io import logs
+
+    p = tmp_path / "trainer_state.json"
+    p.write_text(doc)
+
+    def read():
+        try:
+            h = logs.read_norm_log(str(p))
+        except Exception as exc:
+            return type(exc), str(exc)
+        return h.kind, h.steps, h.norms
+
+    got = read()
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("GRADTOOL_NO_KERNELS", "1")
+        want = read()
+    assert got == want
