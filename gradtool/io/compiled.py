@@ -2,10 +2,9 @@
 framing, CRCs and scalar events (add_scalar's, tf.summary.scalar's), MLflow metric lines, text log lines
 by a line template, console lines that end in a dict (the Hugging Face Trainer's) by a template, the
 rows of MLflow's and Trackio's SQLite databases as columns, JSON Lines (and a trainer_state.json's
-log_history array) of flat
-objects of numbers, CSV logs without quotes. Each reader that uses them keeps its Python (and NumPy,
-msgspec) path, which gives the same results and runs when the extension was not built (no C compiler at
-install time) or ``GRADTOOL_NO_KERNELS`` is set."""
+log_history array) of flat objects of numbers, CSV logs without quotes. Each reader that uses them keeps
+its Python (and NumPy, msgspec) path, which gives the same results and runs when the extension was not
+built (no C compiler at install time) or ``GRADTOOL_NO_KERNELS`` is set."""
 
 from __future__ import annotations
 
