@@ -1005,12 +1005,58 @@ static PyObject *mlflow_metric_lines(PyObject *self, PyObject *arg) {
 #define OP_TEXT 0   /* (0, bytes): that text */
 #define OP_SPACES 1 /* (1,): one or more spaces */
 #define OP_SLOT 2   /* (2, captured, signed, words, step): a number, as the template's pattern reads it */
+/* and a dict-line template's (dict_lines._DictTemplate.ops): its texts, and */
+#define OP_VALUE 3  /* (3,): a value, the longest run of [0-9A-Za-z_.+-] there */
 
 typedef struct {
     int kind, captured, is_signed, words, step;
     const char *text;
     Py_ssize_t len;
 } op_t;
+
+/* A template's ops (a tuple of tuples) as op_t, of the kinds `allowed` (a bit each), one zeroed op_t after
+ * them; the ops that capture a number (captured slots, values) counted in *captured, which must lie in
+ * [least, most] and be the number of bytearrays in the list out. NULL with ValueError "<who>: malformed ops
+ * or out" (or the error raised). */
+static op_t *read_ops(PyObject *ops_obj, PyObject *out, unsigned allowed, int least, int most, const char *who,
+                      int *captured) {
+    Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj);
+    op_t *ops = PyMem_Calloc((size_t)n_ops + 1, sizeof(op_t));
+    if (ops == NULL) return (op_t *)PyErr_NoMemory();
+    int count = 0;
+    for (Py_ssize_t k = 0; k < n_ops; k++) {
+        PyObject *t = PyTuple_GET_ITEM(ops_obj, k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) goto bad_ops;
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        if (kind < 0 || kind > OP_VALUE || !(allowed >> kind & 1u)) goto bad_ops;
+        ops[k].kind = (int)kind;
+        if (kind == OP_TEXT) {
+            if (PyTuple_GET_SIZE(t) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(t, 1))) goto bad_ops;
+            ops[k].text = PyBytes_AS_STRING(PyTuple_GET_ITEM(t, 1));
+            ops[k].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 1));
+        } else if (kind == OP_SLOT) {
+            if (PyTuple_GET_SIZE(t) != 5) goto bad_ops;
+            ops[k].captured = PyObject_IsTrue(PyTuple_GET_ITEM(t, 1));
+            ops[k].is_signed = PyObject_IsTrue(PyTuple_GET_ITEM(t, 2));
+            ops[k].words = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 3));
+            ops[k].step = PyObject_IsTrue(PyTuple_GET_ITEM(t, 4));
+            count += ops[k].captured;
+        } else if (kind == OP_VALUE) {
+            count++;
+        }
+    }
+    if (PyErr_Occurred()) goto failed;
+    if (count < least || count > most || PyList_GET_SIZE(out) != count) goto bad_ops;
+    for (Py_ssize_t j = 0; j < count; j++)
+        if (!PyByteArray_Check(PyList_GET_ITEM(out, j))) goto bad_ops;
+    *captured = count;
+    return ops;
+bad_ops:
+    PyErr_Format(PyExc_ValueError, "%s: malformed ops or out", who);
+failed:
+    PyMem_Free(ops);
+    return NULL;
+}
 
 /* Match line[0:n] against ops; 1 and the captured values in row (int64 for a step, the bits of a float64
  * else) on a match, 0 when it does not match here (the pattern decides). A slot: step, ASCII digits (at
@@ -1162,35 +1208,13 @@ static PyObject *template_text(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!UnO!", &PyTuple_Type, &ops_obj, &text, &pos, &PyList_Type, &out))
         return NULL;
     Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n = PyUnicode_GET_LENGTH(text);
-    op_t *ops = PyMem_Calloc((size_t)n_ops + 1, sizeof(op_t));
+    int captured;
+    op_t *ops = read_ops(ops_obj, out, 1u << OP_TEXT | 1u << OP_SPACES | 1u << OP_SLOT, 0, 64, "template_text",
+                         &captured);
+    if (ops == NULL) return NULL;
     unsigned char *line = NULL;
     int64_t *rows = NULL;
     Py_ssize_t cap = 0, n_rows = 0, rows_cap = 0;
-    if (ops == NULL) return PyErr_NoMemory();
-    int captured = 0;
-    for (Py_ssize_t k = 0; k < n_ops; k++) {
-        PyObject *t = PyTuple_GET_ITEM(ops_obj, k);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) goto bad_ops;
-        ops[k].kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
-        if (ops[k].kind == OP_TEXT) {
-            if (PyTuple_GET_SIZE(t) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(t, 1))) goto bad_ops;
-            ops[k].text = PyBytes_AS_STRING(PyTuple_GET_ITEM(t, 1));
-            ops[k].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 1));
-        } else if (ops[k].kind == OP_SLOT) {
-            if (PyTuple_GET_SIZE(t) != 5) goto bad_ops;
-            ops[k].captured = PyObject_IsTrue(PyTuple_GET_ITEM(t, 1));
-            ops[k].is_signed = PyObject_IsTrue(PyTuple_GET_ITEM(t, 2));
-            ops[k].words = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 3));
-            ops[k].step = PyObject_IsTrue(PyTuple_GET_ITEM(t, 4));
-            captured += ops[k].captured;
-        } else if (ops[k].kind != OP_SPACES) {
-            goto bad_ops;
-        }
-    }
-    if (PyErr_Occurred()) goto failed;
-    if (captured > 64 || PyList_GET_SIZE(out) != captured) goto bad_ops;
-    for (Py_ssize_t j = 0; j < captured; j++)
-        if (!PyByteArray_Check(PyList_GET_ITEM(out, j))) goto bad_ops;
     if (pos < 0 || pos > n) {
         PyErr_SetString(PyExc_IndexError, "template_text: pos out of range");
         goto failed;
@@ -1227,8 +1251,6 @@ static PyObject *template_text(PyObject *self, PyObject *args) {
     PyMem_Free(line);
     PyMem_Free(rows);
     return Py_BuildValue("(nnn)", at, resume, n_rows);
-bad_ops:
-    PyErr_SetString(PyExc_ValueError, "template_text: malformed ops or out");
 failed:
     PyMem_Free(ops);
     PyMem_Free(line);
@@ -1236,9 +1258,6 @@ failed:
     return NULL;
 }
 
-/* A dict-line template's operations (dict_lines._DictTemplate.ops): */
-#define DOP_TEXT 0  /* (0, bytes): that ASCII text */
-#define DOP_VALUE 1 /* (1,): a value, the longest run of [0-9A-Za-z_.+-] there */
 
 /* Whether c may be in a dict-line template's value (dict_lines._VALUE): [0-9A-Za-z_.+-]. */
 static int value_char(Py_UCS4 c) {
@@ -1283,7 +1302,7 @@ static int dict_value(const unsigned char *v, Py_ssize_t n, double *out) {
         unsigned char token[64];                                                                              \
         for (Py_ssize_t k = 0; k < n_ops; k++) {                                                              \
             const op_t *op = &ops[k];                                                                         \
-            if (op->kind == DOP_TEXT) {                                                                       \
+            if (op->kind == OP_TEXT) {                                                                       \
                 if (end - i < op->len) return 0;                                                              \
                 for (Py_ssize_t j = 0; j < op->len; j++)                                                      \
                     if (s[i + j] != (T)(unsigned char)op->text[j]) return 0;                                  \
@@ -1357,29 +1376,11 @@ static PyObject *dict_lines(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!UnO!", &PyTuple_Type, &ops_obj, &text, &pos, &PyList_Type, &out))
         return NULL;
     Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n = PyUnicode_GET_LENGTH(text);
-    op_t *ops = PyMem_Calloc((size_t)n_ops + 1, sizeof(op_t));
+    int values;
+    op_t *ops = read_ops(ops_obj, out, 1u << OP_TEXT | 1u << OP_VALUE, 1, 4096, "dict_lines", &values);
+    if (ops == NULL) return NULL;
     double *rows = NULL;
     Py_ssize_t n_rows = 0, rows_cap = 0;
-    if (ops == NULL) return PyErr_NoMemory();
-    int values = 0;
-    for (Py_ssize_t k = 0; k < n_ops; k++) {
-        PyObject *t = PyTuple_GET_ITEM(ops_obj, k);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) goto bad_ops;
-        ops[k].kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
-        if (ops[k].kind == DOP_TEXT) {
-            if (PyTuple_GET_SIZE(t) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(t, 1))) goto bad_ops;
-            ops[k].text = PyBytes_AS_STRING(PyTuple_GET_ITEM(t, 1));
-            ops[k].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 1));
-        } else if (ops[k].kind == DOP_VALUE) {
-            values++;
-        } else {
-            goto bad_ops;
-        }
-    }
-    if (PyErr_Occurred()) goto failed;
-    if (values < 1 || values > 4096 || PyList_GET_SIZE(out) != values) goto bad_ops;
-    for (Py_ssize_t j = 0; j < values; j++)
-        if (!PyByteArray_Check(PyList_GET_ITEM(out, j))) goto bad_ops;
     if (pos < 0 || pos > n) {
         PyErr_SetString(PyExc_IndexError, "dict_lines: pos out of range");
         goto failed;
@@ -1408,8 +1409,6 @@ static PyObject *dict_lines(PyObject *self, PyObject *args) {
     PyMem_Free(ops);
     PyMem_Free(rows);
     return Py_BuildValue("(nn)", at, n_rows);
-bad_ops:
-    PyErr_SetString(PyExc_ValueError, "dict_lines: malformed ops or out");
 failed:
     PyMem_Free(ops);
     PyMem_Free(rows);

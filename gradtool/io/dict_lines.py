@@ -140,7 +140,7 @@ class _DictTemplate:
         # a line: the template's (its values captured, the last group empty) or another (the last group)
         self.lines = re.compile(rf"^(?:{pattern}|(.+))$", re.MULTILINE)
         # the pattern from its "{" on as the compiled reader's operations (dict_lines in
-        # gradtool/io/_logscan.c): (0, ASCII text), (1,) a value; None when the text is not ASCII
+        # gradtool/io/_logscan.c): (0, ASCII text), (3,) a value; None when the text is not ASCII
         self.ops = ops
 
     @classmethod
@@ -170,7 +170,7 @@ class _DictTemplate:
         texts.append(d[fixed:close])
         ops: list[tuple[Any, ...]] = []
         for i, between in enumerate(texts):
-            ops.extend([(0, between.encode())] + ([(1,)] if i < len(keys) else []))
+            ops.extend([(0, between.encode())] + ([(3,)] if i < len(keys) else []))
         return cls(keys, "".join(pieces), tuple(ops) if all(t.isascii() for t in texts) else None)
 
     @classmethod

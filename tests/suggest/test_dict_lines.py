@@ -245,3 +245,16 @@ def test_the_compiled_reader_reads_values_as_float_does(value):
     assert rows == 1 and stop == len(line)
     want = float(value)
     assert struct.pack("<d", values[0][0]) == struct.pack("<d", math.nan if want != want else want)
+
+
+@needs_compiled
+@pytest.mark.parametrize("ops, out", [
+    (((3,),), []), (((1,),), [bytearray()]), (((0, "x"), (3,)), [bytearray()]), (((0, b"x"),), []),
+    (((3,), (2, True, False, 0, False)), [bytearray(), bytearray()]), ((("3",),), [bytearray()]),
+    (((3,),), [b""]), (((3,),), [bytearray(), bytearray()]),
+])
+def test_the_compiled_reader_refuses_malformed_ops(ops, out):
+    # the ops of another template (text logs' spaces and slots), a value without its column, text as str
+    with pytest.raises(ValueError, match="dict_lines: malformed ops or out"):
+        _COMPILED.dict_lines(ops, "{'a': 1}\n", 0, out)
+    assert _COMPILED.dict_lines(((0, b"'a': "), (3,), (0, b"}")), "{'a': 1}\n", 0, [bytearray()])[1] == 1
