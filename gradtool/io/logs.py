@@ -1836,7 +1836,7 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
     at = _SPACES.match(text).end()  # type: ignore[union-attr]  # the first character that is no space
     if at == len(text):
         raise InputError(f"{source}: empty log")
-    first = _first_line(text, at)  # (found, not split off: text.lstrip() and .split() copy a 50 MB log)
+    first = _first_line(text, at, at_cr=True)  # (found, not split off: text.lstrip() copies a 50 MB log)
     if mlflow_store.is_metric_file_text(first):  # mlruns/<experiment>/<run>/metrics/grad_norm
         return mlflow_store.read_metric_file(path, text, key, source)
     # a JSON array opens with [ then { (or is empty); "[rank0]: step: 1 ...", "[2024-01-01 ...] INFO" are text
@@ -1888,14 +1888,15 @@ def _next_character(text: str, start: int) -> str:
     return text[at:at + 1]
 
 
-def _first_line(text: str, start: int = 0) -> str:
-    """The line of ``text`` that starts at ``start``, without its line break, "\\n" or "\\r" (where the csv
-    module ends a row): a copy of that line only. (A log of progress-bar updates, each after a "\\r", has
-    one "\\n" at its end: its whole text was this line, split into cells to see whether it is a CSV
-    header, ~35 us an update.)"""
+def _first_line(text: str, start: int = 0, at_cr: bool = False) -> str:
+    """The line of ``text`` that starts at ``start``, without its "\\n" (a copy of that line only); with
+    ``at_cr``, up to a "\\r" before it too: the line a log's kind is told by (a log of progress-bar
+    updates, each after a "\\r", has one "\\n" at its end: its whole text was that line, split into cells
+    to see whether it is a CSV header, ~35 us an update; a CSV's header, which the csv module reads to its
+    "\\n", keeps its "\\r")."""
     end = text.find("\n", start)
     end = len(text) if end < 0 else end
-    cr = text.find("\r", start, end)
+    cr = text.find("\r", start, end) if at_cr else -1
     return text[start:end if cr < 0 else cr]
 
 

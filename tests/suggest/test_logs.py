@@ -2061,5 +2061,6 @@ def test_a_log_of_progress_bar_updates_is_not_split_into_csv_cells(tmp_path, mon
     h = read_norm_log(str(p))
     assert h.kind == "text" and h.norms == [1 + i % 7 / 10 for i in range(n)] and h.line_order
     assert len(looked) < 50
-    assert logs._first_line("a,b\rc,d\ne") == "a,b" and logs._first_line("x\r\ny", 0) == "x"
-    assert logs._first_line("  a\n", 2) == "a" and logs._first_line("abc") == "abc"
+    assert logs._first_line("a,b\rc,d\ne", at_cr=True) == "a,b" and logs._first_line("x\r\ny", 0, True) == "x"
+    assert logs._first_line("a,b\rc,d\ne") == "a,b\rc,d"  # a CSV's header: the csv module's to refuse
+    assert logs._first_line("  a\n", 2) == "a" and logs._first_line("abc", at_cr=True) == "abc"
