@@ -1004,12 +1004,13 @@ static PyObject *mlflow_metric_lines(PyObject *self, PyObject *arg) {
 /* A text log line template's operations (text_logs._LineTemplate.ops): */
 #define OP_TEXT 0   /* (0, bytes): that text */
 #define OP_SPACES 1 /* (1,): one or more spaces */
-#define OP_SLOT 2   /* (2, captured, signed, words, step): a number, as the template's pattern reads it */
+#define OP_SLOT 2   /* (2, captured, signed, words, step[, commas]): a number, as the template's pattern
+                     * reads it (commas: a template of numbers with thousands commas, _UNSIGNED's) */
 /* and a dict-line template's (dict_lines._DictTemplate.ops): its texts, and */
 #define OP_VALUE 3  /* (3,): a value, the longest run of [0-9A-Za-z_.+-] there */
 
 typedef struct {
-    int kind, captured, is_signed, words, step;
+    int kind, captured, is_signed, words, step, commas;
     const char *text;
     Py_ssize_t len;
 } op_t;
@@ -1035,11 +1036,12 @@ static op_t *read_ops(PyObject *ops_obj, PyObject *out, unsigned allowed, int le
             ops[k].text = PyBytes_AS_STRING(PyTuple_GET_ITEM(t, 1));
             ops[k].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 1));
         } else if (kind == OP_SLOT) {
-            if (PyTuple_GET_SIZE(t) != 5) goto bad_ops;
+            if (PyTuple_GET_SIZE(t) != 5 && PyTuple_GET_SIZE(t) != 6) goto bad_ops;
             ops[k].captured = PyObject_IsTrue(PyTuple_GET_ITEM(t, 1));
             ops[k].is_signed = PyObject_IsTrue(PyTuple_GET_ITEM(t, 2));
             ops[k].words = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 3));
             ops[k].step = PyObject_IsTrue(PyTuple_GET_ITEM(t, 4));
+            ops[k].commas = PyTuple_GET_SIZE(t) == 6 && PyObject_IsTrue(PyTuple_GET_ITEM(t, 5));
             count += ops[k].captured;
         } else if (kind == OP_VALUE) {
             count++;
@@ -1082,9 +1084,24 @@ static int match_ops(const op_t *ops, Py_ssize_t n_ops, const unsigned char *s, 
             while (sign_ok && q < n && s[q] >= '0' && s[q] <= '9') q++;
             double x = 0.0;
             int64_t step = 0;
+            Py_ssize_t grouped = q; /* with commas, _UNSIGNED's first form: \d{1,3}(,\d{3})+(?=\s|$) */
+            while (op->commas && !op->step && q > d && q - d <= 3 && n - grouped >= 4 && s[grouped] == ',' &&
+                   s[grouped + 1] - '0' < 10u && s[grouped + 2] - '0' < 10u && s[grouped + 3] - '0' < 10u)
+                grouped += 4;
+            if (grouped > q && !(grouped == n || s[grouped] == ' ' || s[grouped] == '\t' || s[grouped] == 0x1f))
+                grouped = q; /* (no space or end after the last group: the second form) */
             if (q > d && op->step) {
                 if (q - d > 18) return 0;
                 for (Py_ssize_t i = d; i < q; i++) step = step * 10 + (s[i] - '0');
+            } else if (grouped > q) { /* an integer: its digits without the commas (float() of them) */
+                int64_t whole = 0;
+                int digits = 0;
+                for (Py_ssize_t i = d; i < grouped; i++)
+                    if (s[i] != ',') whole = whole * 10 + (s[i] - '0'), digits++;
+                if (digits > 15) return 0; /* (the Python reader's) */
+                x = (double)whole;
+                if (op->is_signed && s[pos] == '-') x = -x;
+                q = grouped;
             } else if (q > d) {
                 if (q < n && s[q] == '.') q++;
                 while (q < n && s[q] >= '0' && s[q] <= '9') q++;

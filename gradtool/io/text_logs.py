@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from itertools import islice
 from typing import Any
 
 from ..errors import InputError
@@ -177,7 +178,7 @@ def _text_records(text: str, bare: bool,
                     pos = resume  # (the lines after the last it read may start a block: read here)
                     continue
             if runs or template.ops is None:  # the template's pattern reads a run of lines, a window of
-                # the text at a time (where the compiled reader does not: lines of ASCII, no commas)
+                # the text at a time (where the compiled reader does not: lines of ASCII)
                 sink = _RunSink(template, records)
                 _, resume = template.run(text, start, sink=sink)
                 if sink.read:
@@ -215,10 +216,14 @@ def _text_records(text: str, bare: bool,
                 if template is not None:
                     template.as_dicts(records)
                 template, tried, hits = _LineTemplate.of(line, m), 0, 0
+                t = template.pattern.fullmatch(line) if template is not None else None
+                if t is None:  # none, or one that does not read even its own line: tried again later
+                    template = None
+                else:
+                    records[-1] = t.groups()  # the line it was made from: the same record, as the others
+                    template.first = len(records) - 1
                 backoff = 0 if template is not None else min(2 * backoff + 1, 1024)
                 wait = backoff
-                if template is not None and (t := template.pattern.fullmatch(line)) is not None:
-                    records[-1] = t.groups()  # the line it was made from: the same record, as the others
     return records, template
 
 
@@ -297,8 +302,8 @@ class _LineTemplate:
                  ops: tuple[tuple[Any, ...], ...] | None = None) -> None:
         self.pattern, self.commas = pattern, commas  # fields: the names of its groups, in the line's order
         self.order = [(k, fields.index(k)) for k in _TEMPLATE_FIELDS if k in fields]  # the reader's order
-        # the pattern as the compiled log reader's operations (template_lines in gradtool/io/_logscan.c):
-        # (0, text), (1,) for " +", (2, captured, signed, words, step) for a number; None with commas
+        # the pattern as the compiled log reader's operations (template_text in gradtool/io/_logscan.c):
+        # (0, text), (1,) for " +", (2, captured, signed, words, step, commas) for a number
         self.ops = ops
         # the numbers the compiled reader read by the template: a bytearray per field (the line's order) of
         # int64 (the step) or float64, and how many rows they hold (see _Run)
@@ -306,6 +311,7 @@ class _LineTemplate:
         self.kinds = ["<i8" if k == "step" else "<f8" for k in fields]
         self.rows = 0
         self._lines: re.Pattern[str] | None = None  # the pattern of a line and its end (see run)
+        self.first = 0  # the record of the line it was made from (see as_dicts)
 
     @classmethod
     def of(cls, line: str, m: re.Match[str]) -> _LineTemplate | None:
@@ -337,7 +343,8 @@ class _LineTemplate:
             return None
         pieces, fields, pos = [], [], 0
         ops: list[tuple[Any, ...]] = []
-        commas = any(line.startswith(",", t.end()) for t in slots)  # "1,234" split as two slots by ","
+        # thousands commas: "1,234" split as two slots by ",", or one slot ("tps: 1,234" before a space)
+        commas = any(line.startswith(",", t.end()) or "," in t.group() for t in slots)
         for t in slots:
             if t.start() == pos and pos:  # two numbers with nothing between
                 return None
@@ -346,7 +353,7 @@ class _LineTemplate:
             name = read.get(t.span())
             sign = "[-+]" if t.group()[0] in "+-" else ""
             ops.append((2, bool(name), bool(sign) and name != "step", 2 if name == "grad_norm" else
-                        1 if name == "loss" else 0, name == "step"))
+                        1 if name == "loss" else 0, name == "step", commas))
             # as _NUMBER matches: its first alternative (a number with thousands commas) can match
             # only where a "," follows a slot; else its second, greedy, is as matched possessively
             body = (r"\d++" if name == "step" else f"(?>{sign}{_UNSIGNED})" if commas else
@@ -359,7 +366,7 @@ class _LineTemplate:
             pos = t.end()
         pieces.append(_text_between(line[pos:], bool(slots), False))
         ops.extend(_between_ops(line[pos:], bool(slots), False))
-        return cls(re.compile("".join(pieces)), tuple(fields), commas, None if commas else tuple(ops))
+        return cls(re.compile("".join(pieces)), tuple(fields), commas, tuple(ops))
 
     def run(self, text: str, pos: int, window: int = 1 << 22, first: int = 1 << 12,
             sink: Any = None) -> tuple[list[tuple[str, ...]], int]:
@@ -419,16 +426,18 @@ class _LineTemplate:
                 for k, i in self.order}
 
     def as_dicts(self, records: list[Any]) -> None:
-        """The rows this template captured among ``records`` (tuples, and its runs) made the reader's dicts
-        (Python ints and floats), in place."""
-        at = [i for i, r in enumerate(records) if type(r) is tuple]
+        """The rows this template captured among ``records`` (tuples, and its runs; from ``first``, the
+        record of the line it was made from, on: a log whose templates were replaced again and again,
+        each of them converting all the records, was quadratic) made the reader's dicts (Python ints and
+        floats), in place."""
+        at = [i for i in range(self.first, len(records)) if type(records[i]) is tuple]
         if at:
             columns = self.columns([records[i] for i in at])
             for j, i in enumerate(at):
                 records[i] = {k: col[j] for k, col in columns.items()}
-        if any(type(r) is _Run and r.template is self for r in records):
-            expanded: list[Any] = []
-            for r in records:
+        if any(type(r) is _Run and r.template is self for r in islice(records, self.first, None)):
+            expanded: list[Any] = records[:self.first]
+            for r in islice(records, self.first, None):
                 if type(r) is _Run and r.template is self:
                     columns = {k: col.tolist() for k, col in self.run_columns(r).items()}
                     expanded.extend({k: col[j] for k, col in columns.items()}

@@ -1800,12 +1800,16 @@ def test_a_template_run_reads_the_lines_it_matches_whatever_its_windows(kinds, f
             assert "\u0130" in text[pos:pos + 2 * max(first, window) + 200]
 
 
-@pytest.mark.parametrize("row", [_RUN_ROW + " \u2502", " step {:d}, loss {}, grad norm: {}"])
-def test_lines_the_compiled_template_does_not_read_are_read_a_run_at_a_time(monkeypatch, row):
-    """Lines of characters that are not ASCII, and lines of thousands commas (which the compiled reader
-    leaves to Python), are read by the template's pattern a run of lines at a time (_LineTemplate.run),
-    with or without the compiled reader: not a fullmatch and the reader's Python a line."""
+@pytest.mark.parametrize("row, compiled", [(_RUN_ROW + " \u2502", True), (_RUN_ROW + " \u2502", False),
+                                           (" step {:d}, loss {}, grad norm: {}", False)])
+def test_lines_the_compiled_template_does_not_read_are_read_a_run_at_a_time(monkeypatch, row, compiled):
+    """Lines of characters that are not ASCII (which the compiled reader leaves to Python), and any
+    lines without the compiled reader, are read by the template's pattern a run of lines at a time
+    (_LineTemplate.run): not a fullmatch and the reader's Python a line."""
     from gradtool.io import text_logs
+
+    if not compiled:
+        monkeypatch.setenv("GRADTOOL_NO_KERNELS", "1")
 
     read = []
     run = text_logs._LineTemplate.run
@@ -2064,3 +2068,23 @@ def test_a_log_of_progress_bar_updates_is_not_split_into_csv_cells(tmp_path, mon
     assert logs._first_line("a,b\rc,d\ne", at_cr=True) == "a,b" and logs._first_line("x\r\ny", 0, True) == "x"
     assert logs._first_line("a,b\rc,d\ne") == "a,b\rc,d"  # a CSV's header: the csv module's to refuse
     assert logs._first_line("  a\n", 2) == "a" and logs._first_line("abc", at_cr=True) == "abc"
+
+
+@pytest.mark.parametrize("row", [" step {:d}, loss {}, grad norm: {} | tps: 1,234 |",
+                                 "[titan] 10:00:00,000 step: {:d} loss: {} grad_norm: {} tps: 12,345,678"])
+def test_lines_of_thousands_commas_are_read_by_the_compiled_template(row):
+    """Lines with numbers in thousands commas ("tps: 1,234", a time "10:00:00,000") make a template of
+    such numbers, which the compiled reader reads (it left them to the pattern, ~4 us a line; a template
+    that did not read even its own line, "00,000" one number, was made again every few lines, each
+    time converting every record: 10^6 torchtitan lines did not finish in 12 minutes)."""
+    from gradtool.io import text_logs
+
+    scan = text_logs._template_text()
+    if scan is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    text = "".join(row.format(i, 2.0 + i % 5, f"{1 + i / 100:.3f}") + "\n" for i in range(1, 3001))
+    records, template = text_logs._text_records(text, False, False)
+    assert template is not None and template.commas and template.ops is not None
+    assert sum(r.stop - r.start for r in records if type(r) is text_logs._Run) == 2999
+    h = text_logs.read_text_log("x.log", text=text)
+    assert h.steps == list(range(1, 3001)) and h.norms == [float(f"{1 + i / 100:.3f}") for i in range(1, 3001)]
