@@ -1096,9 +1096,9 @@ static int match_ops(const op_t *ops, Py_ssize_t n_ops, const unsigned char *s, 
             } else if (grouped > q) { /* an integer: its digits without the commas (float() of them) */
                 int64_t whole = 0;
                 int digits = 0;
-                for (Py_ssize_t i = d; i < grouped; i++)
+                for (Py_ssize_t i = d; i < grouped && op->captured && digits <= 15; i++)
                     if (s[i] != ',') whole = whole * 10 + (s[i] - '0'), digits++;
-                if (digits > 15) return 0; /* (the Python reader's) */
+                if (digits > 15) return 0; /* (a value of more digits: the Python reader's) */
                 x = (double)whole;
                 if (op->is_signed && s[pos] == '-') x = -x;
                 q = grouped;

@@ -1961,6 +1961,73 @@ def test_the_compiled_template_reads_a_line_as_its_pattern(values, pads, tail, s
         assert m is None or not line.isascii() or any(len(g) > 18 for g in m.groups())
 
 
+_GROUPED = st.one_of(st.integers(-10**18, 10**18).map(lambda v: f"{v:,}"),
+                     st.floats(-1e7, 1e7).map(lambda v: f"{v:,.2f}"),
+                     st.sampled_from(["1,234", "1,23", "12,345,6", "1234,567", ",123", "1,234,", "1,234x",
+                                      "+1,234", "-0,000", "999,999,999,999,999", "1,000,000,000,000,000"]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(_GROUPED, _READABLE, _TEMPLATE_VALUES), min_size=7, max_size=7),
+       st.sampled_from(["", " |", "x", "\t|", "\x1f", ",5 |"]), st.booleans())
+@example(["1", "1,234x", "1e-4", "2.5", "1,234", "1.5", "0"], " |", False)
+@example(["1", "1,234", "1e-4", "-1,234", "1,234", "-0,000", "0"], " |", True)
+@example(["1", "1,234,567,890,123,456", "1e-4", "2.5", "1,234", "1.5", "0"], " |", False)
+def test_the_compiled_template_reads_thousands_commas_as_its_pattern(values, tail, signed):
+    """template_text on lines of a template made from a line with a number in thousands commas (Megatron's
+    consumed samples as "1,234", the loss and norm signed or not): where it reads a line, the pattern
+    matches it and its groups, by int() and float() with the commas dropped, are the numbers read."""
+    from gradtool.io import text_logs
+
+    scan = text_logs._template_text()
+    if scan is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    base = ["1", "1,234", "1.000e-04", "-2.0" if signed else "2.0", "1.0", "-1.5" if signed else "1.5", "0"]
+    first = " | ".join(f"{n}{i}{f.format(v)}" for (n, i, f), v in zip(_MEGATRON_FIELDS, base)) + " |"
+    template = text_logs._LineTemplate.of(first, text_logs._text_norm(first))
+    assert template is not None and template.commas and template.ops is not None
+    line = (" | ".join(f"{n}{i}{f.format(v)}" for (n, i, f), v in zip(_MEGATRON_FIELDS, values)) + tail).lower()
+    text = f"{line}\n{line}"
+    stop, resume, rows = scan(template.ops, text, 0, template.out)
+    m = template.pattern.fullmatch(line)
+    if rows:
+        assert m is not None and rows == 2
+        want = [int(g) if k == 0 else float(g.replace(",", "")) for k, g in enumerate(m.groups())]
+        got = [np.frombuffer(col, kind).tolist() for col, kind in zip(template.out, template.kinds)]
+        assert [repr(v) for v in want] == [repr(c[0]) for c in got] == [repr(c[1]) for c in got] or "nan" in line
+    else:  # left to the pattern: a line that is not ASCII, a value of more than 15 digits, a long step
+        assert (m is None or not line.isascii() or any(len(g.replace(",", "")) > 15 for g in m.groups()[1:])
+                or len(m.group(1)) > 18)
+
+
+@pytest.mark.parametrize("first, line", [
+    ("step 1 loss 2.0x grad norm: 1.5 tps: 1,234", "step 2 loss 1,234x grad norm: 1.5 tps: 1,234"),  # no
+    ("step 1 loss 2.0 grad norm: -1.5 tps: 1,234", "step 2 loss 2.0 grad norm: -1,234 tps: 1,234"),  # space
+    ("step 1 loss 2.0 grad norm: -1.5 tps: 1,234", "step 2 loss 2.0 grad norm: +1,234 tps: 9"),  # after it
+    ("step 1 loss 2.0 grad norm: 1.5 tps: 1,234", "step 2 loss 2.0 grad norm: 1234,567 tps: 1,234"),
+    ("step 1 loss 2.0 grad norm: 1.5 tps: 1,234", "step 2 loss 2.0 grad norm: 1,234,567,890,123,456 tps: 1"),
+    ("step 1 loss 2.0 grad norm: 1.5 tps: 1,234", "step 2 loss 2.0 grad norm: 1,234,567,890,123,456,789 tps: 1"),
+    ("step 1 loss 2.0 grad norm: 1.5 tps: 1,234", "step 2 loss 2.0 grad norm: 1,234,567,890,123 tps: 1"),
+    ("step 1 loss 2.0 grad norm: 1.5 tps: 7", "step 2 loss 2.0 grad norm: 1,234 tps: 7"),  # no commas
+    ("step 1 loss 2.0 grad norm: 1.5 | 1,234", "step 2 loss 2.0 grad norm: 1,234\t| 1,234"),
+])
+def test_the_compiled_template_reads_a_number_in_thousands_commas_as_the_pattern_does(first, line):
+    from gradtool.io import text_logs
+
+    scan = text_logs._template_text()
+    if scan is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    template = text_logs._LineTemplate.of(first, text_logs._text_norm(first))
+    _, _, rows = scan(template.ops, line, 0, template.out)
+    m = template.pattern.fullmatch(line)
+    if rows:
+        want = [int(g) if k == 0 else float(g.replace(",", "")) for k, g in enumerate(m.groups())]
+        assert [repr(v) for v in want] == [repr(np.frombuffer(c, kind)[0].item())
+                                           for c, kind in zip(template.out, template.kinds)]
+    else:  # left to the pattern: a value of more than 15 digits
+        assert m is None or any(len(g.replace(",", "")) > 15 for g in m.groups())
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("aB \tnorm1.:|") + ["\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d",
                                                                  "\x1e", "\x1f", "\x85", "\u2028", "\u2029",
