@@ -383,6 +383,18 @@ def write_trainer_state(path: str, norms: np.ndarray, eval_every: int = 1000) ->
                    "logging_steps": 1, "max_steps": n}, f, indent=2, sort_keys=True)
 
 
+def write_torchtitan_log(path: str, norms: np.ndarray) -> None:
+    """torchtitan's console: a "[rank0]:[titan]" prefix, a time with a comma ("10:00:00,000"), terminal
+    colours, "tps: 1,234" (numbers in thousands commas made a line template that did not read its own
+    line, made again every few lines and each time converting every record: quadratic, until the
+    thirty-fifth session; 10^6 lines had not finished after 12 minutes)."""
+    with open(path, "w") as f:
+        f.writelines(f"[rank0]:[titan] 2025-01-01 10:00:00,000 - root - INFO - \x1b[31mstep: {i + 1:2}  "
+                     f"\x1b[32mloss:  {2.5 - i / (2 * len(norms)):7.4f}  \x1b[38;2;180;60;0mgrad_norm: "
+                     f"{float(v):7.4f}  \x1b[34mmemory: 12.34GiB(15.2%)  tps: 1,234  \x1b[35mtflops: 123.4  "
+                     "mfu: 23.4%\x1b[39m\n" for i, v in enumerate(norms))
+
+
 def measure_logs(tmp: str, rows: list[tuple[str, str, str, str]]) -> None:
     """Target 7's rows: ``suggest-threshold`` on a log of 10^6 points of each kind gradtool reads (built in
     ``tmp``), each timed as a user runs it, and again with ``GRADTOOL_NO_KERNELS=1``: what a user without
@@ -444,6 +456,8 @@ def measure_logs(tmp: str, rows: list[tuple[str, str, str, str]]) -> None:
              "(2.5x10^6 points; --format json)",
              lambda p: write_wandb_per_parameter_log(p, norms[:500], parameters=5_000),
              os.path.join(tmp, "run-experts.wandb")),
+            ("a torchtitan log of 10^5 lines (thousands commas, terminal colours)",
+             lambda p: write_torchtitan_log(p, norms[:100_000]), os.path.join(tmp, "titan.log")),
             ("a Megatron text log of 10^5 lines, a timers line every 5", lambda p: write_megatron_log_with_timers(
                 p, norms[:100_000]), os.path.join(tmp, "timers.log")),
             ("a JSON Lines log of 3x10^5 points, one norm in six NaN or inf",
