@@ -355,7 +355,8 @@ class _LineTemplate:
             ops.append((2, bool(name), bool(sign) and name != "step", 2 if name == "grad_norm" else
                         1 if name == "loss" else 0, name == "step", commas))
             # as _NUMBER matches: its first alternative (a number with thousands commas) can match
-            # only where a "," follows a slot; else its second, greedy, is as matched possessively
+            # only where a slot holds or is followed by a ","; else its second, greedy, is as matched
+            # possessively
             body = (r"\d++" if name == "step" else f"(?>{sign}{_UNSIGNED})" if commas else
                     rf"{sign}\d++\.?+\d*+(?:[eE][-+]?\d+)?+")
             if name in _WORDS_READ:  # the words the pattern reads there besides a number
