@@ -23,7 +23,7 @@ from typing import Any
 
 from .logs import (STEP_KEYS, KeyColumns, NormHistory, _find_key, _find_norm_key, _last_training, _noted,
                    _num, _read_text, from_records, from_row_items)
-from .text_logs import _without_fairseq_epoch_ends, is_fairseq
+from .text_logs import _newline_lines, _without_fairseq_epoch_ends, is_fairseq
 
 _DICT_TAIL = re.compile(r"\{[^{}]*\}\s*$")  # a line that ends in a flat {...} of metrics
 _DICT_PAIR = re.compile(r"""(['"])([^'"]*)\1\s*:\s*(?:(['"])([^'"]*)\3|([^,}'"\s][^,}]*))""")
@@ -118,8 +118,6 @@ def _console_history(hist: NormHistory, path: str, keys: dict[str, None], notes:
 # A value a template reads: what _DICT_PAIR reads the same whatever follows it (no quote, comma, brace,
 # space, colon, parenthesis), that float() reads as a number or not at all
 _VALUE = "[0-9A-Za-z_.+-]"
-_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")  # str.splitlines()'s besides "\n"
-_WIDE_BREAKS = ("\x85", "\u2028", "\u2029")  # and in a text that is not ASCII
 
 
 class _DictTemplate:
@@ -278,15 +276,6 @@ def _line_end(text: str, at: int) -> int:
     """Where the line of ``text`` holding offset ``at`` ends, after its line break (or the text's end)."""
     m = _LINE_BREAK.search(text, min(at, len(text)))
     return len(text) if m is None else m.end()
-
-
-def _newline_lines(text: str) -> str:
-    """``text`` with every line break of ``str.splitlines`` a ``"\\n"``: the same lines between them, and
-    an empty line after each ``"\\r\\n"`` (no record)."""
-    for brk in _BREAKS + (() if text.isascii() else _WIDE_BREAKS):
-        if brk in text:
-            text = text.replace(brk, "\n")
-    return text
 
 
 def _floats(texts: list[str]) -> tuple[Any, Any]:
