@@ -1432,6 +1432,82 @@ failed:
     return NULL;
 }
 
+/* The length of the terminal control sequence at s[i] (characters of type T, n of them), as the pattern
+ * \x1b\[[0-9;]*[A-Za-z] matches it there (text_logs._ANSI), or 0 when it does not match there. */
+#define ANSI_AT(NAME, T)                                                                                      \
+    static Py_ssize_t NAME(const T *s, Py_ssize_t n, Py_ssize_t i) {                                          \
+        if (i + 2 >= n || s[i] != 0x1b || s[i + 1] != '[') return 0;                                         \
+        Py_ssize_t j = i + 2;                                                                                 \
+        while (j < n && ((s[j] >= '0' && s[j] <= '9') || s[j] == ';')) j++;                                  \
+        if (j < n && ((s[j] >= 'A' && s[j] <= 'Z') || (s[j] >= 'a' && s[j] <= 'z'))) return j + 1 - i;       \
+        return 0;                                                                                             \
+    }
+
+/* Copy s[0:n] (characters of type T) to out without its terminal control sequences (when out is NULL,
+ * only count); the number of characters kept. Each escape character is found by memchr (1-byte text) or a
+ * loop, and a sequence tried there as re.sub tries the pattern: leftmost first, none overlapping (its
+ * parameters hold no escape, so the search goes on after a sequence or after an escape that starts
+ * none). */
+#define STRIP_ANSI(NAME, T, AT)                                                                               \
+    static Py_ssize_t NAME(const T *s, Py_ssize_t n, T *out) {                                                \
+        Py_ssize_t kept = 0, from = 0, i = 0;                                                                 \
+        for (;;) {                                                                                            \
+            if (sizeof(T) == 1) {                                                                             \
+                const T *e = memchr(s + i, 0x1b, (size_t)(n - i));                                            \
+                i = e == NULL ? n : e - s;                                                                    \
+            } else {                                                                                          \
+                while (i < n && s[i] != 0x1b) i++;                                                            \
+            }                                                                                                 \
+            if (i >= n) break;                                                                                \
+            Py_ssize_t len = AT(s, n, i);                                                                     \
+            if (len == 0) {                                                                                   \
+                i++;                                                                                          \
+                continue;                                                                                     \
+            }                                                                                                 \
+            if (out != NULL) memcpy(out + kept, s + from, (size_t)(i - from) * sizeof(T));                    \
+            kept += i - from;                                                                                 \
+            from = i = i + len;                                                                               \
+        }                                                                                                     \
+        if (out != NULL) memcpy(out + kept, s + from, (size_t)(n - from) * sizeof(T));                        \
+        return kept + n - from;                                                                               \
+    }
+
+ANSI_AT(ansi_at_1, Py_UCS1)
+ANSI_AT(ansi_at_2, Py_UCS2)
+ANSI_AT(ansi_at_4, Py_UCS4)
+STRIP_ANSI(strip_ansi_1, Py_UCS1, ansi_at_1)
+STRIP_ANSI(strip_ansi_2, Py_UCS2, ansi_at_2)
+STRIP_ANSI(strip_ansi_4, Py_UCS4, ansi_at_4)
+
+static Py_ssize_t strip_ansi_kind(int kind, const void *data, Py_ssize_t n, void *out) {
+    if (kind == PyUnicode_1BYTE_KIND) return strip_ansi_1(data, n, out);
+    if (kind == PyUnicode_2BYTE_KIND) return strip_ansi_2(data, n, out);
+    return strip_ansi_4(data, n, out);
+}
+
+/* without_ansi(text) -> str: text without its terminal control sequences (colours, cursor moves), as
+ * re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text) gives it: counted first, then copied into a string of that
+ * length (text itself when it holds none). The characters removed are ASCII and the others kept, so the
+ * result's widest character is text's. */
+static PyObject *without_ansi(PyObject *self, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "without_ansi: text must be a str");
+        return NULL;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_ssize_t kept = strip_ansi_kind(kind, data, n, NULL);
+    if (kept == n) {
+        Py_INCREF(text);
+        return text;
+    }
+    PyObject *out = PyUnicode_New(kept, PyUnicode_MAX_CHAR_VALUE(text));
+    if (out == NULL) return NULL;
+    strip_ansi_kind(kind, data, n, PyUnicode_DATA(out));
+    return out;
+}
+
 /* SQLite rows into columns (sqlite_rows: mlflow_store.py, trackio_store.py), through the very SQLite
  * library the sqlite3 module uses: its functions' addresses come from Python (ctypes, from the _sqlite3
  * module's library), so nothing here links against SQLite or needs its header. The declarations below
@@ -2122,6 +2198,9 @@ static PyMethodDef methods[] = {
      "dict_lines(ops, text, pos, out) -> (stop, rows): the lines of text (as str.splitlines() splits it)\n"
      "from offset pos that a dict-line template's ops match, their values appended to out, lines without\n"
      "'{' skipped, up to the first line with '{' they do not match (see _logscan.c)."},
+    {"without_ansi", without_ansi, METH_O,
+     "without_ansi(text) -> str: text without its terminal control sequences, as\n"
+     "re.sub(r'\\x1b\\[[0-9;]*[A-Za-z]', '', text) gives it (see _logscan.c)."},
     {"sqlite_rows", sqlite_rows, METH_VARARGS,
      "sqlite_rows(api, uri, sql, params, kinds) -> (rows, columns) or None: a read-only query's rows as\n"
      "columns, through SQLite's functions at the addresses api (see _logscan.c)."},

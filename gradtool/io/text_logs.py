@@ -66,8 +66,7 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
     a step are left out when most have one (a warning that names the norm); when most have none, the
     steps are the lines' order. Either is said in the history's notes."""
     text = _read_text(path) if text is None else text
-    if "\x1b" in text:
-        text = _ANSI.sub("", text)
+    text = without_terminal_codes(text)
     llmc = text.startswith("s:") or _LLMC_LINE.search(text) is not None  # llm.c's main.log (s:100 ...)
     notes: list[str] = []
     if is_fairseq(text):
@@ -574,6 +573,19 @@ def _text_loss_and_lr(record: dict[str, Any], line: str, llmc: bool = False) -> 
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours and cursor moves
+
+
+def without_terminal_codes(text: str) -> str:
+    """``text`` without its terminal colours and cursor moves (``re.sub`` of :data:`_ANSI`): by the compiled
+    ``without_ansi`` where built (a memchr per escape, one copy: 0.3 s for torchtitan's 10^6 coloured
+    lines, where ``re.sub``'s six million matches take 3 s), else ``re.sub``. (A NumPy pass over the
+    bytes, the escapes' windows gathered, was measured no faster than ``re.sub``.)"""
+    if "\x1b" not in text:
+        return text
+    from .compiled import log_readers
+
+    readers = log_readers()
+    return _ANSI.sub("", text) if readers is None else readers.without_ansi(text)
 _VALUE_IN_CELL = re.compile(r"[:=]\s*[-+]?\d|[\x00-\x08\x0b-\x1f]")  # "grad_norm: 1.2", ANSI colours
 
 

@@ -2155,3 +2155,64 @@ def test_lines_of_thousands_commas_are_read_by_the_compiled_template(row):
     assert sum(r.stop - r.start for r in records if type(r) is text_logs._Run) == 2999
     h = text_logs.read_text_log("x.log", text=text)
     assert h.steps == list(range(1, 3001)) and h.norms == [float(f"{1 + i / 100:.3f}") for i in range(1, 3001)]
+
+
+# Terminal control sequences: parts of _ANSI's pattern, near misses, and characters of each str width
+_ANSI_PIECES = st.sampled_from(["\x1b", "[", "\x1b[", "0", "9", ";", "38;2;180;60;0", "m", "K", "H", "a", "z", "A", "Z",
+                                "@", "`", "{", " ", "\n", "é", "€", "\U0001f600", "grad_norm: 1.5"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_ANSI_PIECES, max_size=40).map("".join))
+@example("\x1b[")
+@example("a\x1b[31")
+@example("\x1b[m\x1b[1;2H")
+@example("x\x1b[2a\x1b[Z\x1b[;z\x1b[A\x1b[@\x1b[`\x1b[{")  # the letters that end one, and their neighbours
+@example("\x1b\x1b[0mx")
+@example("é\x1b[0m€\x1b[1m\U0001f600\x1b[2m")
+def test_terminal_codes_are_removed_as_the_pattern_removes_them(text):
+    """The compiled ``without_ansi`` (gradtool/io/_logscan.c) removes what ``re.sub`` of text_logs' ``_ANSI``
+    removes, and nothing else, in a str of each width (1, 2 and 4 bytes a character); a text without a
+    sequence comes back as itself."""
+    from gradtool.io import text_logs
+    from gradtool.io.compiled import log_readers
+
+    want = text_logs._ANSI.sub("", text)
+    assert text_logs.without_terminal_codes(text) == want
+    readers = log_readers()
+    if readers is None:
+        return
+    got = readers.without_ansi(text)
+    assert got == want and type(got) is str
+    assert max(map(ord, got), default=0) == max(map(ord, want), default=0)  # (the width of a canonical str)
+    if want == text:
+        assert got is text
+
+
+def test_terminal_codes_take_one_copy_of_the_text(monkeypatch):
+    """torchtitan's coloured lines: the compiled reader removes their six sequences a line in one copy
+    (``re.sub``'s list of pieces and their join held twice the text: 10^6 lines, 1 GB -> 480 MB peak), and
+    the history read with it is the history read without it."""
+    import tracemalloc
+
+    from gradtool.io import text_logs
+    from gradtool.io.compiled import log_readers
+
+    readers = log_readers()
+    if readers is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    line = ("[rank0]:[titan] 2025-01-01 10:00:00,000 - root - INFO - \x1b[31mstep: {:2}  \x1b[32mloss:  8.1  "
+            "\x1b[38;2;180;60;0mgrad_norm: {}  \x1b[34mtps: 1,234  \x1b[35mmfu: 23.4%\x1b[39m\n")
+    text = "".join(line.format(s, 1 + s % 7 / 10) for s in range(1, 20_001))
+    tracemalloc.start()
+    try:
+        stripped = readers.without_ansi(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert stripped == text_logs._ANSI.sub("", text) and peak < len(stripped) + 64 * 1024
+    with_it = text_logs.read_text_log("train.log", text=text)
+    monkeypatch.setenv("GRADTOOL_NO_KERNELS", "1")
+    without = text_logs.read_text_log("train.log", text=text)
+    assert (with_it.steps, with_it.norms, with_it.loss) == (without.steps, without.norms, without.loss)
+    assert with_it.steps == list(range(1, 20_001)) and with_it.norms[:3] == [1.1, 1.2, 1.3]
