@@ -456,8 +456,8 @@ def measure_logs(tmp: str, rows: list[tuple[str, str, str, str]]) -> None:
              "(2.5x10^6 points; --format json)",
              lambda p: write_wandb_per_parameter_log(p, norms[:500], parameters=5_000),
              os.path.join(tmp, "run-experts.wandb")),
-            ("a torchtitan log of 10^5 lines (thousands commas, terminal colours)",
-             lambda p: write_torchtitan_log(p, norms[:100_000]), os.path.join(tmp, "titan.log")),
+            ("a torchtitan log of 10^6 lines (thousands commas, terminal colours)",
+             lambda p: write_torchtitan_log(p, norms), os.path.join(tmp, "titan.log")),
             ("a Megatron text log of 10^5 lines, a timers line every 5", lambda p: write_megatron_log_with_timers(
                 p, norms[:100_000]), os.path.join(tmp, "timers.log")),
             ("a JSON Lines log of 3x10^5 points, one norm in six NaN or inf",

@@ -2216,3 +2216,18 @@ def test_terminal_codes_take_one_copy_of_the_text(monkeypatch):
     without = text_logs.read_text_log("train.log", text=text)
     assert (with_it.steps, with_it.norms, with_it.loss) == (without.steps, without.norms, without.loss)
     assert with_it.steps == list(range(1, 20_001)) and with_it.norms[:3] == [1.1, 1.2, 1.3]
+
+
+@pytest.mark.parametrize("kernels", ["", "1"])
+def test_a_templates_numbers_with_thousands_commas_anywhere_in_a_run(monkeypatch, kernels):
+    """A template of thousands commas ("tps: 1,234") converts its captured columns without replacing commas
+    when none holds one; a norm of "1,234" after a thousand lines without one is still 1234."""
+    from gradtool.io import text_logs
+
+    monkeypatch.setenv("GRADTOOL_NO_KERNELS", kernels)
+    norms = ["0.5"] * 3000
+    norms[2500] = norms[2999] = "1,234"
+    text = "".join(f"step: {s}  loss: 2.5  grad_norm: {g}  tps: 1,234\n" for s, g in enumerate(norms, 1))
+    h = text_logs.read_text_log("train.log", text=text)
+    assert h.steps == list(range(1, 3001))
+    assert h.norms == [1234.0 if g == "1,234" else 0.5 for g in norms]
