@@ -15,8 +15,8 @@ and how many pairs B won. It is a development tool: not part of the test run, no
     python benchmarks/ab.py --max 1e9 clip big.safetensors         # ... a step that needs no clipping
     python benchmarks/ab.py --mode norm --max 0.5 clip big.npz     # ... per-tensor clip_by_norm
 
-Both revisions use the compiled kernel built in this checkout; if the kernel's C sources differ between
-them the script refuses (build each and compare with bench.py instead).
+Both revisions use the compiled kernel and log readers built in this checkout; if their C sources differ
+between them the script refuses (build each and compare with bench.py instead).
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from types import ModuleType
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_SOURCES = ("gradtool/core/_kernels.c", "gradtool/core/_kernels_loops.h", "gradtool/core/_kernels_summary.h")
+KERNEL_SOURCES = ("gradtool/core/_kernels.c", "gradtool/core/_kernels_loops.h", "gradtool/core/_kernels_summary.h",
+                  "gradtool/io/_logscan.c", "gradtool/io/_logscan_pow10.h")
+BUILT = (("core", "_kernels"), ("io", "_logscan"))  # the compiled modules copied into a revision's package
 WORKTREE = "WORKTREE"
 
 
@@ -55,17 +57,18 @@ def _source(rev: str, path: str) -> bytes | None:
 
 def export(rev: str, into: str) -> str:
     """The ``gradtool`` package of ``rev`` (or of the working tree) copied into ``into``, with this
-    checkout's compiled kernel; returns the package directory."""
+    checkout's compiled kernel and log readers; returns the package directory."""
     pkg = os.path.join(into, "gradtool")
     if rev == WORKTREE:
         shutil.copytree(os.path.join(ROOT, "gradtool"), pkg, ignore=shutil.ignore_patterns("__pycache__"))
     else:
         archive = _git("archive", rev, "gradtool")
         subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
-        built = os.path.join(ROOT, "gradtool", "core")
-        for name in os.listdir(built):
-            if name.startswith("_kernels") and name.endswith((".so", ".pyd")):
-                shutil.copy2(os.path.join(built, name), os.path.join(pkg, "core", name))
+        for sub, module in BUILT:  # (the log readers' too: without them revision A ran the Python readers)
+            built = os.path.join(ROOT, "gradtool", sub)
+            for name in os.listdir(built):
+                if name.startswith(module) and name.endswith((".so", ".pyd")):
+                    shutil.copy2(os.path.join(built, name), os.path.join(pkg, sub, name))
     return pkg
 
 
