@@ -2231,3 +2231,64 @@ def test_a_templates_numbers_with_thousands_commas_anywhere_in_a_run(monkeypatch
     h = text_logs.read_text_log("train.log", text=text)
     assert h.steps == list(range(1, 3001))
     assert h.norms == [1234.0 if g == "1,234" else 0.5 for g in norms]
+
+
+_LOG_BYTES = {
+    "utf-8": "step,grad_norm\n1,1.5\n2,\u00e92.5 \U0001f680\n".encode(),
+    "utf-8 with its mark": b"\xef\xbb\xbfstep,grad_norm\n1,1.5\n",
+    "utf-16-le with its mark": "\ufeffstep,grad_norm\n1,1.5\n".encode("utf-16-le"),
+    "utf-16-be with its mark": "\ufeffstep,grad_norm\n1,1.5\n".encode("utf-16-be"),
+    "invalid utf-8": b"step,grad_norm\n1,\xff1.5\xc3\n",
+    "empty": b"",
+    "only the mark": b"\xef\xbb\xbf",
+    "a pickle": b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94.",
+    "nul bytes": b"step,grad_norm\n1,1.5\n\0\0\0",
+    "nul after the mark": b"\xef\xbb\xbf\0abc",
+    "a pickle after the mark": b"\xef\xbb\xbf\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94.",
+}
+_LOG_TEXTS = {  # what each is read as: its text, or the error's words
+    "utf-8": "step,grad_norm\n1,1.5\n2,\u00e92.5 \U0001f680\n",
+    "utf-8 with its mark": "step,grad_norm\n1,1.5\n",
+    "utf-16-le with its mark": "step,grad_norm\n1,1.5\n",
+    "utf-16-be with its mark": "step,grad_norm\n1,1.5\n",
+    "invalid utf-8": "step,grad_norm\n1,\ufffd1.5\ufffd\n",
+    "empty": "",
+    "only the mark": "",
+    "a pickle": "is a Python pickle",
+    "nul bytes": "binary file",
+    "nul after the mark": "binary file",
+    "a pickle after the mark": "is a Python pickle",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LOG_BYTES))
+def test_a_mapped_log_reads_as_a_log_read_into_memory(tmp_path, monkeypatch, name):
+    """Large logs are decoded from a memory map of the file (``_mapped_text``), small ones read: both give
+    the same text, or the same error (naming the file), whatever the bytes; the map is closed after either
+    (a view of it left alive would make closing it fail)."""
+    import mmap
+
+    from gradtool.io import logs
+
+    p = tmp_path / "train.log"
+    p.write_bytes(_LOG_BYTES[name])
+    outcomes = []
+    maps: list = []
+    real_mmap = mmap.mmap
+
+    def tracked(*args, **kwargs):
+        maps.append(real_mmap(*args, **kwargs))
+        return maps[-1]
+
+    monkeypatch.setattr(mmap, "mmap", tracked)
+    for threshold in (1 << 60, 0):
+        monkeypatch.setattr(logs, "_MAP_LOG_BYTES", threshold)
+        try:
+            outcomes.append(("text", logs._read_text(str(p))))
+        except InputError as exc:
+            outcomes.append(("error", str(exc)))
+    assert outcomes[0] == outcomes[1]
+    kind, got = outcomes[0]
+    assert got == _LOG_TEXTS[name] if kind == "text" else (str(p) in got and _LOG_TEXTS[name] in got)
+    assert len(maps) == (0 if name == "empty" else 1) and all(m.closed for m in maps)  # (an empty file: read)
+    assert p.read_bytes() == _LOG_BYTES[name]
