@@ -1694,10 +1694,12 @@ static PyObject *sqlite_rows(PyObject *self, PyObject *args) {
  * per line. text: bytes-like, or a str of ASCII only. keys: the keys (bytes) in first-seen order, as
  * dict.fromkeys over the lines' dicts gives them; values[k]: float64 bytearray of each row's value of
  * keys[k] (NaN where the row has none); flags[k]: uint8 bytearray, 0 where the row has none, 1 a float, 2
- * an int (exact: at most 15 digits); first_keys: how many keys the first row has. Blank lines are no rows;
- * a key given twice in a row keeps its later value (as json.loads). A value is a JSON number, Python's
- * NaN, Infinity, -Infinity tokens, or Trackio's "NaN", "Infinity", "-Infinity" strings (as floats). None
- * for anything else (a line that is not such an object, another string, true, false, null, a nested value,
+ * an int (exact: at most 15 digits), 3 (JSON_WORD) a string float() cannot read; first_keys: how many keys
+ * the first row has. Blank lines are no rows; a key given twice in a row keeps its later value (as
+ * json.loads). A value is a JSON number, Python's NaN, Infinity, -Infinity tokens, Trackio's "NaN",
+ * "Infinity", "-Infinity" strings (as floats), or a string of printable ASCII without escapes holding a
+ * character float() never reads (a time, a name: flag 3, NaN). None for anything else (a line that is not
+ * such an object, another string, true, false, null, a nested value,
  * a key with an escape or a byte outside printable ASCII, a number Python reads otherwise, more than
  * JSON_MAX_KEYS keys, or columns that would take more bytes than the text): the caller's decoder decides
  * there. GIL held (the float parser's slow path is CPython's). */
@@ -1733,6 +1735,17 @@ static int json_column(json_keys_t *t, const unsigned char *key, Py_ssize_t len,
 }
 
 static int json_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+/* The printable ASCII characters float() may read in a string ("1.5", " -inf ", "1_000", "NaN",
+ * "Infinity"): a string holding any other is no number to gradtool's _num, whatever the rest of it (a time
+ * "2024-01-01T10:00:00", a run's name), and json_rows gives its key flag JSON_WORD there. */
+#define JSON_WORD 3
+static unsigned char json_float_char[256];
+
+static void json_float_chars_init(void) {
+    const char *chars = " 0123456789._+-eEnNaAiIfFtTyY";
+    for (const char *c = chars; *c; c++) json_float_char[(unsigned char)*c] = 1;
+}
 
 /* A JSON value token v[0:n] (no string) as json.loads reads it: INTEGER, NUMBER (in *out) or UNSURE. */
 static int json_number(const unsigned char *v, Py_ssize_t n, double *out) {
@@ -1865,22 +1878,28 @@ static PyObject *json_table(const unsigned char *b, Py_ssize_t n, int array, Py_
             while (i < n && BLANK(b[i])) i++;
             double x = 0.0;
             int kind;
-            if (i < n && b[i] == '"') { /* Trackio's nonfinite floats */
+            if (i < n && b[i] == '"') { /* Trackio's nonfinite floats, or a word (a time, a name) */
                 Py_ssize_t v0 = ++i;
-                while (i < n && b[i] != '"' && b[i] != '\n') i++;
-                if (i >= n || b[i] != '"') goto give_up;
+                int word = 0; /* a character float() never reads: no number, whatever the rest */
+                for (; i < n && b[i] != '"'; i++) {
+                    if (b[i] < 0x20 || b[i] >= 0x7F || b[i] == '\\') goto give_up; /* (escapes: json's) */
+                    word |= !json_float_char[b[i]];
+                }
+                if (i >= n) goto give_up;
                 Py_ssize_t vlen = i++ - v0;
-                if (!((vlen == 3 && memcmp(b + v0, "NaN", 3) == 0) ||
-                      (vlen == 8 && memcmp(b + v0, "Infinity", 8) == 0) ||
-                      (vlen == 9 && memcmp(b + v0, "-Infinity", 9) == 0)))
-                    goto give_up;
-                kind = classify(b + v0, vlen, &x, 1);
+                if ((vlen == 3 && memcmp(b + v0, "NaN", 3) == 0) || (vlen == 8 && memcmp(b + v0, "Infinity", 8) == 0) ||
+                    (vlen == 9 && memcmp(b + v0, "-Infinity", 9) == 0))
+                    kind = classify(b + v0, vlen, &x, 1);
+                else if (word)
+                    kind = JSON_WORD, x = Py_NAN;
+                else
+                    goto give_up; /* (a string float() may read: "1.5", " nan ", "1_000") */
             } else {
                 Py_ssize_t v0 = i;
                 while (i < n && b[i] != ',' && b[i] != '}' && b[i] != '\n' && !json_space(b[i])) i++;
                 kind = json_number(b + v0, i - v0, &x);
             }
-            if (kind != NUMBER && kind != INTEGER) goto give_up;
+            if (kind != NUMBER && kind != INTEGER && kind != JSON_WORD) goto give_up;
             if (c < 0) c = json_column(keys, b + k0, klen, n_cols);
             if (c == n_cols) { /* a new key: its columns, NaN and 0 so far */
                 if (n_cols == JSON_MAX_KEYS || (double)(n_cols + 1) * 9.0 * (double)lines > n + 4096.0)
@@ -1903,7 +1922,7 @@ static PyObject *json_table(const unsigned char *b, Py_ssize_t n, int array, Py_
             follow[after] = c;
             after = c;
             val[c][row] = x;
-            flag[c][row] = kind == INTEGER ? 2 : 1;
+            flag[c][row] = kind == INTEGER ? 2 : kind == JSON_WORD ? 3 : 1;
             while (i < n && BLANK(b[i])) i++;
             if (i < n && b[i] == ',') {
                 i++;
@@ -2234,6 +2253,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gradtool.io._logscan
 
 PyMODINIT_FUNC PyInit__logscan(void) {
     dict_line_chars_init();
+    json_float_chars_init();
     crc_init(crc32_tables, 0xEDB88320u);
     crc_init(crc32c_tables, 0x82F63B78u);
 #ifdef CLMUL_CRC

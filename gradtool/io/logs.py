@@ -431,7 +431,8 @@ class KeyColumns:
     """Dict records given as one column per key (the compiled JSON Lines reader's: ``json_rows`` in
     gradtool/io/_logscan.c), with :class:`RowItems`' interface: ``keys`` in first-seen order, each with a
     float64 column of the rows' values (NaN where a row has none) and a uint8 column of flags (0: the row
-    has no such key, 1: a float, 2: an int, exact)."""
+    has no such key, 1: a float, 2: an int, exact, 3: a word, a string no ``float`` reads: a time, a name;
+    not a number to :func:`_num`)."""
 
     def __init__(self, n_rows: int, keys: list[str], values: list[Any], flags: list[Any]):
         self.n_rows, self.keys = n_rows, keys
@@ -453,14 +454,16 @@ class KeyColumns:
             return (np.zeros(self.n_rows, dtype=bool), np.full(self.n_rows, np.nan),
                     np.zeros(self.n_rows, dtype=bool))
         flags = self._flags[k]
-        return flags != 0, self._values[k], flags == 2
+        return (flags == 1) | (flags == 2), self._values[k], flags == 2
 
     def records(self) -> list[dict[str, Any]]:
-        """The records as dicts (the general path of :func:`from_records`)."""
+        """The records as dicts (the general path of :func:`from_records`); a word as None, which
+        :func:`_num` reads as it reads the word."""
         out: list[dict[str, Any]] = [{} for _ in range(self.n_rows)]
         for name, values, flags in zip(self.keys, self._values, self._flags):
             for r in flags.nonzero()[0].tolist():
-                out[r][name] = int(values[r]) if flags[r] == 2 else float(values[r])
+                f = flags[r]
+                out[r][name] = int(values[r]) if f == 2 else None if f == 3 else float(values[r])
         return out
 
 
@@ -1196,7 +1199,8 @@ def json_columns(text: str | bytes, source: str, key: str | None, kind: str = "j
     lines' dicts (10^6 lines: ~0.3 s against ~0.6 s by msgspec into typed rows). ``own_steps``: each line's
     own step (a Trackio row's), kept under ``_step`` after the first line's keys, as a dict record of it
     would have it. None (the decoders decide, with the same result) when the compiled readers are off, or
-    a line is anything else: strings (but Trackio's ``"NaN"``, ``"Infinity"``, ``"-Infinity"``), true,
+    a line is anything else: strings that ``float`` may read (but Trackio's ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"``; a string with another character, a time or a name, is no number, as to ``_num``), true,
     false, null, nested values, escapes or non-ASCII text, integers of more than 15 digits, more than 4096
     keys or columns larger than the text; or with ``own_steps``, a ``_step`` key of the log's own or a
     blank line (a row that is no object)."""

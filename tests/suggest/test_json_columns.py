@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gradtool.errors import InputError, UsageError
 from gradtool.io.compiled import log_readers
+from gradtool.io.logs import _num
 
 pytestmark = pytest.mark.skipif(log_readers() is None, reason="gradtool.io._logscan not built, or "
                                 "GRADTOOL_NO_KERNELS set")
@@ -52,6 +53,8 @@ def _reference(text: bytes):
                 columns[k].append((repr(v), 1))
             elif type(v) is str and v in _WORDS:
                 columns[k].append((repr(_WORDS[v]), 1))
+            elif type(v) is str and _num(v) is None:  # a word: a time, a name (no number to _num)
+                columns[k].append(("nan", 3))
             else:
                 return None
     return len(docs), keys, columns, len(docs[0]) if docs else 0
@@ -74,7 +77,9 @@ _NUMBERS = st.one_of(
                      "9007199254740993", "999999999999999", "1000000000000000", "NaN", "Infinity",
                      "-Infinity", "+1", "-", "1e", "0x10", "1_000", "nan", "inf"]))
 _OTHERS = st.sampled_from(['"NaN"', '"Infinity"', '"-Infinity"', '"nan"', '"x"', '""', "true", "false",
-                           "null", "[1]", '{"a":1}', '"Na\\u004e"'])
+                           "null", "[1]", '{"a":1}', '"Na\\u004e"', '"2024-01-01T10:00:00"', '"gpt2-run"',
+                           '"fine"', '" 1.5 "', '"1_000"', '"-inf"', '"caf\u00e9"', '"a\\tb"', '"tab\there"',
+                           '"x\x7f"', '"\\"x"', '"e"', '"1.5x"', '"1 5"', '" "', '"step"', '"Infinity "'])
 
 
 @st.composite
@@ -109,6 +114,14 @@ def _lines(draw):
 @example('{"a": 1} x')  # something after the object
 @example('{"a": 1}}')
 @example('{"a": 1} {"a": 2}')  # two objects on one line: no JSON
+@example('{"t": "2024-01-01T10:00:00", "a": 1}\n{"a": 2, "t": "gpt2-run"}\n{"t": 3}')  # words: flag 3
+@example('{"t": "fine"}')  # only characters float() may read: the decoders decide
+@example('{"t": "1.5x", "u": "1 5"}')
+@example('{"a": "1_000"}')  # strings float() reads, each character of its alphabet: the decoders decide
+@example('{"a": " 1.5 "}')
+@example('{"a": "infinity"}')
+@example('{"a": "-Inf"}')
+@example('{"a": "\\u0031"}')  # an escape: "1"
 def test_where_the_compiled_reader_answers_its_columns_are_what_json_loads_reads(text):
     data = text.encode("utf-8")
     ref = _reference(data)
@@ -152,7 +165,8 @@ _LOG_KEYS = st.sampled_from(["step", "global_step", "grad_norm", "loss", "learni
                              "grad_norm_clipped", "grad_2.0_norm/w", "grad_2.0_norm_total", "_step",
                              "grad_2.0_norm/v", "grad_inf_norm/w"])
 _LOG_VALUES = st.one_of(st.integers(-3, 60), st.floats(width=32), st.floats(0, 10),
-                        st.sampled_from(list(_WORDS)), st.integers(2**60, 2**62), st.floats(1e15, 1e17))
+                        st.sampled_from(list(_WORDS)), st.integers(2**60, 2**62), st.floats(1e15, 1e17),
+                        st.sampled_from(["2024-01-01T10:00:00", "run-7", "n/a", "", "1.5", " nan "]))
 
 
 @settings(max_examples=300, deadline=None)
@@ -161,6 +175,8 @@ _LOG_VALUES = st.one_of(st.integers(-3, 60), st.floats(width=32), st.floats(0, 1
 @example(rows=[{"step": 1, "grad_norm": 1.0}, {"step": 0, "grad_norm": 2.0}, {"step": 1, "grad_norm": 3.0}],
          key=None)
 @example(rows=[{}, {"loss": 2**60}], key="loss")  # --key the loss: a row without it is no norm row (msgspec)
+@example(rows=[{"step": 2**60, "grad_norm": 1.0, "t": "n/a"}, {"step": 1, "grad_norm": "n/a"}], key=None)  # words
+# where a step beyond 2^53 hands the rows to from_records: a word read as None
 @example(rows=[{"step": 0, "grad_norm": 1.0, "grad_2.0_norm/w": 5.0}, {"step": 1, "grad_norm": 1.0},
                {"step": 0, "grad_norm": 2.0}, {"step": 1, "grad_norm": 2.0, "grad_2.0_norm/w": 6.0}],
          key=None)  # two trainings: per-parameter norms from the last's rows only (step 0 has none: left out)
@@ -191,6 +207,26 @@ def test_a_plain_jsonl_log_is_read_by_the_columns(monkeypatch):
     h = logs_mod.read_jsonl("x.jsonl", text=text)
     assert h.steps == list(range(50)) and [repr(v) for v in h.norms[:2]] == ["1.5", "nan"]
     assert h.loss == [2.0] * 50
+
+
+def test_a_jsonl_log_with_times_and_names_is_read_by_the_columns(monkeypatch):
+    """A line with a string no float() reads (a logger's time, a run's name; a header line of them) was
+    left with the whole log to msgspec's typed rows or to the dict path (10^6 lines after a header line:
+    3.6 -> 0.94 s): such a word is no number, flag 3, and the norm a word in some row is no norm there,
+    as to the dict path."""
+    from gradtool.io import logs as logs_mod
+
+    monkeypatch.setattr(logs_mod, "_msgspec_typed", lambda *a, **k: pytest.fail("the msgspec path was used"))
+    monkeypatch.setattr(logs_mod, "from_records", lambda *a, **k: pytest.fail("the dict path was used"))
+    text = '{"run": "gpt2-small", "host": "node-7"}\n' + "".join(
+        json.dumps({"time": f"2024-01-01T10:00:{i:02d}", "step": i, "grad_norm": "n/a" if i == 3 else 1.5,
+                    "loss": 2}) + "\n" for i in range(50))
+    rows, names, values, flags, first = log_readers().json_rows(text)
+    assert (rows, first) == (51, 2) and names == [b"run", b"host", b"time", b"step", b"grad_norm", b"loss"]
+    assert np.frombuffer(flags[0], np.uint8).tolist() == [3] + [0] * 50
+    assert np.frombuffer(flags[4], np.uint8).tolist() == [0, 1, 1, 1, 3] + [1] * 46
+    h = logs_mod.read_jsonl("x.jsonl", text=text)
+    assert h.steps == [i for i in range(50) if i != 3] and h.norms == [1.5] * 49 and h.loss == [2.0] * 49
 
 
 def _array_reference(text: str, start: int):
