@@ -944,8 +944,9 @@ def _read_text(path: str, source: str | None = None) -> str:
 
 
 # A log this large is decoded from a memory map of its file, not from a copy read into memory: the copy's
-# pages cost more than the read (10^6 lines of the Trainer's console with a wandb banner, 1.1 GB of text
-# of four-byte characters: 3.6 -> ~1.5 s; a 10^6-line Megatron log 0.43 -> 0.22 s to its text)
+# new pages cost more than the read (in-process, a 10^6-line Megatron log 1.69 -> 1.32 s; the Trainer's
+# console after a wandb banner, 1.1 GB of text of four-byte characters, 3.28 -> 2.19 s). A file truncated
+# while it is decoded ends the process (SIGBUS): README and SECURITY.md say so
 _MAP_LOG_BYTES = 1 << 24
 
 
