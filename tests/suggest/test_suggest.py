@@ -360,6 +360,78 @@ def test_per_tensor_thresholds_and_clip_rate_are_the_tensor_by_tensor_ones(n, te
         assert "spikes" not in bare.evidence
 
 
+def _zscore_reference(v, z, alpha, warmup=25):
+    """ZClip's EMA as written in the docs, in float64 Python floats (the square as a product)."""
+    v = [float(a) for a in v]
+    w0 = v[:warmup]
+    mu = math.fsum(w0) / len(w0)
+    var = math.fsum((a - mu) ** 2 for a in w0) / len(w0)
+    for g in v[len(w0):]:
+        sd = math.sqrt(var)
+        if sd > 0 and (g - mu) / sd > z:
+            g = mu + z * sd
+        mu = alpha * mu + (1 - alpha) * g
+        var = alpha * var + (1 - alpha) * (g - mu) * (g - mu)
+    return mu + z * math.sqrt(var)
+
+
+@_settings(max_examples=100, deadline=None)
+@_given(rows=_st.integers(1, 40), width=_st.integers(1, 120), seed=_st.integers(0, 2**32 - 1),
+        spiky=_st.booleans(), flat=_st.booleans())
+def test_zscore_rows_are_the_one_row_ema_bit_for_bit(rows, width, seed, spiky, flat):
+    """The EMA run down the columns for every row at once gives each row's value as the loop over one row
+    does, to the bit (spikes fed back, a flat start of zero variance), and both are the float64 reference's
+    to rounding."""
+    from gradtool.suggest import _zscore, _zscore_rows
+
+    rng = np.random.default_rng(seed)
+    v = np.exp(rng.normal(0, 0.5, (rows, width)))
+    if spiky:
+        v[rng.random(v.shape) < 0.05] *= 100
+    if flat:
+        v[:, :25] = 1.0
+    got = _zscore_rows(v, 2.5, 0.97)
+    for r in range(rows):
+        one = _zscore(v[r], 2.5, 0.97)[0]
+        assert got[r] == one
+        assert one == pytest.approx(_zscore_reference(v[r], 2.5, 0.97), rel=1e-9)
+
+
+@_settings(max_examples=120, deadline=None)
+@_given(n=_st.integers(8, 80), tensors=_st.integers(1, 40), data=_st.data(),
+        method=_st.sampled_from(["robust", "percentile", "zscore", "pascanu"]),
+        block=_st.integers(1, 50), explosion=_st.one_of(_st.none(), _st.floats(0.05, 20), _st.just(math.nan)))
+def test_per_tensor_thresholds_in_blocks_are_each_series_own(n, tensors, data, method, block, explosion):
+    """τ of series a block at a time (:func:`_thresholds_of_rows`: clean rows at once, the others one by
+    one, blocks of any size) is each series' own suggest_threshold τ, to the bit: None where it has none
+    (too few usable points, explosions at ordinary norms), the guard rails of a divergence applied."""
+    import dataclasses
+
+    from gradtool.suggest import _per_tensor_thresholds
+
+    steps = list(range(n))
+    rng = np.random.default_rng(data.draw(_st.integers(0, 2**16)))
+    glob = np.exp(rng.normal(0, 0.3, n))
+    rare = data.draw(_st.sampled_from([0.0, 0.01, 0.2]))
+    series = {}
+    for k in range(tensors):
+        v = np.exp(rng.normal(rng.uniform(-1, 1), rng.uniform(0, 1), n))
+        if rng.random() < 0.1:
+            v = np.round(v, 1)  # ties, zeros
+        v[rng.random(n) < rare] = data.draw(_series_value)
+        series[f"t{k}"] = v if k % 3 else v.tolist()
+    config = SuggestConfig(method=method, burn_in=data.draw(_st.sampled_from([None, 0]))).validate()
+    facts = analyze_history(steps, glob, burn_in=config.burn_in, window=config.window)
+    if explosion is not None:
+        facts = dataclasses.replace(facts, divergence={"index": facts.healthy_end, "step": n, "norm": explosion,
+                                                       "norm_before": data.draw(_st.sampled_from([None, 0.5, 3.0]))})
+    want = {name: suggest_threshold(steps, v, config=config, facts=facts, with_evidence=False).threshold
+            for name, v in series.items()}
+    assert _per_tensor_thresholds(steps, series, facts, config, block=block) == want
+    assert _per_tensor_thresholds(steps, series, facts, config) == want
+    assert list(_per_tensor_thresholds(steps, series, facts, config, block=block)) == list(series)
+
+
 # ---- the divergence detector's non-finite norms, decided in blocks (suggest._first_nonfinite_break) ------
 def _divergence_one_by_one(x, L, given, steps, has_loss, w):
     """suggest._find_divergence as it was written before its non-finite norms were decided in blocks: each
