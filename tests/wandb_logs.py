@@ -92,11 +92,27 @@ def trainer_logs(draw):
     return out
 
 
+class SmallKeyTable:
+    """The compiled reader with a key table of ``max_keys`` keys (not 65,536): records that find it full
+    read again from an empty one, records of more keys left to Python."""
+
+    def __init__(self, reader, max_keys):
+        self._reader, self._max_keys = reader, max_keys
+
+    def __getattr__(self, name):
+        return getattr(self._reader, name)
+
+    def key_table(self):
+        return self._reader.key_table(self._max_keys)
+
+
 def read_with(path, key, how):
-    """The history of the log read by the compiled reader ("compiled"), the NumPy reader ("numpy") or the
-    Python reader alone ("python")."""
+    """The history of the log read by the compiled reader ("compiled"; "compiled-small": with a key table
+    of 4 keys), the NumPy reader ("numpy") or the Python reader alone ("python")."""
     compiled, vectorized = wandb_log._compiled_reader, wandb_log._vectorized
-    if how != "compiled":
+    if how == "compiled-small":
+        wandb_log._compiled_reader = lambda: SmallKeyTable(compiled(), 4)
+    elif how != "compiled":
         wandb_log._compiled_reader = lambda: None
     wandb_log._vectorized = lambda: how == "numpy"
     try:
@@ -121,6 +137,7 @@ def read_every_way(tmp_path_factory, recs, key=None, damage=None):
     assert read_with(p, key, "numpy") == slow
     if wandb_log._compiled_reader() is not None:
         assert read_with(p, key, "compiled") == slow
+        assert read_with(p, key, "compiled-small") == slow
     return slow
 
 

@@ -19,17 +19,18 @@
  * wandb_block stops, returning `stop`, before the first record it does not read so: a record of another
  * type (the parts of a record split over blocks), a CRC that does not match, a record running past the
  * block, a record or item of another layout, a value it cannot classify exactly (a number with an
- * underscore, an integer of more than 15 digits), more than MAX_KEYS distinct keys in one call. The Python
+ * underscore, an integer of more than 15 digits), more than MAX_KEYS distinct keys in one record. The Python
  * reader reads that record and calls again after it; `stop` is -1 when the rest of the block is zeros
  * (unused), and the block's end when it read everything. So the rows are exactly the Python reader's:
  * stricter here is only slower, never different (tests/suggest/test_wandb_compiled.py property-tests the
  * two on generated and damaged logs).
  *
- * out = (keys, values, rows, ids, skip): the rows' items are appended, in logging order, to the bytearrays
- * values (float64), rows (int32: `row` and on, one per history row) and ids (int32: key << 1 | is_int,
- * is_int when the value's JSON was all digits, as Python's int() reads it); keys is a dict of every item
- * key (bytes) to its index, new keys added in first-seen order; the values of keys in the set skip are not
- * parsed (NaN: a column nobody reads, as wandb's own _runtime and _timestamp), only classified. Values:
+ * out = (keys, values, rows, ids, skip[, table]): the rows' items are appended, in logging order, to the
+ * bytearrays values (float64), rows (int32: `row` and on, one per history row) and ids (int32: key << 1 |
+ * is_int, is_int when the value's JSON was all digits, as Python's int() reads it); keys is a dict of every
+ * item key (bytes) to its index, new keys added in first-seen order; the values of keys in the set skip are
+ * not parsed (NaN: a column nobody reads, as wandb's own _runtime and _timestamp), only classified; table, a
+ * key_table(), keeps the keys met from one call to the next (without it, each call starts empty). Values:
  * integers exactly; other numbers correctly rounded, as Python's float() reads them: with one IEEE operation
  * when they have at most 15 significant digits and a power of ten at most 10^22 (Clinger's fast path),
  * else by the Eisel-Lemire algorithm (at most 19 digits; its table of powers of ten in _logscan_pow10.h),
@@ -374,10 +375,11 @@ done:
 }
 
 typedef struct {
-    const unsigned char *key; /* NULL: an empty slot */
+    unsigned char *key; /* a copy of the key's bytes (the table's own); NULL: an empty slot */
     Py_ssize_t len;
-    int id;   /* the key's index in the dict of keys; -1 until an item of it is read */
-    int skip; /* its values are not needed */
+    uint32_t hash; /* key_hash(key, len) */
+    int id;        /* the key's index in the dict of keys; -1 until an item of it is read */
+    int skip;      /* its values are not needed */
 } slot_t;
 
 typedef struct {
@@ -387,17 +389,29 @@ typedef struct {
     int *pending, n_pending; /* slots of keys new to the dict in the record being read (at most slots / 2) */
     slot_t first[SLOTS];
     int first_pending[SLOTS / 2];
-    PyObject *keys, *skip_set;
+    int max_keys; /* keys the table holds at most (MAX_KEYS; fewer in tests) */
+    int full;     /* a key was refused: the table held max_keys keys */
+    PyObject *keys, *skip_set; /* the call's dict of keys and skip set (borrowed) */
+    PyObject *bound_keys, *bound_skip; /* a kept table's: the dict and set its ids and skips are of (owned) */
     double *values;
     int32_t *rows, *ids;
     Py_ssize_t n_items, cap_items;
 } scan_t;
 
-/* The FNV-1a hash of a key. */
+/* A hash of a key, eight bytes a step (a byte a step, FNV-1a, was most of the time of a record of 5,000
+ * keys of ~40 bytes): each word xored in, multiplied, its high half folded down. */
 static uint32_t key_hash(const unsigned char *key, Py_ssize_t len) {
-    uint32_t h = 2166136261u;
-    for (Py_ssize_t i = 0; i < len; i++) h = (h ^ key[i]) * 16777619u;
-    return h;
+    uint64_t h = 0x9E3779B97F4A7C15u ^ (uint64_t)len, w;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        memcpy(&w, key + i, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDu;
+        h ^= h >> 32;
+    }
+    w = 0;
+    memcpy(&w, key + i, (size_t)(len - i));
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53u;
+    return (uint32_t)(h ^ h >> 29);
 }
 
 /* The key table twice as large, its keys (and the slots in `pending`) moved: 0, or -1 out of memory. */
@@ -415,8 +429,8 @@ static int grow_keys(scan_t *s) {
     for (uint32_t old = 0; old < s->slots; old++) {
         moved[old] = -1;
         if (s->table[old].key == NULL) continue;
-        uint32_t slot = key_hash(s->table[old].key, s->table[old].len) % slots;
-        while (table[slot].key != NULL) slot = (slot + 1) % slots;
+        uint32_t slot = s->table[old].hash & (slots - 1);
+        while (table[slot].key != NULL) slot = (slot + 1) & (slots - 1);
         table[slot] = s->table[old];
         moved[old] = (int32_t)slot;
     }
@@ -439,18 +453,37 @@ static scan_t *scan_new(void) {
     s->table = s->first;
     s->pending = s->first_pending;
     s->slots = SLOTS;
+    s->max_keys = MAX_KEYS;
     return s;
+}
+
+/* The key table emptied (its size kept): no record is being read (nothing pending). */
+static void clear_keys(scan_t *s) {
+    for (uint32_t k = 0; k < s->slots; k++) PyMem_Free(s->table[k].key);
+    memset(s->table, 0, s->slots * sizeof(slot_t));
+    s->count = 0;
+}
+
+/* The items read so far freed (flush has copied them out). */
+static void free_items(scan_t *s) {
+    PyMem_Free(s->values);
+    PyMem_Free(s->rows);
+    PyMem_Free(s->ids);
+    s->values = NULL;
+    s->rows = s->ids = NULL;
+    s->n_items = s->cap_items = 0;
 }
 
 static void scan_free(scan_t *s) {
     if (s == NULL) return;
+    clear_keys(s);
     if (s->table != s->first) {
         PyMem_Free(s->table);
         PyMem_Free(s->pending);
     }
-    PyMem_Free(s->values);
-    PyMem_Free(s->rows);
-    PyMem_Free(s->ids);
+    free_items(s);
+    Py_XDECREF(s->bound_keys);
+    Py_XDECREF(s->bound_skip);
     PyMem_Free(s);
 }
 
@@ -461,10 +494,13 @@ static void scan_free(scan_t *s) {
  * when half full); -1 when it holds MAX_KEYS keys, FAILED on a Python error (or out of memory). */
 static int key_slot(scan_t *s, const unsigned char *key, Py_ssize_t len) {
     uint32_t h = key_hash(key, len);
-    for (uint32_t slot = h % s->slots;; slot = (slot + 1) % s->slots) {
+    for (uint32_t slot = h & (s->slots - 1);; slot = (slot + 1) & (s->slots - 1)) {
         slot_t *e = &s->table[slot];
         if (e->key == NULL) {
-            if (s->count == MAX_KEYS) return -1;
+            if (s->count >= s->max_keys) {
+                s->full = 1;
+                return -1;
+            }
             if ((uint32_t)s->count == s->slots / 2) {
                 if (grow_keys(s) < 0) {
                     PyErr_NoMemory();
@@ -477,14 +513,21 @@ static int key_slot(scan_t *s, const unsigned char *key, Py_ssize_t len) {
             int skip = PySet_Contains(s->skip_set, name);
             Py_DECREF(name);
             if (skip < 0) return FAILED;
-            e->key = key;
+            unsigned char *copy = PyMem_Malloc(len ? (size_t)len : 1);
+            if (copy == NULL) {
+                PyErr_NoMemory();
+                return FAILED;
+            }
+            if (len) memcpy(copy, key, (size_t)len);
+            e->key = copy;
             e->len = len;
+            e->hash = h;
             e->id = -1;
             e->skip = skip;
             s->count++;
             return (int)slot;
         }
-        if (e->len == len && memcmp(e->key, key, (size_t)len) == 0) return (int)slot;
+        if (e->hash == h && e->len == len && memcmp(e->key, key, (size_t)len) == 0) return (int)slot;
     }
 }
 
@@ -831,12 +874,42 @@ failed:
     return FAILED;
 }
 
-#define OUT_TYPES "out must be (keys dict, values, rows, ids bytearrays, skip set)"
+#define OUT_TYPES "out must be (keys dict, values, rows, ids bytearrays, skip set[, key_table()])"
+#define KEY_TABLE "gradtool.io._logscan.key_table"
 
-/* Parse `out` = (keys dict, values, rows, ids bytearrays, skip set) into `s`; -1 with TypeError. */
-static int take_out(PyObject *out, scan_t *s, PyObject **arrays) {
-    if (!PyTuple_Check(out) || PyTuple_GET_SIZE(out) != 5 || !PyDict_Check(PyTuple_GET_ITEM(out, 0)) ||
-        !PyAnySet_Check(PyTuple_GET_ITEM(out, 4))) {
+static void key_table_free(PyObject *capsule) {
+    scan_free(PyCapsule_GetPointer(capsule, KEY_TABLE));
+}
+
+/* key_table([max_keys]) -> a key table kept from one call of wandb_block or wandb_record to the next (the
+ * sixth item of `out`): the keys met, whether their values are skipped and, once their records are read,
+ * their indices in the dict of keys, so a log of 5,000 keys a record looks each up once, not once a record
+ * (5,000 keys: ~2.8 -> ~0.5 ms a record). It belongs to the dict and set it was first called with: called
+ * with others, it is emptied first. It holds at most max_keys keys (MAX_KEYS; fewer in tests): a record that
+ * finds it full is read again from an empty table, and left to Python if that is not enough. */
+static PyObject *key_table(PyObject *self, PyObject *args) {
+    int max_keys = MAX_KEYS;
+    if (!PyArg_ParseTuple(args, "|i", &max_keys)) return NULL;
+    if (max_keys < 1 || max_keys > MAX_KEYS) {
+        PyErr_Format(PyExc_ValueError, "max_keys must be in [1, %d]", MAX_KEYS);
+        return NULL;
+    }
+    scan_t *s = scan_new();
+    if (s == NULL) return PyErr_NoMemory();
+    s->max_keys = max_keys;
+    PyObject *capsule = PyCapsule_New(s, KEY_TABLE, key_table_free);
+    if (capsule == NULL) scan_free(s);
+    return capsule;
+}
+
+/* Parse `out` = (keys dict, values, rows, ids bytearrays, skip set[, key table]) into *scan: the key
+ * table's scan (emptied if it was of another dict or set), else a new one (*temporary = 1, to be freed);
+ * -1 with an error set. */
+static int take_out(PyObject *out, scan_t **scan, int *temporary, PyObject **arrays) {
+    Py_ssize_t size = PyTuple_Check(out) ? PyTuple_GET_SIZE(out) : 0;
+    if ((size != 5 && size != 6) || !PyDict_Check(PyTuple_GET_ITEM(out, 0)) ||
+        !PyAnySet_Check(PyTuple_GET_ITEM(out, 4)) ||
+        (size == 6 && !PyCapsule_IsValid(PyTuple_GET_ITEM(out, 5), KEY_TABLE))) {
         PyErr_SetString(PyExc_TypeError, OUT_TYPES);
         return -1;
     }
@@ -847,13 +920,35 @@ static int take_out(PyObject *out, scan_t *s, PyObject **arrays) {
             return -1;
         }
     }
-    s->keys = PyTuple_GET_ITEM(out, 0);
-    s->skip_set = PyTuple_GET_ITEM(out, 4);
+    PyObject *keys = PyTuple_GET_ITEM(out, 0), *skip = PyTuple_GET_ITEM(out, 4);
+    scan_t *s;
+    if (size == 6) {
+        s = PyCapsule_GetPointer(PyTuple_GET_ITEM(out, 5), KEY_TABLE);
+        if (s->bound_keys != keys || s->bound_skip != skip) {
+            clear_keys(s);
+            Py_INCREF(keys);
+            Py_INCREF(skip);
+            Py_XSETREF(s->bound_keys, keys);
+            Py_XSETREF(s->bound_skip, skip);
+        }
+        *temporary = 0;
+    } else {
+        s = scan_new();
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *temporary = 1;
+    }
+    s->keys = keys;
+    s->skip_set = skip;
+    *scan = s;
     return 0;
 }
 
-/* Append the items read to the bytearrays; free the buffers. -1 with an error set. */
-static int flush(scan_t *s, PyObject **arrays) {
+/* Append the items read to the bytearrays and free them (and the scan, if `temporary`). -1 with an error
+ * set. */
+static int flush(scan_t *s, int temporary, PyObject **arrays) {
     const void *src[3] = {s->values, s->rows, s->ids};
     const Py_ssize_t width[3] = {sizeof(double), sizeof(int32_t), sizeof(int32_t)};
     int failed = 0;
@@ -864,8 +959,23 @@ static int flush(scan_t *s, PyObject **arrays) {
         else
             memcpy(PyByteArray_AS_STRING(arrays[k]) + had, src[k], (size_t)(s->n_items * width[k]));
     }
-    scan_free(s);
+    free_items(s);
+    if (temporary) scan_free(s);
     return failed ? -1 : 0;
+}
+
+/* read_record, and again from an empty key table when the table, holding keys of earlier records, was
+ * full (a log whose keys change over time: each record is read as it would be from a new table). */
+static int read_record_again_if_full(scan_t *s, const unsigned char *p, Py_ssize_t n, int32_t row) {
+    int had = s->count;
+    s->full = 0;
+    int got = read_record(s, p, n, row);
+    if (got == TO_PYTHON && s->full && had > 0) {
+        clear_keys(s);
+        s->full = 0;
+        got = read_record(s, p, n, row);
+    }
+    return got;
 }
 
 static PyObject *wandb_block(PyObject *self, PyObject *args) {
@@ -874,11 +984,11 @@ static PyObject *wandb_block(PyObject *self, PyObject *args) {
     int row0;
     PyObject *out, *arrays[3];
     if (!PyArg_ParseTuple(args, "y*niO", &view, &at, &row0, &out)) return NULL;
-    scan_t *s = scan_new();
-    if (s == NULL || take_out(out, s, arrays) < 0) {
-        scan_free(s);
+    scan_t *s;
+    int temporary;
+    if (take_out(out, &s, &temporary, arrays) < 0) {
         PyBuffer_Release(&view);
-        return s == NULL ? PyErr_NoMemory() : NULL;
+        return NULL;
     }
     const unsigned char *b = view.buf;
     Py_ssize_t n = view.len;
@@ -896,14 +1006,14 @@ static PyObject *wandb_block(PyObject *self, PyObject *args) {
         if (kind != FULL || at + HEADER + len > n) break;
         unsigned char type_byte = FULL;
         if (crc32_update(crc32_update(0, &type_byte, 1), r + HEADER, len) != crc) break;
-        got = read_record(s, r + HEADER, len, row0 + rows);
+        got = read_record_again_if_full(s, r + HEADER, len, row0 + rows);
         if (got < NOT_HISTORY) break;
         rows += got == READ;
         at += HEADER + len;
     }
     if (got == NO_MEMORY) PyErr_NoMemory();
     int failed = got <= NO_MEMORY;
-    failed |= flush(s, arrays) < 0;
+    failed |= flush(s, temporary, arrays) < 0;
     PyBuffer_Release(&view);
     return failed ? NULL : Py_BuildValue("(ni)", at, rows);
 }
@@ -913,16 +1023,16 @@ static PyObject *wandb_record(PyObject *self, PyObject *args) {
     int row0;
     PyObject *out, *arrays[3];
     if (!PyArg_ParseTuple(args, "y*iO", &view, &row0, &out)) return NULL;
-    scan_t *s = scan_new();
-    if (s == NULL || take_out(out, s, arrays) < 0) {
-        scan_free(s);
+    scan_t *s;
+    int temporary;
+    if (take_out(out, &s, &temporary, arrays) < 0) {
         PyBuffer_Release(&view);
-        return s == NULL ? PyErr_NoMemory() : NULL;
+        return NULL;
     }
-    int got = read_record(s, view.buf, view.len, row0);
+    int got = read_record_again_if_full(s, view.buf, view.len, row0);
     if (got == NO_MEMORY) PyErr_NoMemory();
     int failed = got <= NO_MEMORY;
-    failed |= flush(s, arrays) < 0;
+    failed |= flush(s, temporary, arrays) < 0;
     PyBuffer_Release(&view);
     return failed ? NULL : PyLong_FromLong(got);
 }
@@ -2200,6 +2310,9 @@ static PyMethodDef methods[] = {
     {"wandb_record", wandb_record, METH_VARARGS,
      "wandb_record(data, row, out) -> 1 (a history row, appended to out), 0 (another record) or -1 (left to\n"
      "the Python reader): one whole W&B record's data."},
+    {"key_table", key_table, METH_VARARGS,
+     "key_table([max_keys]) -> a key table wandb_block and wandb_record keep from one call to the next, as\n"
+     "the sixth item of out (see _logscan.c)."},
     {"tfrecord_frames", tfrecord_frames, METH_O,
      "tfrecord_frames(buffer) -> (starts, lengths, end, bad_length, data_ok): the whole TFRecord records of\n"
      "a buffer, their length CRCs checked and data CRCs computed (see _logscan.c)."},

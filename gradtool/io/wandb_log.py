@@ -228,7 +228,8 @@ class _Rows:
         self.keys: dict[bytes, int] = {}
         self.values, self._rows, self.ids = bytearray(), bytearray(), bytearray()
         self.skip = set(_UNREAD - {key.encode("utf-8", "replace")} if key else _UNREAD)
-        self._out = (self.keys, self.values, self._rows, self.ids, self.skip)
+        table = getattr(reader, "key_table", None)  # the keys looked up once a log, not once a record
+        self._out = (self.keys, self.values, self._rows, self.ids, self.skip) + ((table(),) if table else ())
         self.exact = True
 
     def extend(self, values: Any, rows: Any, ids: Any, n_rows: int, exact: bool) -> None:

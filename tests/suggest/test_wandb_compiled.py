@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from gradtool.errors import InputError
 from gradtool.io import logs, wandb_log
 from tests.wandb_encoder import write_log
-from tests.wandb_logs import (history_record, number_texts, read_every_way, read_with, records,
-                              trainer_logs)
+from tests.wandb_logs import (SmallKeyTable, history_record, number_texts, read_every_way, read_with,
+                              records, trainer_logs)
 
 scan = wandb_log._compiled_reader()
 needs_reader = pytest.mark.skipif(scan is None,
@@ -174,6 +174,56 @@ def test_a_log_of_each_parameters_norm_is_read_by_the_compiled_reader(tmp_path, 
     assert items.n_rows == 6 and len(items.keys) == keys + 2
     assert bool(calls) == (keys + 2 > 65_536)
     assert items.column(names[-1].decode())[1].tolist() == [0.01 * (keys - 1) + i for i in range(6)]
+
+
+@needs_reader
+@pytest.mark.parametrize("max_keys", [7, 9, 65_536])
+def test_a_key_table_kept_over_a_log_whose_keys_change_reads_every_record(tmp_path, monkeypatch, max_keys):
+    """The key table is kept from record to record (a key looked up once a log): a log whose keys change
+    over time fills it, and a record that finds it full is read again from an empty table, by the compiled
+    reader still, not left to Python (max_keys 7: each record's seven keys, _step among them, just fit),
+    while a record of more keys than the table holds is left to it; the rows are the Python reader's."""
+    recs = [history_record(i, [(f"grad_2.0_norm/p{i + k}".encode(), repr(0.5 + i + k).encode())
+                               for k in range(5)] + [(b"grad_norm", repr(1.0 + i).encode())], i)
+            for i in range(300)]
+    recs.append(history_record(300, [(f"grad_2.0_norm/q{k}".encode(), b"1.5") for k in range(8)], 300))
+    p = write_log(tmp_path / "run-x.wandb", recs)
+    want = read_with(p, None, "python")
+    history_rows = wandb_log.history_rows
+    calls = []
+    monkeypatch.setattr(wandb_log, "history_rows", lambda r: calls.append(1) or history_rows(r))
+    compiled = wandb_log._compiled_reader
+    monkeypatch.setattr(wandb_log, "_compiled_reader", lambda: SmallKeyTable(compiled(), max_keys))
+    assert read_with(p, None, "compiled") == want
+    assert len(calls) == (max_keys < 9)  # the last record's nine keys: to Python past a table of 7
+    calls.clear()
+    items = wandb_log._row_items(str(p), str(p), wandb_log._compiled_reader())
+    assert items.n_rows == 301 and len(items.keys) == 304 + 2 + 8 and len(calls) == (max_keys < 9)
+    assert items.column("grad_2.0_norm/p7")[1][3:8].tolist() == [7.5] * 5
+
+
+@needs_reader
+def test_a_key_table_is_emptied_for_another_dict_of_keys_or_skip_set():
+    """A key table remembers each key's index in one dict of keys and whether one skip set skips it: given
+    with another dict or set it starts empty, and reads as a new table does."""
+    record = history_record(0, [(b"_runtime", b"1.5"), (b"grad_norm", b"2.0")], 0)
+    table = scan.key_table()
+
+    def read(skip, table):
+        out = ({}, bytearray(), bytearray(), bytearray(), skip) + ((table,) if table else ())
+        assert scan.wandb_record(record, 0, out) == 1
+        return out[0], np.frombuffer(out[1]).tolist()
+
+    keys, values = read({b"_runtime"}, table)
+    assert keys == {b"_runtime": 0, b"grad_norm": 1, b"_step": 2} and math.isnan(values[0])
+    assert values[1:] == [2.0, 0.0]
+    for skip in (set(), {b"grad_norm"}):  # another set: _runtime read, or grad_norm skipped
+        got = read(skip, table)
+        assert repr(got) == repr(read(skip, None)) == repr(read(skip, scan.key_table()))
+    with pytest.raises(TypeError):
+        scan.wandb_record(record, 0, ({}, bytearray(), bytearray(), bytearray(), set(), object()))
+    with pytest.raises(ValueError):
+        scan.key_table(0)
 
 
 def test_row_items_give_the_records_history():
