@@ -1008,6 +1008,24 @@ def test_a_train_tag_outside_fairseq_is_read(tmp_path):
     assert h.steps == list(range(1, 40)) and not any("fairseq" in n for n in h.notes)
 
 
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(st.sampled_from(["| ", " | ", "train_inner", "train_inner | ", "| train_inner", "|", " ",
+                                        "_", "x", "train", "_inner", "\u2588", "\U0001f680", "\n"]), max_size=60),
+       repeat=st.sampled_from([1, 1, 70]))
+@example(pieces=["train_inner | "], repeat=1)  # at the start: no "| " before it (not one from the end)
+@example(pieces=["x", "train_inner | ", "| ", "x"], repeat=1)
+@example(pieces=["train_inner "], repeat=70)
+def test_fairseq_is_told_by_its_phrase_anywhere(pieces, repeat):
+    """is_fairseq searches "train_inner" and checks each place for the rest (up to 64 places, then the
+    phrase from there): true exactly when "| train_inner | " is in the text."""
+    from gradtool.io.text_logs import is_fairseq
+
+    text = "".join(pieces) * repeat
+    for t in (text, text + "| train_inner | ", "train_inner x" * 65 + text,
+              "train_inner x" * 64 + "| " + text):  # (the 65th place: the phrase's search from 2 before it)
+        assert is_fairseq(t) == ("| train_inner | " in t), t
+
+
 def test_console_dicts_are_read_by_pattern_never_evaluated(tmp_path):
     marker = tmp_path / "pwned"
     p = tmp_path / "evil.log"
