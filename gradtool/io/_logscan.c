@@ -884,7 +884,7 @@ static void key_table_free(PyObject *capsule) {
 /* key_table([max_keys]) -> a key table kept from one call of wandb_block or wandb_record to the next (the
  * sixth item of `out`): the keys met, whether their values are skipped and, once their records are read,
  * their indices in the dict of keys, so a log of 5,000 keys a record looks each up once, not once a record
- * (5,000 keys: ~2.8 -> ~0.5 ms a record). It belongs to the dict and set it was first called with: called
+ * (5,000 keys: ~2.8 -> ~0.9 ms a record). It belongs to the dict and set it was first called with: called
  * with others, it is emptied first. It holds at most max_keys keys (MAX_KEYS; fewer in tests): a record that
  * finds it full is read again from an empty table, and left to Python if that is not enough. */
 static PyObject *key_table(PyObject *self, PyObject *args) {
