@@ -108,8 +108,14 @@ class SmallKeyTable:
 
 def read_with(path, key, how):
     """The history of the log read by the compiled reader ("compiled"; "compiled-small": with a key table
-    of 4 keys), the NumPy reader ("numpy") or the Python reader alone ("python")."""
-    compiled, vectorized = wandb_log._compiled_reader, wandb_log._vectorized
+    of 4 keys), the NumPy reader ("numpy"; "numpy-bytes": every record's items looked for by their bytes
+    first) or the Python reader alone ("python")."""
+    from gradtool.io import wandb_vectorized
+
+    compiled, vectorized, long = wandb_log._compiled_reader, wandb_log._vectorized, wandb_vectorized.LONG_HISTORY
+    if how == "numpy-bytes":  # every record's items looked for by their bytes first (chained_items)
+        wandb_vectorized.LONG_HISTORY = 0
+        how = "numpy"
     if how == "compiled-small":
         wandb_log._compiled_reader = lambda: SmallKeyTable(compiled(), 4)
     elif how != "compiled":
@@ -121,6 +127,7 @@ def read_with(path, key, how):
         return type(exc), str(exc)
     finally:
         wandb_log._compiled_reader, wandb_log._vectorized = compiled, vectorized
+        wandb_vectorized.LONG_HISTORY = long
     return (h.steps, [repr(v) for v in h.norms], [repr(v) for v in h.loss], [repr(v) for v in h.lr],
             h.key, h.notes, h.other_keys, repr(h.tensor_norms), repr(h.tensor_max_abs))  # (NaN: by repr)
 
@@ -135,6 +142,7 @@ def read_every_way(tmp_path_factory, recs, key=None, damage=None):
         p.write_bytes(bytes(data))
     slow = read_with(p, key, "python")
     assert read_with(p, key, "numpy") == slow
+    assert read_with(p, key, "numpy-bytes") == slow
     if wandb_log._compiled_reader() is not None:
         assert read_with(p, key, "compiled") == slow
         assert read_with(p, key, "compiled-small") == slow

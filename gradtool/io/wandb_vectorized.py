@@ -228,6 +228,57 @@ class Items:
 
 
 FEW_RECORDS = 8  # records read side by side, fewer than which the rest of their items go to Python
+LONG_HISTORY = 4096  # bytes of a HistoryRecord from which its items are first looked for by their bytes
+
+
+def chained_items(buf: np.ndarray, recs: np.ndarray, h_start: np.ndarray,
+                  h_end: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The items of the records ``recs`` whose HistoryRecord ``buf[h_start:h_end]`` is nothing but items
+    ``0a L 0a K <key> 82 01 V <value>`` and steps ``12 L 08 <varint>`` as :func:`history_items` reads them,
+    found without walking: every place in their histories where such a field would start (0x0A and a
+    0x0A two bytes on, or 0x12 and a 0x08; its lengths below 128 and consistent, a step's number at most
+    2^53) is a candidate, and a record is read so when its candidates chain, the first at its history's start, each
+    ending where the next starts, the last at its end: then they are the fields a walk from the start meets,
+    and only those (a candidate inside an item breaks the chain: that record is walked). (which of
+    ``recs`` were read; (record, position, k-th item of the record, step number or -1) of their items). A
+    5,000-key record costs its bytes' share of a few passes, not 5,000 steps of the walk: a mixture of
+    experts' log of 500 such records 5.7 -> 3.6 s to read."""
+    order = np.argsort(h_start[recs], kind="stable")
+    recs = recs[order]
+    lo, hi = h_start[recs], h_end[recs]
+    base = int(lo[0])
+    span = buf[base:int(hi.max()) + 2]  # (the gathers after it: _PAD)
+    p = base + np.flatnonzero(((span[:-2] == 0x0A) & (span[2:] == 0x0A)) | ((span[:-2] == 0x12) & (span[2:] == 0x08)))
+    owner = np.searchsorted(lo, p, side="right") - 1
+    inside = owner >= 0
+    inside[inside] &= p[inside] < hi[owner[inside]]
+    p, owner = p[inside], owner[inside]
+    b0, size = buf[p], buf[p + 1].astype(np.int64)
+    end = p + 2 + size
+    key_len = buf[p + 3].astype(np.int64)
+    k_at = p + 4 + key_len
+    framed = size < 0x80  # (its end in the history: the chain's ends are checked below)
+    item = (framed & (b0 == 0x0A) & (size >= 5) & (buf[p + 2] == 0x0A) & (key_len < 0x80)
+            & (5 + key_len <= size) & (buf[k_at] == 0x82) & (buf[k_at + 1] == 0x01)
+            & (buf[k_at + 2] == size - 5 - key_len))
+    step_value = np.full(len(p), -1, dtype=np.int64)
+    step = framed & (b0 == 0x12) & (size >= 2) & (buf[p + 2] == 0x08)
+    if step.any():
+        value, value_end, ended = _varint_values(buf, p[step] + 3, 8)
+        step_value[step] = np.where(ended & (value_end <= end[step]) & (value <= 1 << 53), value, -1)
+    field = item | (step_value >= 0)
+    p, owner, end, step_value = p[field], owner[field], end[field], step_value[field]
+    first = np.searchsorted(owner, np.arange(len(recs)))  # each record's first candidate (owner is sorted)
+    count = np.bincount(owner, minlength=len(recs))
+    chained = np.ones(len(p), dtype=bool)
+    chained[:-1] = (end[:-1] == p[1:]) | (owner[:-1] != owner[1:])  # (a record's last: checked below)
+    broken = np.bincount(owner[~chained], minlength=len(recs)) > 0
+    last = first + count - 1
+    ok = (count > 0) & ~broken
+    ok[ok] &= (p[first[ok]] == lo[ok]) & (end[last[ok]] == hi[ok])
+    keep = ok[owner]
+    kth = np.arange(len(p)) - first[owner]
+    return recs[ok], (recs[owner[keep]], p[keep], kth[keep], step_value[keep])
 
 
 def history_items(buf: np.ndarray, status: np.ndarray, h_start: np.ndarray, h_end: np.ndarray) -> Items:
@@ -240,9 +291,16 @@ def history_items(buf: np.ndarray, status: np.ndarray, h_start: np.ndarray, h_en
     still being read when fewer than FEW_RECORDS are, past their first 64 items: a step of a few arrays
     costs ~40 us, the Python reader ~3 us an item (6 records of 65,000 keys: 3.6 -> 1.2 s)."""
     live = np.flatnonzero(status == HISTORY)
-    q = h_start[live]
     found: list[tuple[np.ndarray, ...]] = []
     taken = np.zeros(len(status), dtype=np.int64)  # each record's items so far
+    long = live[h_end[live] - h_start[live] >= LONG_HISTORY]
+    if len(long):  # long records: their items by their bytes (chained_items), the rest walked below
+        done, items = chained_items(buf, long, h_start, h_end)
+        if len(done):
+            found.append(items)
+            taken += np.bincount(items[0], minlength=len(status))
+            live = live[~np.isin(live, done)]
+    q = h_start[live]
     steps = 0
     while len(live):
         steps += 1

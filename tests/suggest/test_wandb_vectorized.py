@@ -113,8 +113,10 @@ def test_the_numpy_reader_reads_a_trainer_log_itself(tmp_path, monkeypatch):
 
 def test_a_few_wide_records_are_left_to_python_past_their_first_items(tmp_path, monkeypatch):
     """Records of hundreds of items, fewer than FEW_RECORDS of them (a log of each parameter's norm, a few
-    steps long), are read by the Python reader past their first 64 items (a NumPy step of a few arrays a
-    item cost more), to the same rows; as many records as FEW_RECORDS are read side by side."""
+    steps long), that the search by bytes does not read (here: it is turned off), are read by the Python
+    reader past their first 64 items of the walk (a NumPy step of a few arrays a item cost more), to the
+    same rows; as many records as FEW_RECORDS are walked side by side."""
+    monkeypatch.setattr(wandb_vectorized, "LONG_HISTORY", 1 << 62)
     names = [f"grad_2.0_norm/p{k}".encode() for k in range(300)]
     history_rows = wandb_log.history_rows
     for n, python in ((3, True), (wandb_vectorized.FEW_RECORDS, False)):
@@ -128,6 +130,73 @@ def test_a_few_wide_records_are_left_to_python_past_their_first_items(tmp_path, 
         items = wandb_log._row_items(p, p, None)
         assert (len(calls) > n) == python and items.n_rows == n and len(items.keys) == 302
         assert items.column("grad_2.0_norm/p299")[1].tolist() == [2.99 + i for i in range(n)]
+
+
+@st.composite
+def _long_records(draw):
+    """Records of hundreds of items (each parameter's norm), a few of them broken: a key holding the bytes
+    an item starts with (a candidate inside an item), a step between the items, wandb's ``_info`` field,
+    an item of another layout, a step past 2^53, a history cut short."""
+    n = draw(st.integers(1, 4))
+    out = []
+    for i in range(n):
+        items = []
+        for k in range(draw(st.integers(120, 300))):
+            key = f"grad_2.0_norm/p{k}".encode()
+            if draw(st.integers(0, 40)) == 0:
+                key = draw(st.sampled_from([b"\x0a\x10\x0a\x05abcde\x82\x01\x05", b"k\x12\x03\x08\x01", b"\x0a",
+                                            b"\x82\x01", b"x" * 100]))
+            value = draw(texts_of_numbers) if draw(st.integers(0, 10)) == 0 else repr(0.01 * k + i).encode()
+            items.append(pb_bytes(1, pb_bytes(1, key) + pb_bytes(16, value)))
+        odd = draw(st.sampled_from(["none"] * 4 + ["step_inside", "info", "nested", "huge_step", "cut"]))
+        at = draw(st.integers(0, len(items)))
+        if odd == "step_inside":
+            items.insert(at, pb_bytes(2, pb_int(1, i)))
+        elif odd == "info":
+            items.insert(at, pb_bytes(200, pb_bytes(1, b"stream")))
+        elif odd == "nested":
+            items.insert(at, pb_bytes(1, pb_bytes(2, b"grads") + pb_bytes(2, b"w") + pb_bytes(16, b"1.5")))
+        body = b"".join(items)
+        if draw(st.booleans()):
+            body += pb_bytes(2, pb_int(1, 2**60 if odd == "huge_step" else i))
+        if odd == "cut":
+            body = body[:draw(st.integers(0, len(body)))]
+        out.append(pb_int(1, i) + pb_bytes(2, body))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(_long_records(), st.sampled_from([None, "grad_2.0_norm/p7"]))
+def test_long_records_read_by_their_bytes_read_the_same(tmp_path_factory, recs, key):
+    """Records of hundreds of items, their items found by their bytes (chained_items) where they chain and
+    walked where not (a candidate inside an item, a field of another kind, a cut): the Python reader's
+    rows."""
+    read_every_way(tmp_path_factory, recs, key)
+
+
+def test_long_records_are_read_by_their_bytes_without_python(tmp_path, monkeypatch):
+    """A log of each of 5,000 parameters' norm (a mixture of experts; records of ~180 KB, split over
+    blocks), even three records of it, and records of 150 keys after them: every item found by its bytes
+    (chained_items), not by a walk of 5,000 steps nor by Python."""
+    names = [f"grad_2.0_norm/layers.{k // 4}.{'qkvo'[k % 4]}_proj.weight".encode() for k in range(5000)]
+    recs = [history_record(i, [(b"grad_2.0_norm_total", repr(1.5 + i).encode()),
+                               *((k, repr(0.01 * j + i).encode()) for j, k in enumerate(names))], i)
+            for i in range(3)]
+    # and records of 150 keys (~8 KB) after them, whole in their blocks: in the chunk before the records
+    # joined from their parts (the histories are not in the records' order in the chunk's buffer)
+    recs += [history_record(3 + i, [(k, b"0.5") for k in names[:150]], 3 + i) for i in range(6)]
+    p = str(write_log(tmp_path / "run-x.wandb", recs))
+    want = read_with(p, None, "python")
+    chained = wandb_vectorized.chained_items
+    read_by_bytes = []
+    monkeypatch.setattr(wandb_vectorized, "chained_items",
+                        lambda *a: read_by_bytes.append(len((got := chained(*a))[0])) or got)
+    monkeypatch.setattr(wandb_log, "history_rows", None)  # never called
+    assert read_with(p, None, "numpy") == want and sum(read_by_bytes) == 9
+    items = wandb_log._row_items(p, p, None)
+    assert items.n_rows == 9 and len(items.keys) == 5002
+    assert items.column(names[-1].decode())[1][:3].tolist() == [0.01 * 4999 + i for i in range(3)]
+    assert items.column(names[0].decode())[1][3:].tolist() == [0.5] * 6
 
 
 def test_other_fields_of_a_history_are_skipped_without_python(tmp_path, monkeypatch):
