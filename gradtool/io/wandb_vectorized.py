@@ -231,41 +231,52 @@ FEW_RECORDS = 8  # records read side by side, fewer than which the rest of their
 LONG_HISTORY = 4096  # bytes of a HistoryRecord from which its items are first looked for by their bytes
 
 
+def item_or_step(buf: np.ndarray, q: np.ndarray,
+                 e: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What starts at each ``q`` of ``buf``: (whether an item ``0a L 0a K <key> 82 01 V <value>`` with L, K,
+    V below 128 and ``L == K + V + 5``; the number of a step ``12 L 08 <varint>`` with L below 128 and the
+    number, at most 2^53, inside it, else -1; where the field ends, ``q + 2 + L``), the field ending by
+    ``e`` when given (the size byte is in the history too). Every gather stays in the buffer: _PAD."""
+    b0, size = buf[q], buf[q + 1].astype(np.int64)
+    end = q + 2 + size
+    framed = size < 0x80 if e is None else (size < 0x80) & (end <= e)
+    key_len = buf[q + 3].astype(np.int64)
+    k_at = q + 4 + key_len
+    item = (framed & (b0 == 0x0A) & (size >= 5) & (buf[q + 2] == 0x0A) & (key_len < 0x80)
+            & (5 + key_len <= size) & (buf[k_at] == 0x82) & (buf[k_at + 1] == 0x01)
+            & (buf[k_at + 2] == size - 5 - key_len))
+    step_value = np.full(len(q), -1, dtype=np.int64)
+    step = ~item & framed & (b0 == 0x12) & (size >= 2) & (buf[q + 2] == 0x08)
+    if step.any():
+        value, value_end, ended = _varint_values(buf, q[step] + 3, 8)
+        step_value[step] = np.where(ended & (value_end <= end[step]) & (value <= 1 << 53), value, -1)
+    return item, step_value, end
+
+
 def chained_items(buf: np.ndarray, recs: np.ndarray, h_start: np.ndarray,
                   h_end: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """The items of the records ``recs`` whose HistoryRecord ``buf[h_start:h_end]`` is nothing but items
     ``0a L 0a K <key> 82 01 V <value>`` and steps ``12 L 08 <varint>`` as :func:`history_items` reads them,
     found without walking: every place in their histories where such a field would start (0x0A and a
     0x0A two bytes on, or 0x12 and a 0x08; its lengths below 128 and consistent, a step's number at most
-    2^53) is a candidate, and a record is read so when its candidates chain, the first at its history's start, each
-    ending where the next starts, the last at its end: then they are the fields a walk from the start meets,
-    and only those (a candidate inside an item breaks the chain: that record is walked). (which of
-    ``recs`` were read; (record, position, k-th item of the record, step number or -1) of their items). A
-    5,000-key record costs its bytes' share of a few passes, not 5,000 steps of the walk: a mixture of
-    experts' log of 500 such records 5.7 -> 3.6 s to read."""
+    2^53: :func:`item_or_step`) is a candidate, and a record is read so when its candidates chain, the
+    first at its history's start, each ending where the next starts, the last at its end: then they are
+    the fields a walk from the start meets, and only those (a candidate inside an item breaks the chain:
+    that record is walked). (which of ``recs`` were read; (record, position, k-th item of the record, step
+    number or -1) of their items). A 5,000-key record costs its bytes' share of a few passes, not 5,000
+    steps of the walk: a mixture of experts' log of 500 such records 5.7 -> 3.6 s to read."""
     order = np.argsort(h_start[recs], kind="stable")
     recs = recs[order]
     lo, hi = h_start[recs], h_end[recs]
     base = int(lo[0])
     span = buf[base:int(hi.max()) + 2]  # (the gathers after it: _PAD)
-    p = base + np.flatnonzero(((span[:-2] == 0x0A) & (span[2:] == 0x0A)) | ((span[:-2] == 0x12) & (span[2:] == 0x08)))
+    tag, third = span[:-2], span[2:]
+    p = base + np.flatnonzero(((tag == 0x0A) & (third == 0x0A)) | ((tag == 0x12) & (third == 0x08)))
     owner = np.searchsorted(lo, p, side="right") - 1
     inside = owner >= 0
     inside[inside] &= p[inside] < hi[owner[inside]]
     p, owner = p[inside], owner[inside]
-    b0, size = buf[p], buf[p + 1].astype(np.int64)
-    end = p + 2 + size
-    key_len = buf[p + 3].astype(np.int64)
-    k_at = p + 4 + key_len
-    framed = size < 0x80  # (its end in the history: the chain's ends are checked below)
-    item = (framed & (b0 == 0x0A) & (size >= 5) & (buf[p + 2] == 0x0A) & (key_len < 0x80)
-            & (5 + key_len <= size) & (buf[k_at] == 0x82) & (buf[k_at + 1] == 0x01)
-            & (buf[k_at + 2] == size - 5 - key_len))
-    step_value = np.full(len(p), -1, dtype=np.int64)
-    step = framed & (b0 == 0x12) & (size >= 2) & (buf[p + 2] == 0x08)
-    if step.any():
-        value, value_end, ended = _varint_values(buf, p[step] + 3, 8)
-        step_value[step] = np.where(ended & (value_end <= end[step]) & (value <= 1 << 53), value, -1)
+    item, step_value, end = item_or_step(buf, p)  # (their ends in the history: the chain's are checked)
     field = item | (step_value >= 0)
     p, owner, end, step_value = p[field], owner[field], end[field], step_value[field]
     first = np.searchsorted(owner, np.arange(len(recs)))  # each record's first candidate (owner is sorted)
@@ -313,22 +324,9 @@ def history_items(buf: np.ndarray, status: np.ndarray, h_start: np.ndarray, h_en
             live, q, e = live[more], q[more], e[more]
         if not len(live):
             break
-        b0, size = buf[q], buf[q + 1].astype(np.int64)
-        end = q + 2 + size
-        framed = (size < 0x80) & (end <= e)  # (end <= e: the size byte is in the history too)
-        key_len = buf[q + 3].astype(np.int64)
-        k_at = q + 4 + key_len  # (every gather stays in the buffer: _PAD)
-        item = (framed & (b0 == 0x0A) & (size >= 5) & (buf[q + 2] == 0x0A) & (key_len < 0x80)
-                & (5 + key_len <= size) & (buf[k_at] == 0x82) & (buf[k_at + 1] == 0x01)
-                & (buf[k_at + 2] == size - 5 - key_len))
-        step_value = np.full(len(q), -1, dtype=np.int64)
+        item, step_value, end = item_or_step(buf, q, e)
         if not item.all():
-            other = ~item
-            step = other & framed & (b0 == 0x12) & (size >= 2) & (buf[q + 2] == 0x08)
-            if step.any():
-                value, value_end, ended = _varint_values(buf, q[step] + 3, 8)
-                step_value[step] = np.where(ended & (value_end <= end[step]) & (value <= 1 << 53), value, -1)
-            other &= step_value < 0
+            other = ~item & (step_value < 0)
             tag, _, field_end, odd = fields_at(buf, q[other], e[other])
             skipped = ~odd & ((tag >> 3 > 2) | (tag & 7 == 0))  # (a fixed-width 1 or 2: bytes to Python)
             status[live[other][~skipped]] = TO_PYTHON

@@ -9,9 +9,11 @@ import contextlib
 import math
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gradtool.errors import InputError
 from gradtool.io import wandb_log, wandb_vectorized
 from gradtool.io.wandb_vectorized import FLOAT, INTEGER, NOT_A_NUMBER, UNSURE, byte_columns, number_values
 from tests.wandb_encoder import pb_bytes, pb_int, write_log
@@ -144,8 +146,8 @@ def _long_records(draw):
         for k in range(draw(st.integers(120, 300))):
             key = f"grad_2.0_norm/p{k}".encode()
             if draw(st.integers(0, 40)) == 0:
-                key = draw(st.sampled_from([b"\x0a\x10\x0a\x05abcde\x82\x01\x05", b"k\x12\x03\x08\x01", b"\x0a",
-                                            b"\x82\x01", b"x" * 100]))
+                key = draw(st.sampled_from([b"\x0a\x10\x0a\x05abcde\x82\x01\x05", b"k\x12\x03\x08\x01",
+                                            b"\x0a", b"\x82\x01", b"x" * 100]))
             value = draw(texts_of_numbers) if draw(st.integers(0, 10)) == 0 else repr(0.01 * k + i).encode()
             items.append(pb_bytes(1, pb_bytes(1, key) + pb_bytes(16, value)))
         odd = draw(st.sampled_from(["none"] * 4 + ["step_inside", "info", "nested", "huge_step", "cut"]))
@@ -197,6 +199,20 @@ def test_long_records_are_read_by_their_bytes_without_python(tmp_path, monkeypat
     assert items.n_rows == 9 and len(items.keys) == 5002
     assert items.column(names[-1].decode())[1][:3].tolist() == [0.01 * 4999 + i for i in range(3)]
     assert items.column(names[0].decode())[1][3:].tolist() == [0.5] * 6
+
+
+@pytest.mark.parametrize("cut", [1, 3, 6])
+@pytest.mark.parametrize("last", ["item", "step"])
+def test_a_history_cut_inside_its_last_field_reads_as_python_reads_it(tmp_path_factory, cut, last):
+    """A HistoryRecord whose last field, an item or the step, runs past its end (its length says more
+    bytes than the history holds): neither reader takes the field (Python: "truncated field"), walked or
+    found by its bytes."""
+    items = [pb_bytes(1, pb_bytes(1, b"grad_norm") + pb_bytes(16, b"1.25")) for _ in range(3)]
+    tail = (pb_bytes(1, pb_bytes(1, b"loss") + pb_bytes(16, b"2.5")) if last == "item"
+            else pb_bytes(2, pb_int(1, 300)))
+    whole = [pb_int(1, i) + pb_bytes(2, b"".join(items) + pb_bytes(2, pb_int(1, i))) for i in range(5)]
+    broken = pb_int(1, 5) + pb_bytes(2, b"".join(items) + tail[:len(tail) - cut])
+    assert read_every_way(tmp_path_factory, whole + [broken] + whole)[0] is InputError
 
 
 def test_other_fields_of_a_history_are_skipped_without_python(tmp_path, monkeypatch):
