@@ -300,7 +300,9 @@ def history_items(buf: np.ndarray, status: np.ndarray, h_start: np.ndarray, h_en
     wire type) skipped, as history_rows skips them. A record holding anything else (an item of another
     layout, a malformed field) is set TO_PYTHON in ``status`` (its items dropped), and so are the records
     still being read when fewer than FEW_RECORDS are, past their first 64 items: a step of a few arrays
-    costs ~40 us, the Python reader ~3 us an item (6 records of 65,000 keys: 3.6 -> 1.2 s)."""
+    costs ~40 us, the Python reader ~3 us an item (6 records of 65,000 keys: 3.6 -> 1.2 s). Histories of
+    LONG_HISTORY bytes or more are first looked for by their bytes (:func:`chained_items`); those it reads
+    are not walked."""
     live = np.flatnonzero(status == HISTORY)
     found: list[tuple[np.ndarray, ...]] = []
     taken = np.zeros(len(status), dtype=np.int64)  # each record's items so far
