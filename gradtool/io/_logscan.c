@@ -1471,6 +1471,34 @@ static void dict_line_chars_init(void) {
         return brace;                                                                                         \
     }
 
+/* scan_dict_line of UTF-8 bytes s[0:n] (a log's file as it is, not decoded): the lines of the text that
+ * decoding them (invalid bytes replaced) gives, at the same places in bytes. Its breaks are the ASCII ones,
+ * U+0085 (C2 85) and U+2028/U+2029 (E2 80 A8/A9): sequences the decoder reads as those characters wherever
+ * they are (neither C2 nor E2 continues another sequence), and a lone 0x85 byte no break (it decodes to
+ * U+FFFD). No byte of a sequence of more than one is ASCII, so a "{" found is one. */
+static int scan_dict_line_utf8(const unsigned char *s, Py_ssize_t n, Py_ssize_t at, Py_ssize_t *end,
+                               Py_ssize_t *next) {
+    int brace = 0;
+    Py_ssize_t i = at, width = 1;
+    for (; i < n; i++) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            unsigned char what = dict_line_chars[c];
+            if (what == 1) break;
+            brace |= what == 2;
+        } else if (c == 0xc2 && i + 1 < n && s[i + 1] == 0x85) {
+            width = 2;
+            break;
+        } else if (c == 0xe2 && i + 2 < n && s[i + 1] == 0x80 && (s[i + 2] == 0xa8 || s[i + 2] == 0xa9)) {
+            width = 3;
+            break;
+        }
+    }
+    *end = i;
+    *next = i >= n ? n : i + width + (s[i] == '\r' && i + 1 < n && s[i + 1] == '\n');
+    return brace;
+}
+
 MATCH_DICT_LINE(match_dict_line_1, Py_UCS1)
 MATCH_DICT_LINE(match_dict_line_2, Py_UCS2)
 MATCH_DICT_LINE(match_dict_line_4, Py_UCS4)
@@ -1478,15 +1506,21 @@ SCAN_DICT_LINE(scan_dict_line_1, Py_UCS1)
 SCAN_DICT_LINE(scan_dict_line_2, Py_UCS2)
 SCAN_DICT_LINE(scan_dict_line_4, Py_UCS4)
 
+/* The kind of text dict_lines reads as UTF-8 bytes (matched as 1-byte text: a template's ops and values
+ * are ASCII, and no byte of a longer sequence is ASCII; split into lines by scan_dict_line_utf8). */
+#define UTF8_BYTES 0
+
 static int match_dict_line(const op_t *ops, Py_ssize_t n_ops, int kind, const void *data, Py_ssize_t start,
                            Py_ssize_t end, double *row) {
-    if (kind == PyUnicode_1BYTE_KIND) return match_dict_line_1(ops, n_ops, data, start, end, row);
+    if (kind == PyUnicode_1BYTE_KIND || kind == UTF8_BYTES)
+        return match_dict_line_1(ops, n_ops, data, start, end, row);
     if (kind == PyUnicode_2BYTE_KIND) return match_dict_line_2(ops, n_ops, data, start, end, row);
     return match_dict_line_4(ops, n_ops, data, start, end, row);
 }
 
 static int scan_dict_line(int kind, const void *data, Py_ssize_t n, Py_ssize_t at, Py_ssize_t *end,
                           Py_ssize_t *next) {
+    if (kind == UTF8_BYTES) return scan_dict_line_utf8(data, n, at, end, next);
     if (kind == PyUnicode_1BYTE_KIND) return scan_dict_line_1(data, n, at, end, next);
     if (kind == PyUnicode_2BYTE_KIND) return scan_dict_line_2(data, n, at, end, next);
     return scan_dict_line_4(data, n, at, end, next);
@@ -1496,24 +1530,29 @@ static int scan_dict_line(int kind, const void *data, Py_ssize_t n, Py_ssize_t a
  * a line; lines as str.splitlines() splits them) that a dict-line template's ops
  * match read, their values appended to out (a list of one bytearray per value op: float64), lines
  * holding no "{" skipped (no dict: no record), up to stop: the offset of the first line holding "{" that
- * they do not match (or len(text)); rows lines were read. */
+ * they do not match (or len(text)); rows lines were read. text may be a bytes-like object of UTF-8 (a
+ * memory-mapped log, not decoded): then the offsets are in bytes, and the lines are those of its text
+ * decoded with invalid bytes replaced (scan_dict_line_utf8), read the same. */
 static PyObject *dict_lines(PyObject *self, PyObject *args) {
     PyObject *ops_obj, *text, *out;
     Py_ssize_t pos;
-    if (!PyArg_ParseTuple(args, "O!UnO!", &PyTuple_Type, &ops_obj, &text, &pos, &PyList_Type, &out))
+    if (!PyArg_ParseTuple(args, "O!OnO!", &PyTuple_Type, &ops_obj, &text, &pos, &PyList_Type, &out))
         return NULL;
-    Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n = PyUnicode_GET_LENGTH(text);
+    Py_buffer view;
+    int have_view = PyUnicode_Check(text) ? 0 : 1;
+    if (have_view && PyObject_GetBuffer(text, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n = have_view ? view.len : PyUnicode_GET_LENGTH(text);
     int values;
     op_t *ops = read_ops(ops_obj, out, 1u << OP_TEXT | 1u << OP_VALUE, 1, 4096, "dict_lines", &values);
-    if (ops == NULL) return NULL;
     double *rows = NULL;
     Py_ssize_t n_rows = 0, rows_cap = 0;
+    if (ops == NULL) goto failed;
     if (pos < 0 || pos > n) {
         PyErr_SetString(PyExc_IndexError, "dict_lines: pos out of range");
         goto failed;
     }
-    int kind = PyUnicode_KIND(text);
-    const void *data = PyUnicode_DATA(text);
+    int kind = have_view ? UTF8_BYTES : PyUnicode_KIND(text);
+    const void *data = have_view ? view.buf : PyUnicode_DATA(text);
     Py_ssize_t at = pos;
     while (at < n) {
         Py_ssize_t end, next;
@@ -1535,10 +1574,12 @@ static PyObject *dict_lines(PyObject *self, PyObject *args) {
     if (append_columns(out, (const int64_t *)(void *)rows, n_rows, values) < 0) goto failed;
     PyMem_Free(ops);
     PyMem_Free(rows);
+    if (have_view) PyBuffer_Release(&view);
     return Py_BuildValue("(nn)", at, n_rows);
 failed:
     PyMem_Free(ops);
     PyMem_Free(rows);
+    if (have_view) PyBuffer_Release(&view);
     return NULL;
 }
 
@@ -2327,9 +2368,10 @@ static PyMethodDef methods[] = {
      "text log template's ops match, their numbers appended to out, up to the first norm line they do not\n"
      "match (see _logscan.c)."},
     {"dict_lines", dict_lines, METH_VARARGS,
-     "dict_lines(ops, text, pos, out) -> (stop, rows): the lines of text (as str.splitlines() splits it)\n"
-     "from offset pos that a dict-line template's ops match, their values appended to out, lines without\n"
-     "'{' skipped, up to the first line with '{' they do not match (see _logscan.c)."},
+     "dict_lines(ops, text, pos, out) -> (stop, rows): the lines of text (as str.splitlines() splits it;\n"
+     "or UTF-8 bytes, as their decoded text splits) from offset pos that a dict-line template's ops match,\n"
+     "their values appended to out, lines without '{' skipped, up to the first line with '{' they do not\n"
+     "match (see _logscan.c)."},
     {"without_ansi", without_ansi, METH_O,
      "without_ansi(text) -> str: text without its terminal control sequences, as\n"
      "re.sub(r'\\x1b\\[[0-9;]*[A-Za-z]', '', text) gives it (see _logscan.c)."},

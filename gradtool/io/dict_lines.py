@@ -10,13 +10,16 @@ makes a pattern of the first line with a norm, values free, and reads the lines 
 :class:`~gradtool.io.logs.KeyColumns`: by the compiled reader (``dict_lines`` in gradtool/io/_logscan.c,
 ~0.2 us a line), else by one ``findall`` over a block of lines and ``float`` over each value column; the
 lines it does not match (an evaluation's dict) are read by the general reader's patterns in their place.
-10^6 of the Trainer's lines: 6.5 s -> 0.9 s (2.4 s without the compiled reader).
+10^6 of the Trainer's lines: 6.5 s -> 0.9 s (2.4 s without the compiled reader). A large log is read by
+the compiled reader from the bytes of its memory-mapped file (:func:`read_mapped_dict_lines`), never
+decoded whole.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from itertools import chain, compress
 from operator import itemgetter
 from typing import Any
@@ -36,23 +39,68 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
     the records have an ``epoch`` (the Trainer's), those with a norm from the last training on (the epoch
     starting over) are read."""
     text = _read_text(path) if text is None else text
-    read = None if is_fairseq(text) else _template_records(text, key)
-    if read is None:
-        records, keys, notes = _general_records(text, key)
-        hist = None if records is None else from_records(records, path, "console", key)
-    else:
-        items, keys, notes = read
-        hist = None if items is None else from_row_items(items, path, "console", key)
+    table = None if is_fairseq(text) else _DictTemplate.table(text)
+    if table is not None:
+        return _table_history(table, path, key)
+    records, keys, notes = _general_records(text, key)
+    hist = None if records is None else from_records(records, path, "console", key)
     return None if hist is None else _console_history(hist, path, keys, notes)
 
 
-def _template_records(text: str, key: str | None) -> tuple[KeyColumns | None, dict[str, None], list[str]] | None:
+def read_mapped_dict_lines(path: str, key: str | None, source: str,
+                           reads_first: Callable[[str, bool], bool]) -> NormHistory | None:
+    """:func:`read_dict_lines` of the log at ``path`` (``source`` names it) read from a memory map of its
+    file, its UTF-8 bytes as they are, by the compiled reader (``dict_lines`` of bytes): no decoded copy of
+    the whole text (2 or 4 bytes a character once one character needs them: a progress bar's blocks,
+    wandb's rocket), only the lines the compiled reader leaves and the first block, where the template
+    is found. None (the caller decodes the text and reads it as before) where this does not apply: no
+    compiled readers, a file :func:`~gradtool.io.logs.mapped_utf8_log` does not map, a text whose start
+    ``reads_first(head, whole)`` (its first block; whether that is the whole text) says is not read by
+    :func:`read_dict_lines` first, fairseq's console, no template of ASCII text in the first block, or
+    records without a gradient norm. The same history as :func:`read_dict_lines` of the decoded text
+    (property-tested: line breaks of every kind, invalid UTF-8, characters of every width). The 10^6
+    steps of the Trainer's console after wandb's banner: 1.1 GB of text not made (0.4-1.1 s)."""
+    from .compiled import log_readers
+    from .logs import mapped_utf8_log
+
+    if log_readers() is None:
+        return None
+    with mapped_utf8_log(path) as mapped:
+        if mapped is None:
+            return None
+        data, start = mapped
+        head = _utf8_head(data, start, _DictTemplate.BLOCK)
+        if head is None or not reads_first(*head) or is_fairseq(data):
+            return None
+        table = _DictTemplate.table_of_utf8(data, start, head[0])
+    return None if table is None else _table_history(table, source, key)
+
+
+def _utf8_head(data: Any, start: int, chars: int) -> tuple[str, bool] | None:
+    """(the text ``data[start:]`` decodes to, up to the end of the line holding its character ``chars``;
+    whether that is the whole text), as the whole text decoded has it (invalid bytes replaced); None when
+    that line does not end in the first ``4 * chars`` bytes (a character is at most four) and 64 KiB."""
+    size = 4 * chars + (1 << 16)
+    whole = len(data) - start <= size
+    text = str(data[start:start + size], "utf-8", "replace")  # (a character cut at the end may differ: the
+    m = _LINE_BREAK.search(text, min(chars, len(text)))  # break found is before it)
+    if m is None and not whole:
+        return None
+    return text[:len(text) if m is None else m.end()], whole and m is None
+
+
+def _table_history(table: _DictTable, path: str, key: str | None) -> NormHistory | None:
+    """What :func:`read_dict_lines` gives of the records the template reader read (``table``)."""
+    items, keys, notes = _template_records(table, key)
+    hist = None if items is None else from_row_items(items, path, "console", key)
+    return None if hist is None else _console_history(hist, path, keys, notes)
+
+
+def _template_records(table: _DictTable,
+                      key: str | None) -> tuple[KeyColumns | None, dict[str, None], list[str]]:
     """The records :func:`read_dict_lines` reads by the template reader (:meth:`_DictTemplate.table`), as
     :class:`~gradtool.io.logs.KeyColumns`, the keys of all the records, and notes; the records None when
-    none holds a gradient norm; None when no line makes a template."""
-    table = _DictTemplate.table(text)
-    if table is None:
-        return None
+    none holds a gradient norm."""
     all_keys = table.keys()
     if not table.n or (nkey := _find_norm_key(all_keys, key)) is None:
         return None, all_keys, []
@@ -185,19 +233,41 @@ class _DictTemplate:
         if template is None:
             return None
         readers = log_readers() if template.ops is not None else None
+        return cls._read(template, text, 0, readers, _line_end, lambda lo, hi: text[lo:hi])
+
+    @classmethod
+    def table_of_utf8(cls, data: Any, start: int, head: str) -> _DictTable | None:
+        """:meth:`table` of the text UTF-8 bytes ``data[start:]`` decode to (invalid bytes replaced), read
+        from the bytes by the compiled reader and the lines it leaves decoded one block at a time; ``head``
+        the text's first block (:func:`_utf8_head`). None when that makes no template, one of text that is
+        not ASCII, or the compiled readers are off."""
+        from .compiled import log_readers
+
+        template, readers = cls._first(_newline_lines(head)), log_readers()
+        if template is None or template.ops is None or readers is None:
+            return None
+        return cls._read(template, data, start, readers, _utf8_line_end,
+                         lambda lo, hi: str(data[lo:hi], "utf-8", "replace"))
+
+    @classmethod
+    def _read(cls, template: _DictTemplate, text: Any, pos: int, readers: Any,
+              line_end: Callable[[Any, int], int], lines: Callable[[int, int], str]) -> _DictTable:
+        """The records of ``text`` (a str, or UTF-8 bytes) from offset ``pos`` on by ``template``: lines
+        the compiled reader (``readers``, or None) reads, the others in blocks of whole lines (``line_end``
+        of an offset: where its line ends; ``lines(lo, hi)``: the text of the lines between)."""
         records = _Records(template)
-        pos, size, n = 0, 0, len(text)
+        size, n = 0, len(text)
         out = [bytearray() for _ in template.keys]
         while pos < n:
             if readers is None:
-                hi = _line_end(text, pos + cls.BLOCK)
+                hi = line_end(text, pos + cls.BLOCK)
             else:
                 pos, got = readers.dict_lines(template.ops, text, pos, out)
                 if got:
                     records.add_values(out, got)
                 size = 0 if got else min(max(2 * size, 1 << 12), cls.BLOCK)
-                hi = _line_end(text, pos + size)
-            records.add_lines(text, pos, hi)
+                hi = line_end(text, pos + size)
+            records.add_lines(lines(pos, hi))
             pos = hi
         return records.table()
 
@@ -234,13 +304,13 @@ class _Records:
         self.spans.append(np.arange(self.n, self.n + rows))
         self.n += rows
 
-    def add_lines(self, text: str, lo: int, hi: int) -> None:
-        """The lines of ``text[lo:hi]`` (whole lines), by the template's pattern and the general reader (its
-        line breaks made "\\n" first, a block at a time)."""
+    def add_lines(self, lines: str) -> None:
+        """The whole ``lines`` of a block, by the template's pattern and the general reader (their line
+        breaks made "\\n" first)."""
         import numpy as np
 
         width = len(self.template.keys)
-        block = _newline_lines(text[lo:hi])
+        block = _newline_lines(lines)
         if block.count("{") < block.count("\n") // 2:  # mostly lines without "{" (progress bars): no record
             block = "\n".join(line for line in block.split("\n") if "{" in line)  # (findall tried each of
         rows = self.template.lines.findall(block)  # their characters: 10^6 Trainer steps 5.4 -> 3.9 s)
@@ -272,10 +342,22 @@ class _Records:
 _LINE_BREAK = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # str.splitlines()'s ("\r\n": "\r")
 
 
+# the same breaks in UTF-8: sequences decoded as those characters wherever they are (no byte of them
+# continues another sequence), so a search from any byte finds only breaks of the decoded text
+_UTF8_LINE_BREAK = re.compile(b"[\n\r\x0b\x0c\x1c\x1d\x1e]|\xc2\x85|\xe2\x80[\xa8\xa9]")
+
+
 def _line_end(text: str, at: int) -> int:
     """Where the line of ``text`` holding offset ``at`` ends, after its line break (or the text's end)."""
     m = _LINE_BREAK.search(text, min(at, len(text)))
     return len(text) if m is None else m.end()
+
+
+def _utf8_line_end(data: Any, at: int) -> int:
+    """:func:`_line_end` of UTF-8 bytes ``data`` (offsets in bytes): the end of the first line break from
+    byte ``at`` on (which may be inside a character: the break found is one of the decoded text)."""
+    m = _UTF8_LINE_BREAK.search(data, min(at, len(data)))
+    return len(data) if m is None else m.end()
 
 
 def _floats(texts: list[str]) -> tuple[Any, Any]:

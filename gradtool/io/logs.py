@@ -20,7 +20,9 @@ import math
 import operator
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+import stat
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import chain, islice, repeat
 from typing import Any, Literal, NoReturn
 
@@ -945,8 +947,9 @@ def _read_text(path: str, source: str | None = None) -> str:
 
 # A log this large is decoded from a memory map of its file, not from a copy read into memory: the copy's
 # new pages cost more than the read (in-process, a 10^6-line Megatron log 1.69 -> 1.32 s; the Trainer's
-# console after a wandb banner, 1.1 GB of text of four-byte characters, 3.28 -> 2.19 s). A file truncated
-# while it is decoded ends the process (SIGBUS): README and SECURITY.md say so
+# console after a wandb banner, 1.1 GB of text of four-byte characters, 3.28 -> 2.19 s; since read from the
+# map's bytes, not decoded: dict_lines.read_mapped_dict_lines). A file truncated while it is decoded or
+# read ends the process (SIGBUS): README and SECURITY.md say so
 _MAP_LOG_BYTES = 1 << 24
 
 
@@ -967,26 +970,67 @@ def _mapped_text(f: Any, source: str) -> str | None:
         mapped.close()
 
 
+@contextmanager
+def mapped_utf8_log(path: str) -> Iterator[tuple[Any, int] | None]:
+    """A read-only memory map of the log at ``path`` and where its UTF-8 text starts in it
+    (:func:`utf8_text_start`), for a reader of its bytes as they are (no decoded copy of the text); None
+    where :func:`_read_text` decodes another way or reports an error: a file that is not regular,
+    compressed, smaller than ``_MAP_LOG_BYTES`` or larger than ``MAX_LOG_BYTES``, UTF-16 or binary, or
+    that cannot be mapped."""
+    import mmap
+
+    from .detect import compression
+
+    mapped = None
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if stat.S_ISREG(st.st_mode) and _MAP_LOG_BYTES <= st.st_size <= MAX_LOG_BYTES \
+                    and compression(f.peek(16)[:16]) is None:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        mapped = None
+    try:
+        skip = None if mapped is None else utf8_text_start(mapped)
+        yield None if skip is None else (mapped, skip)
+    finally:
+        if mapped is not None:
+            mapped.close()
+
+
+def utf8_text_start(raw: Any) -> int | None:
+    """Where the text of a log's bytes ``raw`` starts when :func:`_decoded` decodes them as UTF-8: 3 after
+    UTF-8's byte order mark (Excel's "CSV UTF-8"; not part of the first key), else 0; None for UTF-16 (its
+    mark) or bytes that are no text (a NUL byte in the first 4 KiB after the mark, a pickle's opening)."""
+    from .detect import is_pickle
+
+    head = bytes(raw[:16])
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return None
+    skip = 3 if head.startswith(b"\xef\xbb\xbf") else 0
+    if b"\0" in bytes(raw[skip:skip + 4096]) or is_pickle(bytes(raw[skip:skip + 16])):
+        return None
+    return skip
+
+
 def _decoded(raw: Any, source: str, comp: str | None) -> str:
     """The text of a log's bytes ``raw`` (bytes, or a memoryview of a mapped file; ``comp``: the compression
     they came out of, or None): UTF-8 (invalid bytes replaced), its byte order mark dropped, or UTF-16 with
     its mark; a binary file (a pickle, a compressed dump, NUL bytes) is an InputError naming ``source``."""
     from .detect import NEVER_PICKLES, decompress_first, is_pickle, sniff
 
+    if (skip := utf8_text_start(raw)) is not None:
+        with memoryview(raw)[skip:] as body:
+            return str(body, "utf-8", "replace")
     head = bytes(raw[:16])
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16 with its mark: Windows PowerShell's `>`
         return str(raw, "utf-16", "replace").lstrip("\ufeff")
-    skip = 3 if head.startswith(b"\xef\xbb\xbf") else 0  # UTF-8's mark (Excel's "CSV UTF-8"): not part of
-    head = bytes(raw[skip:skip + 16])  # the first key (slices as bytes: no view of a map outlives it)
-    if b"\0" in bytes(raw[skip:skip + 4096]) or is_pickle(head):
-        if comp and sniff(head):
-            raise InputError(f"{source}: is a {comp}-compressed gradient dump; "
-                             f"{decompress_first(comp, source)}")
-        if is_pickle(head):
-            raise InputError(f"{source}: is a Python pickle, not a training log; {NEVER_PICKLES}")
-        raise InputError(f"{source}: binary file, not a training log")
-    with memoryview(raw)[skip:] as body:
-        return str(body, "utf-8", "replace")
+    head = head[3:] if head.startswith(b"\xef\xbb\xbf") else head  # (slices as bytes: no view of a map
+    if comp and sniff(head):  # outlives it)
+        raise InputError(f"{source}: is a {comp}-compressed gradient dump; {decompress_first(comp, source)}")
+    if is_pickle(head):
+        raise InputError(f"{source}: is a Python pickle, not a training log; {NEVER_PICKLES}")
+    raise InputError(f"{source}: binary file, not a training log")
 
 
 def _decompress_bounded(f: Any, comp: str, source: str, too_big: str) -> bytes:
@@ -1855,7 +1899,7 @@ def read_norm_log(path: str, key: str | None = None, *, source: str | None = Non
 
 def _read_norm_log(path: str, key: str | None, source: str, run: str | None = None) -> NormHistory:
     from . import mlflow_store
-    from .dict_lines import read_dict_lines
+    from .dict_lines import read_dict_lines, read_mapped_dict_lines
     from .text_logs import _csv_header_like, _is_json, read_text_log
     from .detect import SQLITE_MAGIC, head_of
 
@@ -1873,6 +1917,9 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
 
     if wandb_log.is_wandb_log(head):  # wandb/run-<date>-<id>/run-<id>.wandb
         return wandb_log.read_wandb_file(path, key, source, run)
+    csv_name = base.endswith((".csv", ".tsv"))
+    if not csv_name and (console := read_mapped_dict_lines(path, key, source, _reads_dict_lines_first)):
+        return console  # (a large console of dict lines, read from its bytes: what the text's reading gives)
     text = _read_text(path, source)
     at = _SPACES.match(text).end()  # type: ignore[union-attr]  # the first character that is no space
     if at == len(text):
@@ -1907,7 +1954,6 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
         doc = _loads(text, source)
         if isinstance(doc, list):
             return from_records(doc, source, "json", key)
-    csv_name = base.endswith((".csv", ".tsv"))
     if not csv_name and "{" in text and (console := read_dict_lines(source, key, text)):
         return console
     if csv_name or (("," in first or "\t" in first) and "{" not in first and _csv_header_like(first, key)):
@@ -1921,6 +1967,24 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
 
 
 _SPACES = re.compile(r"\s*")
+
+
+def _reads_dict_lines_first(head: str, whole: bool) -> bool:
+    """Whether :func:`_read_norm_log` reads a text that starts with ``head`` (the whole text when
+    ``whole``), not a CSV by its name, by :func:`~gradtool.io.dict_lines.read_dict_lines` before any other
+    reader (the others are tried only when that finds no norm): its first line, by which the kind of log
+    is told, is in ``head``, is no MLflow metric file's line, and opens with neither "[" nor "{", or with
+    "{" and a quote (``{'loss': ...``: no JSON, so the trainer_state.json reader and the JSON decoder, tried
+    before, stop at the quote)."""
+    from .mlflow_store import is_metric_file_text
+
+    at = _SPACES.match(head).end()  # type: ignore[union-attr]
+    if at == len(head) or (not whole and head.find("\n", at) < 0 and head.find("\r", at) < 0):
+        return False
+    first = _first_line(head, at, at_cr=True)
+    if is_metric_file_text(first) or first[0] == "[":
+        return False
+    return first[0] != "{" or re.match(r"\{\s*'", first) is not None
 
 
 def _next_character(text: str, start: int) -> str:

@@ -92,23 +92,26 @@ _FAIRSEQ_EPOCH_END = "| train | "
 _FAIRSEQ_INNER = "| train_inner | "
 
 
-def is_fairseq(text: str) -> bool:
+def is_fairseq(text: Any) -> bool:
     """True for fairseq's console (``fairseq-train``'s log, simple or JSON format): its interval lines
-    come from its logger "train_inner", ``"| train_inner | " in text``. A log without an underscore
-    (Megatron's console has none) is told by one search for it at ``memchr``'s speed; another by a search
-    for "train_inner", each place it is checked for the rest of the phrase (the phrase's own search runs
-    at half that speed on lines full of " | " and spaces: the Trainer's console with progress bars 0.17 ->
-    0.08 s), up to 64 places, then the phrase's search from there."""
-    if "_" not in text:
+    come from its logger "train_inner", ``"| train_inner | " in text`` (a str, or the UTF-8 bytes of one:
+    a memory map). A log without an underscore (Megatron's console has none) is told by one search for it
+    at ``memchr``'s speed; another by a search for "train_inner", each place it is checked for the rest of
+    the phrase (the phrase's own search runs at half that speed on lines full of " | " and spaces: the
+    Trainer's console with progress bars 0.17 -> 0.08 s), up to 64 places, then the phrase's search from
+    there."""
+    words = ("_", "train_inner", _FAIRSEQ_INNER)
+    under, inner, phrase = words if isinstance(text, str) else (w.encode() for w in words)
+    if text.find(under, 0) < 0:  # (0: a memory map's find starts from its file position)
         return False
-    at = text.find("train_inner")
+    at = text.find(inner, 0)
     for _ in range(64):
         if at < 0:
             return False
-        if text.startswith(_FAIRSEQ_INNER, at - 2):  # (at < 2: a start from the end, 2 characters at most)
+        if at >= 2 and text[at - 2:at - 2 + len(phrase)] == phrase:
             return True
-        at = text.find("train_inner", at + 1)
-    return at >= 0 and text.find(_FAIRSEQ_INNER, max(at - 2, 0)) >= 0  # (every place before at checked)
+        at = text.find(inner, at + 1)
+    return at >= 0 and text.find(phrase, max(at - 2, 0)) >= 0  # (every place before at checked)
 
 
 def _without_fairseq_epoch_ends(text: str, lines: list[str]) -> tuple[list[str], list[str]]:

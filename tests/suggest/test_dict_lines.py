@@ -35,11 +35,11 @@ def _exactly(v):
 def _same_records(text):
     """The records the template reader reads are the general reader's, each value as _num reads it (NaN
     positive), each key a record has kept, the keys in the general reader's order."""
-    read = dict_lines._template_records(text, None)
+    table = dict_lines._DictTemplate.table(text)
     records, keys, notes = dict_lines._general_records(text, None)
-    if read is None:
+    if table is None:
         return
-    items, got_keys, got_notes = read
+    items, got_keys, got_notes = dict_lines._template_records(table, None)
     assert (list(got_keys), got_notes) == (list(keys), notes)
     assert (items is None) == (records is None)
     if items is not None:
@@ -258,3 +258,166 @@ def test_the_compiled_reader_refuses_malformed_ops(ops, out):
     with pytest.raises(ValueError, match="dict_lines: malformed ops or out"):
         _COMPILED.dict_lines(ops, "{'a': 1}\n", 0, out)
     assert _COMPILED.dict_lines(((0, b"'a': "), (3,), (0, b"}")), "{'a': 1}\n", 0, [bytearray()])[1] == 1
+
+
+# ---- a large console read from the bytes of its file (read_mapped_dict_lines) ---------------------------
+
+# bytes spliced into a console anywhere (into characters and dict lines too): invalid UTF-8 (a lone
+# continuation byte 0x85, which is no break; sequences cut short; an encoded surrogate), and characters
+# of every width, the breaks of more than one byte among them
+_JUNK = st.sampled_from([b"\xff", b"\x85", b"\xc2", b"\xc2\x85", b"\xe2\x80", b"\xe2\x80\xa8",
+                         b"\xe2\x80\xa9", b"\xf0\x9f\x9a", "\U0001f680".encode(), "\u2588".encode(), b"\xed\xa0\x80",
+                         b"\r\n", b"\r", b"{", b"\xe9"])
+
+
+@st.composite
+def _console_bytes(draw):
+    data = draw(_console()).encode()
+    for _ in range(draw(st.integers(0, 4))):
+        at = draw(st.integers(0, len(data)))
+        data = data[:at] + draw(_JUNK) + data[at:]
+    return draw(st.sampled_from([b"", b"", b"\xef\xbb\xbf", "wandb: \U0001f680 View run\n".encode()])) + data
+
+
+def _decoded(data):
+    return data.decode("utf-8", "replace")
+
+
+@needs_compiled
+@settings(max_examples=500, deadline=None)
+@given(data=_console_bytes())
+@example(data=b"{'grad_norm': 1.5}\xc2\x85{'grad_norm': 2.5}\x85{'grad_norm': 3.5}\xe2\x80\xa9x{\n")
+@example(data=b"{'grad_norm': 1.5}\xe2\x80\xa9x\n{'grad_norm': 2.5}\xe2\x80\xa8{'a': 1}\n"
+              b"{'grad_norm': 3.5}\xc2\x85\n")
+def test_the_compiled_reader_reads_utf8_bytes_as_their_decoded_text(data):
+    """dict_lines of UTF-8 bytes reads the lines of the text they decode to (invalid bytes replaced) as
+    dict_lines of that text does: the same values, and each stop the same place (as decoded text), the
+    line stopped at skipped by _utf8_line_end and _line_end alike."""
+    text = _decoded(data)
+    template = dict_lines._DictTemplate._first(dict_lines._newline_lines(text))
+    if template is None or template.ops is None:
+        return
+    pos_b = pos_s = 0
+    while pos_s < len(text):
+        out_b, out_s = [bytearray() for _ in template.keys], [bytearray() for _ in template.keys]
+        pos_b, rows_b = _COMPILED.dict_lines(template.ops, data, pos_b, out_b)
+        pos_s, rows_s = _COMPILED.dict_lines(template.ops, text, pos_s, out_s)
+        assert (_decoded(data[:pos_b]), rows_b, out_b) == (text[:pos_s], rows_s, out_s)
+        pos_b, pos_s = dict_lines._utf8_line_end(data, pos_b), dict_lines._line_end(text, pos_s)
+        assert _decoded(data[:pos_b]) == text[:pos_s]
+    assert pos_b == len(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=_console_bytes(), at=st.integers(0, 400))
+def test_a_line_end_found_in_utf8_bytes_is_one_of_the_decoded_text(data, at):
+    """From any byte, even inside a character: the end of a break of the decoded text (its bytes decode
+    to a prefix of it ending in a break), and from a character's first byte that character's line's."""
+    text, end = _decoded(data), dict_lines._utf8_line_end(data, at)
+    head = _decoded(data[:end])
+    assert text.startswith(head)
+    assert end == len(data) or dict_lines._LINE_BREAK.fullmatch(head[-1])
+    if at <= len(data) and len(_decoded(data[:at]) + _decoded(data[at:])) == len(text):  # a character starts
+        assert len(head) == dict_lines._line_end(text, len(_decoded(data[:at])))  # at byte at
+
+
+def _mapped_every_size(mp):
+    from gradtool.io import logs
+
+    mp.setattr(logs, "_MAP_LOG_BYTES", 1)  # (else only logs of 16 MiB and more)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=_console_bytes(), block=st.sampled_from([1, 7, 64, 1 << 22]))
+@example(data=b"\xef\xbb\xbf{'grad_norm': 1.5, 'loss': 1}\n" * 3, block=1 << 22)
+@example(data=("\U0001f680" * 20 + "\n{'grad_norm': 1.5}\n").encode(), block=7)  # a template past block 7
+def test_a_console_read_from_its_bytes_is_read_as_its_text(tmp_path_factory, data, block):
+    """read_mapped_dict_lines gives read_dict_lines' history of the decoded text (or the same error), or
+    declines (None) where it does not apply; with the compiled reader it declines only without a
+    template of ASCII text in the first block, for fairseq's console, or when the text has no norm."""
+    with pytest.MonkeyPatch.context() as mp:
+        _mapped_every_size(mp)
+        mp.setattr(dict_lines._DictTemplate, "BLOCK", block)
+        _same_from_bytes_as_from_text(tmp_path_factory, data, block)
+
+
+def _same_from_bytes_as_from_text(tmp_path_factory, data, block):
+    from gradtool.io.logs import _read_text
+
+    path = tmp_path_factory.mktemp("m") / "console.log"
+    path.write_bytes(data)
+    text = _read_text(str(path))
+    try:
+        want = dict_lines.read_dict_lines(str(path), None, text)
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            dict_lines.read_mapped_dict_lines(str(path), None, str(path), lambda head, whole: True)
+        return
+    got = dict_lines.read_mapped_dict_lines(str(path), None, str(path), lambda head, whole: True)
+    if got is not None or _COMPILED is None:
+        _same_history(got, want)
+        return
+    head = text[:dict_lines._line_end(text, block)]
+    first = dict_lines._DictTemplate._first(dict_lines._newline_lines(head))
+    assert (first is None or first.ops is None or dict_lines.is_fairseq(text) or want is None
+            or "\n" not in text[block:] and len(data) > 4 * block + (1 << 16)), text
+
+
+# how a log may open before a console's dict lines: each kind _read_norm_log tells by its first line
+_OPENINGS = st.sampled_from([
+    "", "", "  \n", "{'loss': 2.0, 'grad_norm': 1.5}\n", "{ 'grad_norm': 1.5}\n", "[rank0]: step 1\n",
+    '[{"grad_norm": 1.5}]\n', '{"grad_norm": 1.5, "loss": 2.0}\n', '{"it\'s": 1}\n', "1700000000000 1.5 0\n",
+    "step,grad_norm\n", "2024 | INFO | fairseq | epoch 001 | train_inner | \n",
+    "epoch 001: | train_inner | {'num_updates': 1}\n", "{\n", "\r 10%|\u2588 | 1/10\r", '{"log_history": [',
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(opening=_OPENINGS, data=_console_bytes(),
+       name=st.sampled_from(["train.log", "metrics.csv", "out.txt"]))
+def test_a_large_log_is_read_the_same_from_its_bytes_or_its_text(tmp_path_factory, opening, data, name):
+    """read_norm_log of a log its reading from bytes takes (a console of dict lines; forced here for every
+    size) gives what its reading of the decoded text gives: the same history, or the same error."""
+    from gradtool.io import logs
+    from gradtool.io.logs import read_norm_log
+
+    path = tmp_path_factory.mktemp("o") / name
+    path.write_bytes(opening.encode() + data)
+
+    def read():
+        try:
+            return read_norm_log(str(path)), None
+        except Exception as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(logs, "_MAP_LOG_BYTES", 1 << 62)  # no log is mapped: all decoded
+        want, want_error = read()
+        _mapped_every_size(mp)
+        got, error = read()
+    assert error == want_error
+    if want is not None:
+        _same_history(got, want)
+
+
+@pytest.mark.parametrize("data, start", [
+    (b"{'grad_norm': 1.5}\n" * 4, 0), (b"\xef\xbb\xbf{'grad_norm': 1.5}\n", 3),
+    (b"\xff\xfe{\x00'\x00", None), (b"\xfe\xff\x00{\x00'", None),  # UTF-16: decoded as such
+    (b"{'grad_norm': 1.5}\x00\n", None), (b"\x80\x04\x95{'grad_norm': 1.5}\n", None),  # binary, a pickle
+    (__import__("gzip").compress(b"{'grad_norm': 1.5}\n"), None), (b"", None),  # compressed, empty
+])
+def test_which_logs_are_mapped_as_utf8(tmp_path, data, start):
+    """mapped_utf8_log maps a regular file of UTF-8 text (its text after its byte order mark); others are
+    left to the reading that decodes them or says what they are."""
+    from gradtool.io import logs
+
+    p = tmp_path / "train.log"
+    p.write_bytes(data)
+    with pytest.MonkeyPatch.context() as mp:
+        _mapped_every_size(mp)
+        with logs.mapped_utf8_log(str(p)) as mapped:
+            assert (mapped and mapped[1]) == start and (mapped is None or bytes(mapped[0]) == data)
+        with logs.mapped_utf8_log(str(tmp_path)) as mapped:  # a directory
+            assert mapped is None
+    with logs.mapped_utf8_log(str(p)) as mapped:  # smaller than _MAP_LOG_BYTES
+        assert mapped is None

@@ -1017,13 +1017,21 @@ def test_a_train_tag_outside_fairseq_is_read(tmp_path):
 @example(pieces=["train_inner "], repeat=70)
 def test_fairseq_is_told_by_its_phrase_anywhere(pieces, repeat):
     """is_fairseq searches "train_inner" and checks each place for the rest (up to 64 places, then the
-    phrase from there): true exactly when "| train_inner | " is in the text."""
+    phrase from there): true exactly when "| train_inner | " is in the text; the same of its UTF-8 bytes
+    (a memory-mapped log)."""
+    import mmap
+
     from gradtool.io.text_logs import is_fairseq
 
     text = "".join(pieces) * repeat
     for t in (text, text + "| train_inner | ", "train_inner x" * 65 + text,
               "train_inner x" * 64 + "| " + text):  # (the 65th place: the phrase's search from 2 before it)
         assert is_fairseq(t) == ("| train_inner | " in t), t
+        assert is_fairseq(t.encode()) == is_fairseq(t), t
+        if t:
+            with mmap.mmap(-1, len(t.encode())) as mapped:
+                mapped.write(t.encode())
+                assert is_fairseq(mapped) == is_fairseq(t), t
 
 
 def test_console_dicts_are_read_by_pattern_never_evaluated(tmp_path):
