@@ -41,6 +41,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
+#include <emmintrin.h>
+#endif
 
 #define BLOCK 32768
 #define HEADER 7
@@ -1480,7 +1483,33 @@ static int scan_dict_line_utf8(const unsigned char *s, Py_ssize_t n, Py_ssize_t 
                                Py_ssize_t *next) {
     int brace = 0;
     Py_ssize_t i = at, width = 1;
+#if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
+    /* 16 bytes a step past those that cannot matter (ASCII's controls up to 0x1e, "{", C2 85 and E2 80
+     * may): a progress bar's line (its blocks E2 96 88) and the spaces that clear it, 0.13 -> 0.03 s of
+     * 10^6 Trainer steps */
+    const __m128i controls = _mm_set1_epi8(0x1e), open = _mm_set1_epi8('{');
+    const __m128i c2 = _mm_set1_epi8((char)0xc2), x85 = _mm_set1_epi8((char)0x85);
+    const __m128i e2 = _mm_set1_epi8((char)0xe2), x80 = _mm_set1_epi8((char)0x80);
+#endif
     for (; i < n; i++) {
+#if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
+        while (i + 17 <= n) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+            __m128i after = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 1));
+            __m128i ascii = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(x, controls), x),
+                                         _mm_cmpeq_epi8(x, open));
+            __m128i nel = _mm_and_si128(_mm_cmpeq_epi8(x, c2), _mm_cmpeq_epi8(after, x85));
+            __m128i separator = _mm_and_si128(_mm_cmpeq_epi8(x, e2), _mm_cmpeq_epi8(after, x80));
+            __m128i may = _mm_or_si128(ascii, _mm_or_si128(nel, separator));
+            int bits = _mm_movemask_epi8(may);
+            if (bits) {
+                i += __builtin_ctz((unsigned)bits);
+                break;
+            }
+            i += 16;
+        }
+        if (i >= n) break;
+#endif
         unsigned char c = s[i];
         if (c < 0x80) {
             unsigned char what = dict_line_chars[c];
@@ -2326,6 +2355,46 @@ static PyObject *crc32(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(out);
 }
 
+/* The first place of needle[0:m] in s[0:n] or NULL: the C library's memmem where it has one (glibc's
+ * searches a 228 MB log for an absent word ~4x faster than bytes.find), else memchr and memcmp. */
+static const char *find_bytes(const char *s, Py_ssize_t n, const char *needle, Py_ssize_t m) {
+    if (m == 0) return s;
+#if defined(__linux__) || defined(__APPLE__) || defined(__FreeBSD__) || defined(__NetBSD__) || defined(__OpenBSD__)
+    return memmem(s, (size_t)n, needle, (size_t)m);
+#else
+    for (const char *end = s + n - m + 1; s < end; s++) {
+        s = memchr(s, needle[0], (size_t)(end - s));
+        if (s == NULL) return NULL;
+        if (memcmp(s, needle, (size_t)m) == 0) return s;
+    }
+    return NULL;
+#endif
+}
+
+/* find(data, needle, start) -> data.find(needle, start) for bytes-like data and start >= 0 (a memory map's
+ * find is bytes.find's, ~2.6 GB/s on a log). */
+static PyObject *find(PyObject *self, PyObject *args) {
+    Py_buffer data, needle;
+    Py_ssize_t start, found = -1;
+    if (!PyArg_ParseTuple(args, "y*y*n", &data, &needle, &start)) return NULL;
+    if (start < 0) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&needle);
+        PyErr_SetString(PyExc_ValueError, "find: start < 0");
+        return NULL;
+    }
+    if (start <= data.len && needle.len <= data.len - start) {
+        const char *at;
+        Py_BEGIN_ALLOW_THREADS
+        at = find_bytes((const char *)data.buf + start, data.len - start, needle.buf, needle.len);
+        Py_END_ALLOW_THREADS
+        if (at != NULL) found = at - (const char *)data.buf;
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&needle);
+    return PyLong_FromSsize_t(found);
+}
+
 static PyObject *crc32_simd(PyObject *self, PyObject *unused) {
 #ifdef CLMUL_CRC
     return PyBool_FromLong(clmul_crc);
@@ -2395,6 +2464,9 @@ static PyMethodDef methods[] = {
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc[, simd]]) -> zlib.crc32(data, crc), as wandb_block computes it (tests; simd=False:\n"
      "by the tables only)."},
+    {"find", find, METH_VARARGS,
+     "find(data, needle, start) -> data.find(needle, start) of bytes-like data, start >= 0, by memmem (see\n"
+     "_logscan.c)."},
     {"crc32_simd", crc32_simd, METH_NOARGS,
      "crc32_simd() -> whether CRC-32 is computed by carry-less multiplication (PCLMULQDQ) here."},
     {"number", number, METH_O,

@@ -79,14 +79,15 @@ def read_mapped_dict_lines(path: str, key: str | None, source: str,
 def _utf8_head(data: Any, start: int, chars: int) -> tuple[str, bool] | None:
     """(the text ``data[start:]`` decodes to, up to the end of the line holding its character ``chars``;
     whether that is the whole text), as the whole text decoded has it (invalid bytes replaced); None when
-    that line does not end in the first ``4 * chars`` bytes (a character is at most four) and 64 KiB."""
-    size = 4 * chars + (1 << 16)
-    whole = len(data) - start <= size
-    text = str(data[start:start + size], "utf-8", "replace")  # (a character cut at the end may differ: the
-    m = _LINE_BREAK.search(text, min(chars, len(text)))  # break found is before it)
-    if m is None and not whole:
-        return None
-    return text[:len(text) if m is None else m.end()], whole and m is None
+    that line does not end in the first ``4 * chars`` bytes (a character is at most four) and 64 KiB. The
+    first ``chars`` bytes and 64 KiB are decoded first (a text mostly ASCII: a quarter of the work)."""
+    for size in (chars + (1 << 16), 4 * chars + (1 << 16)):
+        whole = len(data) - start <= size
+        text = str(data[start:start + size], "utf-8", "replace")  # (a character cut at the end may differ:
+        m = _LINE_BREAK.search(text, min(chars, len(text)))  # a break found is before it)
+        if m is not None or whole:
+            return text[:len(text) if m is None else m.end()], whole and m is None
+    return None
 
 
 def _table_history(table: _DictTable, path: str, key: str | None) -> NormHistory | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from functools import partial
 from itertools import islice
 from typing import Any
 
@@ -99,19 +100,25 @@ def is_fairseq(text: Any) -> bool:
     at ``memchr``'s speed; another by a search for "train_inner", each place it is checked for the rest of
     the phrase (the phrase's own search runs at half that speed on lines full of " | " and spaces: the
     Trainer's console with progress bars 0.17 -> 0.08 s), up to 64 places, then the phrase's search from
-    there."""
-    words = ("_", "train_inner", _FAIRSEQ_INNER)
-    under, inner, phrase = words if isinstance(text, str) else (w.encode() for w in words)
-    if text.find(under, 0) < 0:  # (0: a memory map's find starts from its file position)
+    there. Bytes are searched by the compiled reader's ``find`` (memmem) when it is there."""
+    from .compiled import log_readers
+
+    words, find = ("_", "train_inner", _FAIRSEQ_INNER), text.find
+    if not isinstance(text, str):
+        words = tuple(w.encode() for w in words)
+        if (readers := log_readers()) is not None:  # memmem: 228 MB without the word 0.06-0.09 -> 0.015 s
+            find = partial(readers.find, text)
+    under, inner, phrase = words
+    if find(under, 0) < 0:  # (0: a memory map's find starts from its file position)
         return False
-    at = text.find(inner, 0)
+    at = find(inner, 0)
     for _ in range(64):
         if at < 0:
             return False
         if at >= 2 and text[at - 2:at - 2 + len(phrase)] == phrase:
             return True
-        at = text.find(inner, at + 1)
-    return at >= 0 and text.find(phrase, max(at - 2, 0)) >= 0  # (every place before at checked)
+        at = find(inner, at + 1)
+    return at >= 0 and find(phrase, max(at - 2, 0)) >= 0  # (every place before at checked)
 
 
 def _without_fairseq_epoch_ends(text: str, lines: list[str]) -> tuple[list[str], list[str]]:

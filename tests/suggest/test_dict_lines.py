@@ -331,6 +331,8 @@ def _mapped_every_size(mp):
 @given(data=_console_bytes(), block=st.sampled_from([1, 7, 64, 1 << 22]))
 @example(data=b"\xef\xbb\xbf{'grad_norm': 1.5, 'loss': 1}\n" * 3, block=1 << 22)
 @example(data=("\U0001f680" * 20 + "\n{'grad_norm': 1.5}\n").encode(), block=7)  # a template past block 7
+@example(data=("{'grad_norm': 1.5}\n" + "\u2588" * 70_000 + "\n{'grad_norm': 2.5}\n").encode(),
+         block=1 << 16)  # the line of character 2^16 ends past 2^16 + 64 Ki bytes: decoded again, longer
 def test_a_console_read_from_its_bytes_is_read_as_its_text(tmp_path_factory, data, block):
     """read_mapped_dict_lines gives read_dict_lines' history of the decoded text (or the same error), or
     declines (None) where it does not apply; with the compiled reader it declines only without a

@@ -1034,6 +1034,22 @@ def test_fairseq_is_told_by_its_phrase_anywhere(pieces, repeat):
                 assert is_fairseq(mapped) == is_fairseq(t), t
 
 
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=80) | st.lists(st.sampled_from([b"a", b"b", b"ab", b"\x00", b"train_inner"]),
+                                              max_size=20).map(b"".join),
+       needle=st.binary(max_size=4) | st.sampled_from([b"ab", b"ba", b"train_inner", b"a\x00"]),
+       start=st.integers(0, 90))
+def test_the_compiled_find_is_bytes_find(data, needle, start):
+    """_logscan.find (memmem), which is_fairseq searches a memory-mapped log with."""
+    from gradtool.io.compiled import log_readers
+
+    readers = log_readers()
+    if readers is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    assert readers.find(data, needle, start) == data.find(needle, start)
+    assert readers.find(bytearray(data), memoryview(needle), start) == data.find(needle, start)
+
+
 def test_console_dicts_are_read_by_pattern_never_evaluated(tmp_path):
     marker = tmp_path / "pwned"
     p = tmp_path / "evil.log"
