@@ -53,18 +53,17 @@ def read_mapped_dict_lines(path: str, key: str | None, source: str,
     file, its UTF-8 bytes as they are, by the compiled reader (``dict_lines`` of bytes): no decoded copy of
     the whole text (2 or 4 bytes a character once one character needs them: a progress bar's blocks,
     wandb's rocket), only the lines the compiled reader leaves and the first block, where the template
-    is found. None (the caller decodes the text and reads it as before) where this does not apply: no
-    compiled readers, a file :func:`~gradtool.io.logs.mapped_utf8_log` does not map, a text whose start
+    is found; without the compiled reader (or for a template of text that is not ASCII), a block of
+    bytes decoded at a time. None (the caller decodes the text and reads it as before) where this does
+    not apply: a file :func:`~gradtool.io.logs.mapped_utf8_log` does not map, a text whose start
     ``reads_first(head, whole)`` (its first block; whether that is the whole text) says is not read by
-    :func:`read_dict_lines` first, fairseq's console, no template of ASCII text in the first block, or
-    records without a gradient norm. The same history as :func:`read_dict_lines` of the decoded text
-    (property-tested: line breaks of every kind, invalid UTF-8, characters of every width). The 10^6
-    steps of the Trainer's console after wandb's banner: 1.1 GB of text not made (0.4-1.1 s)."""
-    from .compiled import log_readers
+    :func:`read_dict_lines` first, fairseq's console, no template in the first block, or records without
+    a gradient norm. The same history as :func:`read_dict_lines` of the decoded text (property-tested:
+    line breaks of every kind, invalid UTF-8, characters of every width). The 10^6 steps of the Trainer's
+    console after wandb's banner: 1.1 GB of text not made (0.4-1.1 s; without the compiled reader
+    2.3-2.4 -> 1.8 s)."""
     from .logs import mapped_utf8_log
 
-    if log_readers() is None:
-        return None
     with mapped_utf8_log(path) as mapped:
         if mapped is None:
             return None
@@ -240,13 +239,13 @@ class _DictTemplate:
     def table_of_utf8(cls, data: Any, start: int, head: str) -> _DictTable | None:
         """:meth:`table` of the text UTF-8 bytes ``data[start:]`` decode to (invalid bytes replaced), read
         from the bytes by the compiled reader and the lines it leaves decoded one block at a time; ``head``
-        the text's first block (:func:`_utf8_head`). None when that makes no template, one of text that is
-        not ASCII, or the compiled readers are off."""
+        the text's first block (:func:`_utf8_head`). None when that makes no template."""
         from .compiled import log_readers
 
-        template, readers = cls._first(_newline_lines(head)), log_readers()
-        if template is None or template.ops is None or readers is None:
+        template = cls._first(_newline_lines(head))
+        if template is None:
             return None
+        readers = log_readers() if template.ops is not None else None
         return cls._read(template, data, start, readers, _utf8_line_end,
                          lambda lo, hi: str(data[lo:hi], "utf-8", "replace"))
 

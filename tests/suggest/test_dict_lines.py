@@ -327,24 +327,33 @@ def _mapped_every_size(mp):
     mp.setattr(logs, "_MAP_LOG_BYTES", 1)  # (else only logs of 16 MiB and more)
 
 
+def _kernels(mp, compiled):
+    """The compiled readers on (as they are) or off, for the test's ``mp`` context."""
+    if not compiled:
+        mp.setenv("GRADTOOL_NO_KERNELS", "1")
+
+
 @settings(max_examples=400, deadline=None)
-@given(data=_console_bytes(), block=st.sampled_from([1, 7, 64, 1 << 22]))
-@example(data=b"\xef\xbb\xbf{'grad_norm': 1.5, 'loss': 1}\n" * 3, block=1 << 22)
-@example(data=("\U0001f680" * 20 + "\n{'grad_norm': 1.5}\n").encode(), block=7)  # a template past block 7
+@given(data=_console_bytes(), block=st.sampled_from([1, 7, 64, 1 << 22]), compiled=st.booleans())
+@example(data=b"\xef\xbb\xbf{'grad_norm': 1.5, 'loss': 1}\n" * 3, block=1 << 22, compiled=True)
+@example(data=("\U0001f680" * 20 + "\n{'grad_norm': 1.5}\n").encode(), block=7,
+         compiled=True)  # a template past block 7
 @example(data=("{'grad_norm': 1.5}\n" + "\u2588" * 70_000 + "\n{'grad_norm': 2.5}\n").encode(),
-         block=1 << 16)  # the line of character 2^16 ends past 2^16 + 64 Ki bytes: decoded again, longer
-def test_a_console_read_from_its_bytes_is_read_as_its_text(tmp_path_factory, data, block):
+         block=1 << 16, compiled=True)  # the line of character 2^16 ends past 2^16 + 64 Ki bytes: decoded
+def test_a_console_read_from_its_bytes_is_read_as_its_text(tmp_path_factory, data, block, compiled):
     """read_mapped_dict_lines gives read_dict_lines' history of the decoded text (or the same error), or
-    declines (None) where it does not apply; with the compiled reader it declines only without a
-    template of ASCII text in the first block, for fairseq's console, or when the text has no norm."""
+    declines (None) where it does not apply: without a template in the first block, for fairseq's
+    console, when the text has no norm, or when the first block's last line does not end in the bytes
+    decoded for it. With the compiled reader, or without it (the lines read a block of bytes at a time)."""
     with pytest.MonkeyPatch.context() as mp:
         _mapped_every_size(mp)
+        _kernels(mp, compiled)
         mp.setattr(dict_lines._DictTemplate, "BLOCK", block)
         _same_from_bytes_as_from_text(tmp_path_factory, data, block)
 
 
 def _same_from_bytes_as_from_text(tmp_path_factory, data, block):
-    from gradtool.io.logs import _read_text
+    from gradtool.io.logs import _read_text, utf8_text_start
 
     path = tmp_path_factory.mktemp("m") / "console.log"
     path.write_bytes(data)
@@ -356,13 +365,13 @@ def _same_from_bytes_as_from_text(tmp_path_factory, data, block):
             dict_lines.read_mapped_dict_lines(str(path), None, str(path), lambda head, whole: True)
         return
     got = dict_lines.read_mapped_dict_lines(str(path), None, str(path), lambda head, whole: True)
-    if got is not None or _COMPILED is None:
+    if got is not None:
         _same_history(got, want)
         return
     head = text[:dict_lines._line_end(text, block)]
     first = dict_lines._DictTemplate._first(dict_lines._newline_lines(head))
-    assert (first is None or first.ops is None or dict_lines.is_fairseq(text) or want is None
-            or "\n" not in text[block:] and len(data) > 4 * block + (1 << 16)), text
+    assert (first is None or dict_lines.is_fairseq(text) or want is None
+            or dict_lines._utf8_head(data, utf8_text_start(data), block) is None), text
 
 
 # how a log may open before a console's dict lines: each kind _read_norm_log tells by its first line
@@ -376,8 +385,9 @@ _OPENINGS = st.sampled_from([
 
 @settings(max_examples=300, deadline=None)
 @given(opening=_OPENINGS, data=_console_bytes(),
-       name=st.sampled_from(["train.log", "metrics.csv", "out.txt"]))
-def test_a_large_log_is_read_the_same_from_its_bytes_or_its_text(tmp_path_factory, opening, data, name):
+       name=st.sampled_from(["train.log", "metrics.csv", "out.txt"]), compiled=st.booleans())
+def test_a_large_log_is_read_the_same_from_its_bytes_or_its_text(tmp_path_factory, opening, data, name,
+                                                                   compiled):
     """read_norm_log of a log its reading from bytes takes (a console of dict lines; forced here for every
     size) gives what its reading of the decoded text gives: the same history, or the same error."""
     from gradtool.io import logs
@@ -393,6 +403,7 @@ def test_a_large_log_is_read_the_same_from_its_bytes_or_its_text(tmp_path_factor
             return None, f"{type(exc).__name__}: {exc}"
 
     with pytest.MonkeyPatch.context() as mp:
+        _kernels(mp, compiled)
         mp.setattr(logs, "_MAP_LOG_BYTES", 1 << 62)  # no log is mapped: all decoded
         want, want_error = read()
         _mapped_every_size(mp)
