@@ -1324,18 +1324,21 @@ static int append_columns(PyObject *out, const int64_t *rows, Py_ssize_t n_rows,
     return 0;
 }
 
-/* template_text(ops, text, pos, out) -> (stop, resume, rows): the lines of str text from offset pos on
- * (the start of a line; lines as text.splitlines() gives them, lowercased), those holding "norm" that the
- * template's ops match read, the others skipped, up to `stop`: the offset of the first line holding
- * "norm" that they do not match here, or of the first line that holds or ends in a character that is not
- * ASCII (or len(text)). The numbers captured are appended to out, a list of one bytearray per captured
- * slot, in the line's order: int64 for the step, float64 else; `rows` lines were read, `resume` is the
- * offset after the last line read (pos: none). The caller reads the lines from `resume` on itself (the
- * lines skipped may start a block), and the line at `stop` by the pattern. */
+/* template_text(ops, text, pos, out[, strict]) -> (stop, resume, rows): the lines of str text from offset
+ * pos on (the start of a line; lines as text.splitlines() gives them, lowercased), those holding "norm" that
+ * the template's ops match read, the others skipped, up to `stop`: the offset of the first line holding
+ * "norm" that they do not match here (strict: of the first line they do not match), or of the first line
+ * that holds or ends in a character that is not ASCII (or len(text)). The numbers captured are appended to
+ * out, a list of one bytearray per captured slot, in the line's order: int64 for the step, float64 else;
+ * `rows` lines were read, `resume` is the offset after the last line read (pos: none). The caller reads the
+ * lines from `resume` on itself (the lines skipped may start a block), and the line at `stop` by the
+ * pattern. */
 static PyObject *template_text(PyObject *self, PyObject *args) {
     PyObject *ops_obj, *text, *out;
     Py_ssize_t pos;
-    if (!PyArg_ParseTuple(args, "O!UnO!", &PyTuple_Type, &ops_obj, &text, &pos, &PyList_Type, &out))
+    int strict = 0;
+    if (!PyArg_ParseTuple(args, "O!UnO!|p", &PyTuple_Type, &ops_obj, &text, &pos, &PyList_Type, &out,
+                          &strict))
         return NULL;
     Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n = PyUnicode_GET_LENGTH(text);
     int captured;
@@ -1371,7 +1374,7 @@ static PyObject *template_text(PyObject *self, PyObject *args) {
         if (match_ops(ops, n_ops, line, len, rows + n_rows * captured)) {
             n_rows++;
             resume = next;
-        } else if (holds_norm(line, len)) {
+        } else if (strict || holds_norm(line, len)) {
             break;
         }
         at = next;
@@ -2439,9 +2442,9 @@ static PyMethodDef methods[] = {
      "mlflow_metric_lines(buffer) -> (steps, timestamps, values) bytes of int64, int64, float64, or None:\n"
      "an MLflow metric file of '<timestamp> <value> <step>' lines (see _logscan.c)."},
     {"template_text", template_text, METH_VARARGS,
-     "template_text(ops, text, pos, out) -> (stop, resume, rows): the lines of text from offset pos that a\n"
-     "text log template's ops match, their numbers appended to out, up to the first norm line they do not\n"
-     "match (see _logscan.c)."},
+     "template_text(ops, text, pos, out[, strict]) -> (stop, resume, rows): the lines of text from offset\n"
+     "pos that a text log template's ops match, their numbers appended to out, up to the first norm line\n"
+     "(strict: line) they do not match (see _logscan.c)."},
     {"dict_lines", dict_lines, METH_VARARGS,
      "dict_lines(ops, text, pos, out) -> (stop, rows): the lines of text (as str.splitlines() splits it;\n"
      "or UTF-8 bytes, as their decoded text splits) from offset pos that a dict-line template's ops match,\n"

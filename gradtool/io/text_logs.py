@@ -183,6 +183,9 @@ def _text_records(text: str, bare: bool,
     block: dict[str, Any] | None = None  # the record of the last step line, filled by the lines under it
     template: _LineTemplate | None = None
     tried = hits = 0  # lines the template was tried on since it was made, and how many it read
+    misses = 0  # the norm lines it did not read since the last it read: past 16, the format changed (a
+    # tqdm bar's next block; counted from the lines tried alone, 10^5 lines read first kept a template
+    # that read no more for 2 x 10^5 lines, each tried before the patterns read it)
     wait = backoff = 0  # norm lines to read before the next try to make one, when the last try failed
     scan = _template_text()
     runs = scan is None or not text.isascii()  # the template's pattern reads runs of lines (see below)
@@ -190,12 +193,15 @@ def _text_records(text: str, bare: bool,
     while pos < n:
         start = pos
         line, pos = _line_at(text, pos)
-        if template is not None and "norm" in line:
+        # (a template of lines without a step reads a line only as a record of its own: none before it
+        # waits for its norm, as a step line's does)
+        if template is not None and "norm" in line and (
+                template.stepped or block is None or "grad_norm" in block):
             if scan is not None and template.ops is not None:  # the compiled reader reads a run of lines
-                _, resume, rows = scan(template.ops, text, start, template.out)
+                _, resume, rows = scan(template.ops, text, start, template.out, not template.stepped)
                 if rows:
                     records.append(_Run(template, rows))
-                    tried, hits, block = tried + rows, hits + rows, None
+                    tried, hits, block, misses = tried + rows, hits + rows, None, 0
                     pos = resume  # (the lines after the last it read may start a block: read here)
                     continue
             if runs or template.ops is None:  # the template's pattern reads a run of lines, a window of
@@ -203,12 +209,12 @@ def _text_records(text: str, bare: bool,
                 sink = _RunSink(template, records)
                 _, resume = template.run(text, start, sink=sink)
                 if sink.read:
-                    tried, hits, block = tried + sink.read, hits + sink.read, None
+                    tried, hits, block, misses = tried + sink.read, hits + sink.read, None, 0
                     pos = resume
                     continue
-            tried += 1
+            tried, misses = tried + 1, misses + 1
             if (t := template.pattern.fullmatch(line)) is not None:
-                hits += 1
+                hits, misses = hits + 1, 0
                 records.append(t.groups())
                 block = None
                 continue
@@ -232,11 +238,12 @@ def _text_records(text: str, bare: bool,
         r["grad_norm"] = float(m.group(m.re.groups).replace(",", ""))  # the value is the last group
         _text_loss_and_lr(r, line.replace(m.group(0), ""), llmc)
         records.append(r)
-        if s is not None and not bare and not llmc and (template is None or tried > 2 * hits + 16):
+        remake = template is None or tried > 2 * hits + 16 or misses > 16
+        if r is not block and not bare and not llmc and remake:
             if (wait := wait - 1) < 0:  # no template, or one that no longer fits (the format changed)
                 if template is not None:
                     template.as_dicts(records)
-                template, tried, hits = _LineTemplate.of(line, m), 0, 0
+                template, tried, hits, misses = _LineTemplate.of(line, m), 0, 0, 0
                 t = template.pattern.fullmatch(line) if template is not None else None
                 if t is None:  # none, or one that does not read even its own line: tried again later
                     template = None
@@ -323,6 +330,7 @@ class _LineTemplate:
                  ops: tuple[tuple[Any, ...], ...] | None = None) -> None:
         self.pattern, self.commas = pattern, commas  # fields: the names of its groups, in the line's order
         self.order = [(k, fields.index(k)) for k in _TEMPLATE_FIELDS if k in fields]  # the reader's order
+        self.stepped = "step" in fields  # (else a template of lines without a step: see of)
         # the pattern as the compiled log reader's operations (template_text in gradtool/io/_logscan.c):
         # (0, text), (1,) for " +", (2, captured, signed, words, step, commas) for a number
         self.ops = ops
@@ -336,15 +344,21 @@ class _LineTemplate:
 
     @classmethod
     def of(cls, line: str, m: re.Match[str]) -> _LineTemplate | None:
-        """The template of a norm line with its step (``m``: its norm, from :func:`_text_norm`), or None
-        when its values are not each one whole number of it, or the line is not one the argument above
-        covers: one "norm" (the rest of the line is read without its norm, cut once), no clipping words
-        (another reading of the norm), two numbers with nothing between them; or longer than
-        ``_TEMPLATE_LINE_MAX``."""
+        """The template of a norm line with its step, or of one without a step nor any word of one
+        (``m``: its norm, from :func:`_text_norm`), or None when its values are not each one whole number
+        of it, or the line is not one the argument above covers: one "norm" (the rest of the line is read
+        without its norm, cut once), no clipping words (another reading of the norm), two numbers with
+        nothing between them; or longer than ``_TEMPLATE_LINE_MAX``. A line without a step's words
+        (those :func:`_text_step` looks for) makes a template of lines that have none either (a number
+        makes none of them: no letter but an exponent's "e", after a digit): a custom loop's tqdm
+        updates, ``... loss=2.5, grad_norm=1.2]`` (10^6 of them 4.6 -> 2.7 s). Its runs end at the first
+        line it does not match (the compiled reader's too, ``strict``, which else passes over lines
+        without "norm": a step line among them would make the norm line after it that step's)."""
         if len(line) > _TEMPLATE_LINE_MAX or line.count("norm") != 1 or "clip" in line or "raw" in line:
             return None
-        s = _TEXT_STEP.search(line) if ("iter" in line or "step" in line or "num_updates" in line) else None
-        if s is None:
+        cued = "iter" in line or "step" in line or "num_updates" in line
+        s = _TEXT_STEP.search(line) if cued else None
+        if s is None and (cued or "(train)" in line or "[batch=" in line):
             return None
         cut, width = m.start(), len(m.group(0))
         rest = line.replace(m.group(0), "")
@@ -355,7 +369,7 @@ class _LineTemplate:
             a, b = span  # a span of the line without its norm, in the line (None: it spans the cut)
             return (a, b) if b <= cut else (a + width, b + width) if a >= cut else None
 
-        read = {s.span(1): "step", m.span(m.re.groups): "grad_norm"}
+        read = {m.span(m.re.groups): "grad_norm"} | ({} if s is None else {s.span(1): "step"})
         for found, name in ((lo, "loss"), (lr, "learning_rate")):
             if found is not None:
                 read[in_line(found.span(1))] = name  # type: ignore[index]
@@ -495,12 +509,13 @@ class _LineTemplate:
             for k, col in got.items():
                 parts[k].append(col)
         columns = {k: np.concatenate(col) for k, col in parts.items()}
-        fast = _columns(columns["step"], columns["grad_norm"], columns.get("loss"),
+        fast = _columns(columns.get("step"), columns["grad_norm"], columns.get("loss"),
                         columns.get("learning_rate"), types_known=True, lists=False)
         if fast is None:
             return None
-        return _with_others(_noted(NormHistory(*fast[:4], path, "grad_norm", "text", fast[4]), fast[5]),
+        hist = _with_others(_noted(NormHistory(*fast[:4], path, "grad_norm", "text", fast[4]), fast[5]),
                             columns, "grad_norm")
+        return hist if self.stepped else _in_line_order(hist, path, len(columns["grad_norm"]), 0)
 
 
 def _text_between(text: str, after_slot: bool, before_slot: bool) -> str:
@@ -546,7 +561,11 @@ def _text_history(records: list[Any], path: str, template: _LineTemplate | None 
         return hist
     for r in records:
         r.pop("step", None)
-    hist = from_records(records, path, "text", "grad_norm")
+    return _in_line_order(from_records(records, path, "text", "grad_norm"), path, n, with_step)
+
+
+def _in_line_order(hist: NormHistory, path: str, n: int, with_step: int) -> NormHistory:
+    """``hist`` of ``n`` norm lines, ``with_step`` of them with a step, read in the order of the lines."""
     hist.line_order = True
     hist.notes.append(f"{path}: {n - with_step} of {n} gradient-norm lines have no step number: steps are "
                       "the order of those lines (0, 1, 2, ...), not training steps")

@@ -1758,13 +1758,15 @@ def _text_outcome(text):
 @example("step 1, tokens 12,345 , grad_norm 1.5\nstep 2, tokens 1 ,2 , grad_norm 1.5\n")
 @example("step 1 | loss 1,23 | grad norm: 1\nstep 2 | loss 12,345 | grad norm: 1\n")  # 1 then 12345
 @example("step 1 | lr-adamw/group0: 1e-4 | grad norm: 1\nstep 2 | lr-adamw/group1: 1e-4 | grad norm: 2\n")
+@example("loss=2.5, grad_norm=1.0\nloss=2.5, grad_norm=1.1\n[step=5/99]\nlm loss: 9.0\n"
+         "loss=2.5, grad_norm=1.2\nloss=2.5, grad_norm=1.3\n")  # no step: the one after a step line is its
 def test_lines_read_by_a_template_are_read_as_the_patterns_read_them(text):
     """A line of the same text as an earlier norm line's, but for its numbers, is read by one match of
     a template made from that line (by the compiled reader, gradtool/io/_logscan.c's template_text, or
     the template's pattern): the history (steps, norms, loss, learning rate, notes) is the one the
     patterns give line by line, whatever the numbers (signs, exponents, thousands commas, nan, inf,
     padding, digits of other scripts, long ones), the other lines among them, their case, line breaks
-    and characters that are not ASCII."""
+    and characters that are not ASCII; lines with a step or without one (a template of those too)."""
     from gradtool.io import text_logs
 
     fast = _text_outcome(text)  # by the compiled reader of templates, when it is built
@@ -1793,6 +1795,30 @@ def test_a_megatron_log_is_read_by_its_template(monkeypatch):
     h = text_logs.read_text_log("x.log", text="\n".join(lines))
     assert len(calls) == 1 and h.steps == list(range(1, 1001)) and math.isnan(h.norms[6])
     assert h.norms[:2] == [1.01, 1.02] and h.loss[0] == 3.0 and h.lr == [1e-4] * 1000
+
+
+@pytest.mark.parametrize("bar", ["#", "\u2588"])
+def test_tqdm_updates_without_steps_are_read_by_templates(monkeypatch, bar):
+    """A custom loop's tqdm updates (``set_postfix(loss=..., grad_norm=...)``, no step numbers) are read by
+    templates of lines without a step (they went to the patterns a line at a time: 10^6 in ~4.6 s), a new
+    one soon after the bar grows a block (a template that stopped reading was kept until it had been
+    tried on twice the lines it read): the history of the lines' order, as the patterns read it."""
+    from gradtool.io import text_logs
+
+    n = 3000
+    text = "".join(f"\rEpoch 0: {100 * (i + 1) // n:3d}%|{(bar * (10 * (i + 1) // n)).ljust(10)}| {i + 1}/{n} "
+                   f"[00:{i % 60:02d}<12:34,  9.87it/s, loss={2.5 - i / n:.3f}, grad_norm={1 + i % 7 / 10:.3f}]"
+                   for i in range(n)) + "\n"
+    calls = []
+    norm = text_logs._text_norm
+    monkeypatch.setattr(text_logs, "_text_norm", lambda line: calls.append(line) or norm(line))
+    h = text_logs.read_text_log("x.log", text=text)
+    assert len(calls) <= 10 * 18  # the first line, and up to 17 a block of the bar (10 blocks)
+    assert h.line_order and h.steps == list(range(n)) and h.norms == [1 + i % 7 / 10 for i in range(n)]
+    assert h.loss == [float(f"{2.5 - i / n:.3f}") for i in range(n)] and "no step number" in h.notes[-1]
+    monkeypatch.setattr(text_logs._LineTemplate, "of", classmethod(lambda cls, line, match: None))
+    slow = text_logs.read_text_log("x.log", text=text)
+    assert (slow.steps, slow.norms, slow.loss, slow.notes) == (h.steps, h.norms, h.loss, h.notes)
 
 
 _RUN_ROW = " iteration {:8d}/ 1000 | lm loss: {:.6E} | grad norm: {} |"
