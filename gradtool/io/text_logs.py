@@ -242,7 +242,7 @@ def _text_records(text: str, bare: bool,
         if r is not block and not bare and not llmc and remake:
             if (wait := wait - 1) < 0:  # no template, or one that no longer fits (the format changed)
                 if template is not None:
-                    template.as_dicts(records)
+                    template.as_runs(records)
                 template, tried, hits, misses = _LineTemplate.of(line, m), 0, 0, 0
                 t = template.pattern.fullmatch(line) if template is not None else None
                 if t is None:  # none, or one that does not read even its own line: tried again later
@@ -289,22 +289,14 @@ class _RunSink:
         self.template, self.records, self.read = template, records, 0
 
     def __call__(self, rows: list[tuple[str, ...]]) -> None:
-        import numpy as np
-
-        t = self.template
         self.read += len(rows)
         if len(rows) < self.RUN_ROWS:
             self.records.extend(rows)
             return
-        columns = t.columns(rows)
         try:
-            arrays = [(i, np.asarray(columns[k], t.kinds[i])) for k, i in t.order]
+            self.template.add_run(rows, self.records)
         except OverflowError:
             self.records.extend(rows)
-            return
-        for i, a in arrays:
-            t.out[i] += a.tobytes()
-        self.records.append(_Run(t, len(rows)))
 
 
 # A number of a line that a template may vary: _NUMBER, but not right after a letter, digit, "_" or "."
@@ -461,51 +453,96 @@ class _LineTemplate:
         return {k: np.frombuffer(self.out[i], self.kinds[i])[run.start:run.stop].copy()
                 for k, i in self.order}
 
-    def as_dicts(self, records: list[Any]) -> None:
-        """The rows this template captured among ``records`` (tuples, and its runs; from ``first``, the
-        record of the line it was made from, on: a log whose templates were replaced again and again,
-        each of them converting all the records, was quadratic) made the reader's dicts (Python ints and
-        floats), in place."""
-        at = [i for i in range(self.first, len(records)) if type(records[i]) is tuple]
+    def as_dicts(self, records: list[Any], start: int | None = None) -> None:
+        """The rows this template captured among ``records`` (tuples), and the runs of every template
+        (from ``start``, default ``first``, the record of the line it was made from, on), made the
+        reader's dicts (Python ints and floats), in place."""
+        start = self.first if start is None else start
+        at = [i for i in range(start, len(records)) if type(records[i]) is tuple]
         if at:
             columns = self.columns([records[i] for i in at])
             for j, i in enumerate(at):
                 records[i] = {k: col[j] for k, col in columns.items()}
-        if any(type(r) is _Run and r.template is self for r in islice(records, self.first, None)):
-            expanded: list[Any] = records[:self.first]
-            for r in islice(records, self.first, None):
-                if type(r) is _Run and r.template is self:
-                    columns = {k: col.tolist() for k, col in self.run_columns(r).items()}
+        if any(type(r) is _Run for r in islice(records, start, None)):
+            expanded: list[Any] = records[:start]
+            for r in islice(records, start, None):
+                if type(r) is _Run:
+                    columns = {k: col.tolist() for k, col in r.template.run_columns(r).items()}
                     expanded.extend({k: col[j] for k, col in columns.items()}
                                     for j in range(r.stop - r.start))
                 else:
                     expanded.append(r)
             records[:] = expanded
 
-    def history(self, records: list[tuple[str, ...] | _Run], path: str) -> NormHistory | None:
-        """The history of a log whose every record this template read (what :func:`from_records` makes
-        of their dicts, from columns); None when they do not make one that way."""
+    def as_runs(self, records: list[Any]) -> None:
+        """The rows this template captured among ``records`` as tuples (from ``first`` on) made runs of
+        their numbers, in place, when it is replaced: its records stay columns, for :meth:`history` of
+        records of several templates (a tqdm bar's 80 blocks, 80 templates: made dicts at each
+        replacement, 1.7 s of 10^6 lines); as dicts where a step does not fit int64 (the patterns' then)."""
+        kept: list[Any] = records[:self.first]
+        group: list[tuple[str, ...]] = []
+        try:
+            for r in islice(records, self.first, None):
+                if type(r) is tuple:
+                    group.append(r)
+                    continue
+                self.add_run(group, kept)
+                group = []
+                kept.append(r)
+            self.add_run(group, kept)
+        except OverflowError:
+            self.as_dicts(records)
+            return
+        records[:] = kept
+
+    def add_run(self, rows: list[tuple[str, ...]], records: list[Any]) -> None:
+        """``rows`` (tuples this template captured) appended to ``records`` as one run of their numbers
+        (converted as :meth:`columns` converts them, kept in ``out``); OverflowError, nothing appended,
+        where a step does not fit int64."""
+        import numpy as np
+
+        if rows:
+            columns = self.columns(rows)
+            arrays = [(i, np.asarray(columns[k], self.kinds[i])) for k, i in self.order]
+            for i, a in arrays:
+                self.out[i] += a.tobytes()
+            records.append(_Run(self, len(rows)))
+
+    def history(self, records: list[Any], path: str) -> NormHistory | None:
+        """The history of a log's records (what :func:`from_records` makes of their dicts, from columns):
+        tuples this template read, runs of any template and the patterns' dicts, when they all hold this
+        template's fields (the records of lines all with a step, or all without); None when they do not
+        make one that way."""
         import numpy as np
 
         from .logs import _columns, _with_others
 
-        parts: dict[str, list[Any]] = {k: [] for k, _ in self.order}
-        kinds = list(map(type, records))  # (the next run found by a binary search, not a loop in Python)
-        runs = [i for i, kind in enumerate(kinds) if kind is _Run] if _Run in kinds else []
-        runs.append(len(records))
+        names = [k for k, _ in self.order]
+        fields = set(names)
+        parts: dict[str, list[Any]] = {k: [] for k in names}
+        kinds = list(map(type, records))  # (the next record of another kind found by a binary search)
+        changes = [i for i in range(1, len(kinds)) if kinds[i] is not kinds[i - 1] or kinds[i] is _Run] \
+            if len(set(kinds)) > 1 or _Run in kinds else []
+        changes.append(len(records))
         at = 0
         while at < len(records):
-            if kinds[at] is _Run:
-                got = self.run_columns(records[at])  # type: ignore[arg-type]
-                at += 1
-            else:  # tuples the pattern read: converted as the reader converts them, then to arrays
-                end = runs[bisect.bisect_left(runs, at)]
-                try:
+            end = changes[bisect.bisect_right(changes, at)]
+            try:
+                if kinds[at] is _Run:
+                    if [k for k, _ in records[at].template.order] != names:
+                        return None
+                    got = records[at].template.run_columns(records[at])
+                elif kinds[at] is tuple:  # tuples the pattern read: converted as the reader converts them
                     got = {k: np.asarray(col, dtype=np.int64 if k == "step" else np.float64)
-                           for k, col in self.columns(records[at:end]).items()}  # type: ignore[arg-type]
-                except OverflowError:  # a step beyond int64: the general reader's
-                    return None
-                at = end
+                           for k, col in self.columns(records[at:end]).items()}
+                else:  # the patterns' dicts: the same fields (a line of the template's kind)
+                    if any(r.keys() != fields for r in records[at:end]):
+                        return None
+                    got = {k: np.asarray([r[k] for r in records[at:end]],
+                                         dtype=np.int64 if k == "step" else np.float64) for k in names}
+            except OverflowError:  # a step beyond int64: the general reader's
+                return None
+            at = end
             for k, col in got.items():
                 parts[k].append(col)
         columns = {k: np.concatenate(col) for k, col in parts.items()}
@@ -549,9 +586,9 @@ def _text_history(records: list[Any], path: str, template: _LineTemplate | None 
     ``template``: the one that read the records that are tuples or runs (see :func:`_text_records`: an
     earlier template's were made dicts when it was replaced)."""
     if template is not None:
-        if set(map(type, records)) <= {tuple, _Run} and (hist := template.history(records, path)) is not None:
+        if (hist := template.history(records, path)) is not None:
             return hist
-        template.as_dicts(records)
+        template.as_dicts(records, 0)
     n, with_step = len(records), sum("step" in r for r in records)
     if with_step * 2 >= n:  # most give their step: the others (a warning naming the norm) are left out
         hist = from_records([r for r in records if "step" in r], path, "text", "grad_norm")

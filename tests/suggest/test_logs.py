@@ -1760,6 +1760,10 @@ def _text_outcome(text):
 @example("step 1 | lr-adamw/group0: 1e-4 | grad norm: 1\nstep 2 | lr-adamw/group1: 1e-4 | grad norm: 2\n")
 @example("loss=2.5, grad_norm=1.0\nloss=2.5, grad_norm=1.1\n[step=5/99]\nlm loss: 9.0\n"
          "loss=2.5, grad_norm=1.2\nloss=2.5, grad_norm=1.3\n")  # no step: the one after a step line is its
+@example("".join(f"step {i} | loss: 2.5 | grad norm: 1.{i}\n" for i in range(40)) +
+         "".join(f"step {i} | grad norm: 2.{i}\n" for i in range(40, 80)))  # templates of other fields
+@example("".join(f"step {i} | grad norm: 2.{i}\n" for i in range(40)) +
+         "".join(f"step {i} | loss: 2.5 | grad norm: 1.{i}\n" for i in range(40, 80)))
 def test_lines_read_by_a_template_are_read_as_the_patterns_read_them(text):
     """A line of the same text as an earlier norm line's, but for its numbers, is read by one match of
     a template made from that line (by the compiled reader, gradtool/io/_logscan.c's template_text, or
