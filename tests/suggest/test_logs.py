@@ -1731,7 +1731,9 @@ def _template_logs(draw):
             lines.append("")
         if draw(st.integers(0, 9)) == 0:  # a line in capitals, or with a character that is not ASCII
             lines[-1] = draw(st.sampled_from([lines[-1].upper(), lines[-1] + " \u00e9", "\u2588" + lines[-1],
-                                              lines[-1].replace("e", "\u0130"), "\U0001f600 " + lines[-1]]))
+                                              lines[-1].replace("e", "\u0130"), "\U0001f600 " + lines[-1],
+                                              lines[-1].replace("r", "\u03a3"), "\u00c9\u2160 " + lines[-1],
+                                              lines[-1].replace(" ", "\u0391\u00df ")]))
     # lines end as str.splitlines() ends them; mostly "\n"
     breaks = draw(st.lists(st.sampled_from(["\n"] * 12 + ["\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d",
                                                            "\x1e", "\x85", "\u2028", "\u2029", "\n\r"]),
@@ -1760,6 +1762,7 @@ def _text_outcome(text):
 @example("step 1 | lr-adamw/group0: 1e-4 | grad norm: 1\nstep 2 | lr-adamw/group1: 1e-4 | grad norm: 2\n")
 @example("loss=2.5, grad_norm=1.0\nloss=2.5, grad_norm=1.1\n[step=5/99]\nlm loss: 9.0\n"
          "loss=2.5, grad_norm=1.2\nloss=2.5, grad_norm=1.3\n")  # no step: the one after a step line is its
+@example("iter 1 | grad norm: 1.5\n\u0130ter 2 | grad norm: 2.5\niter 3 | grad norm: 3.5\n")  # lowered: "i\u0307"
 @example("".join(f"step {i} | loss: 2.5 | grad norm: 1.{i}\n" for i in range(40)) +
          "".join(f"step {i} | grad norm: 2.{i}\n" for i in range(40, 80)))  # templates of other fields
 @example("".join(f"step {i} | grad norm: 2.{i}\n" for i in range(40)) +
@@ -1874,12 +1877,12 @@ def test_a_template_run_reads_the_lines_it_matches_whatever_its_windows(kinds, f
             assert "\u0130" in text[pos:pos + 2 * max(first, window) + 200]
 
 
-@pytest.mark.parametrize("row, compiled", [(_RUN_ROW + " \u2502", True), (_RUN_ROW + " \u2502", False),
+@pytest.mark.parametrize("row, compiled", [(_RUN_ROW + " \u03a3", True), (_RUN_ROW + " \u2502", False),
                                            (" step {:d}, loss {}, grad norm: {}", False)])
 def test_lines_the_compiled_template_does_not_read_are_read_a_run_at_a_time(monkeypatch, row, compiled):
-    """Lines of characters that are not ASCII (which the compiled reader leaves to Python), and any
-    lines without the compiled reader, are read by the template's pattern a run of lines at a time
-    (_LineTemplate.run): not a fullmatch and the reader's Python a line."""
+    """Lines the compiled reader leaves to Python (a capital sigma: str.lower() lowers it by its place in
+    a word), and any lines without the compiled reader, are read by the template's pattern a run of
+    lines at a time (_LineTemplate.run): not a fullmatch and the reader's Python a line."""
     from gradtool.io import text_logs
 
     if not compiled:
@@ -1900,10 +1903,37 @@ def test_lines_the_compiled_template_does_not_read_are_read_a_run_at_a_time(monk
     assert sum(read) == 2999  # every line but the first, from which the template was made
 
 
+@pytest.mark.parametrize("extra", ["\u2502 \u2588\u258c", "\u00c9t\u00c9 \u2160", "\U0001f680 \u0391\u00df",
+                                   "\u212a"])  # (the Kelvin sign: lowered to an ASCII k)
+def test_the_compiled_template_reads_lines_of_characters_that_are_not_ascii(monkeypatch, extra):
+    """A tqdm bar's blocks, accented capitals, Greek, an emoji: the compiled reader lowers them as
+    str.lower() does (their simple mapping) and reads their lines; the history is the patterns'."""
+    from gradtool.io import text_logs
+
+    scan = text_logs._template_text()
+    if scan is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    text = "".join(_RUN_ROW.format(i, 2.0 + i % 5, f"{1 + i / 100:.3f}") + f" {extra}\n"
+                   for i in range(1, 3001))
+    rows = []
+
+    def counted(*a):
+        got = scan(*a)
+        rows.append(got[2])
+        return got
+
+    monkeypatch.setattr(text_logs, "_template_text", lambda: counted)
+    h = text_logs.read_text_log("x.log", text=text)
+    assert sum(rows) == 2999 and h.steps == list(range(1, 3001)) and h.norms[:2] == [1.01, 1.02]
+    monkeypatch.setattr(text_logs._LineTemplate, "of", classmethod(lambda cls, line, match: None))
+    slow = text_logs.read_text_log("x.log", text=text)
+    assert (slow.steps, slow.norms, slow.loss, slow.notes) == (h.steps, h.norms, h.loss, h.notes)
+
+
 def test_the_compiled_template_on_a_text_not_of_one_byte_characters_allocates_a_line_not_the_text():
-    """template_text (gradtool/io/_logscan.c) on a str of two-byte characters (a log with a box-drawing
-    character in every line) allocates about a line: its buffer was sized to the rest of the text at every
-    call, a call a line (200,000 such Megatron lines: 3.1 s, 1.5 s without it)."""
+    """template_text (gradtool/io/_logscan.c) on a str of two-byte characters (a log with a capital sigma
+    in every line, which it leaves to Python) allocates about a line: its buffer was sized to the rest of
+    the text at every call, a call a line (200,000 such Megatron lines: 3.1 s, 1.5 s without it)."""
     import tracemalloc
 
     from gradtool.io import text_logs
@@ -1911,7 +1941,7 @@ def test_the_compiled_template_on_a_text_not_of_one_byte_characters_allocates_a_
     scan = text_logs._template_text()
     if scan is None:
         pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
-    row = _RUN_ROW + " \u2502"
+    row = _RUN_ROW + " \u03a3"
     template = _run_template(row)
     text = "\n".join(row.format(i, 2.0, "1.5") for i in range(1, 50_001)) + "\n"  # 3.6 MB of text
     tracemalloc.start()
