@@ -1762,7 +1762,7 @@ def _text_outcome(text):
 @example("step 1 | lr-adamw/group0: 1e-4 | grad norm: 1\nstep 2 | lr-adamw/group1: 1e-4 | grad norm: 2\n")
 @example("loss=2.5, grad_norm=1.0\nloss=2.5, grad_norm=1.1\n[step=5/99]\nlm loss: 9.0\n"
          "loss=2.5, grad_norm=1.2\nloss=2.5, grad_norm=1.3\n")  # no step: the one after a step line is its
-@example("iter 1 | grad norm: 1.5\n\u0130ter 2 | grad norm: 2.5\niter 3 | grad norm: 3.5\n")  # lowered: "i\u0307"
+@example("iter 1 | grad norm: 1.5\n\u0130ter 2 | grad norm: 2.5\niter 3 | grad norm: 3.5\n")  # "i\u0307"
 @example("".join(f"step {i} | loss: 2.5 | grad norm: 1.{i}\n" for i in range(40)) +
          "".join(f"step {i} | grad norm: 2.{i}\n" for i in range(40, 80)))  # templates of other fields
 @example("".join(f"step {i} | grad norm: 2.{i}\n" for i in range(40)) +
