@@ -69,10 +69,13 @@ def read_mapped_dict_lines(path: str, key: str | None, source: str,
             return None
         data, start = mapped
         head = _utf8_head(data, start, _DictTemplate.BLOCK)
-        if head is None or not reads_first(*head) or is_fairseq(data):
+        if head is None or not reads_first(*head):
             return None
-        table = _DictTemplate.table_of_utf8(data, start, head[0])
-    return None if table is None else _table_history(table, source, key)
+        template = _DictTemplate._first(_newline_lines(head[0]))  # (before fairseq's search of the
+        if template is None or is_fairseq(data):  # whole log: a log of other lines has no template)
+            return None
+        table = _DictTemplate.table_of_utf8(data, start, template)
+    return _table_history(table, source, key)
 
 
 def _utf8_head(data: Any, start: int, chars: int) -> tuple[str, bool] | None:
@@ -236,15 +239,12 @@ class _DictTemplate:
         return cls._read(template, text, 0, readers, _line_end, lambda lo, hi: text[lo:hi])
 
     @classmethod
-    def table_of_utf8(cls, data: Any, start: int, head: str) -> _DictTable | None:
+    def table_of_utf8(cls, data: Any, start: int, template: _DictTemplate) -> _DictTable:
         """:meth:`table` of the text UTF-8 bytes ``data[start:]`` decode to (invalid bytes replaced), read
-        from the bytes by the compiled reader and the lines it leaves decoded one block at a time; ``head``
-        the text's first block (:func:`_utf8_head`). None when that makes no template."""
+        from the bytes by the compiled reader and the lines it leaves decoded one block at a time;
+        ``template``: that of the text's first block (:func:`_utf8_head`)."""
         from .compiled import log_readers
 
-        template = cls._first(_newline_lines(head))
-        if template is None:
-            return None
         readers = log_readers() if template.ops is not None else None
         return cls._read(template, data, start, readers, _utf8_line_end,
                          lambda lo, hi: str(data[lo:hi], "utf-8", "replace"))
