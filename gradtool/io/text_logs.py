@@ -14,7 +14,7 @@ from functools import partial
 from itertools import islice
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from .logs import NormHistory, _clip_words, _find_norm_key, _noted, _read_text, from_records
 
 _UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # 1,234 at the end of a value
@@ -65,7 +65,14 @@ def read_text_log(path: str, key: str | None = None, text: str | None = None) ->
 
     A norm line without a step of its own takes the step line before it (once). Norm lines still without
     a step are left out when most have one (a warning that names the norm); when most have none, the
-    steps are the lines' order. Either is said in the history's notes."""
+    steps are the lines' order. Either is said in the history's notes.
+
+    The norm is found by its names: ``key`` (``--key``) may name one of them (``grad_norm``, ``grad
+    norm``, ``norm``, ...); another is a usage error (it was ignored, and the norm read without a word)."""
+    if key is not None and key.strip().lower() != "norm" and not re.search(_NORM_NAME, key.lower()):
+        raise UsageError(f"{path}: no metric {key!r}: a text log's gradient norm is read by its name ('grad "
+                         "norm', 'grad_norm', 'gnorm', 'total_norm', 'norm', ...); --key picks a metric of a "
+                         "log of named values (JSON Lines, CSV, dict lines, a tracker's run)")
     text = _read_text(path) if text is None else text
     text = without_terminal_codes(text)
     llmc = text.startswith("s:") or _LLMC_LINE.search(text) is not None  # llm.c's main.log (s:100 ...)

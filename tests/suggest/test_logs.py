@@ -2397,3 +2397,25 @@ def test_a_mapped_log_reads_as_a_log_read_into_memory(tmp_path, monkeypatch, nam
     assert got == _LOG_TEXTS[name] if kind == "text" else (str(p) in got and _LOG_TEXTS[name] in got)
     assert len(maps) == (0 if name == "empty" else 1) and all(m.closed for m in maps)  # (an empty file: read)
     assert p.read_bytes() == _LOG_BYTES[name]
+
+
+def test_a_key_a_text_log_cannot_read_is_a_usage_error(tmp_path, run):
+    """--key on a text log names its gradient norm (by any of the names the text reader reads it by); a
+    key it cannot read (a loss, a typo) was ignored and the norm read without a word: now exit 2, one
+    line. A console of dict lines reads any of its keys, and the others are the same error."""
+    meg = tmp_path / "train.log"
+    meg.write_text("".join(f" iteration {i:6d}/ 100 | lm loss: 2.0 | grad norm: {1 + i / 100:.3f} |\n"
+                           for i in range(1, 40)))
+    for key in ("grad_norm", "grad norm", "gnorm", "norm", None):
+        assert read_norm_log(str(meg), key=key).norms[:2] == [1.01, 1.02]
+    for key in ("lm loss", "grad_nrom"):
+        with pytest.raises(UsageError, match=f"no metric {key!r}: a text log's gradient norm is read by"):
+            read_norm_log(str(meg), key=key)
+    r = run("suggest-threshold", str(meg), "--key", "loss")
+    assert r.exit_code == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    con = tmp_path / "console.log"
+    con.write_text("***** Running training *****\n" + "".join(
+        f"{{'loss': {3 - i / 100}, 'grad_norm': {1 + i / 100}, 'epoch': {i / 100}}}\n" for i in range(40)))
+    assert read_norm_log(str(con), key="loss").norms[:2] == [3.0, 2.99]
+    with pytest.raises(UsageError, match="no metric 'nope'"):
+        read_norm_log(str(con), key="nope")
