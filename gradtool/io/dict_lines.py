@@ -47,6 +47,21 @@ def read_dict_lines(path: str, key: str | None = None, text: str | None = None) 
     return None if hist is None else _console_history(hist, path, keys, notes)
 
 
+def no_norm_in_dict_lines(path: str, key: str | None, text: str) -> Exception | None:
+    """The error to give for a log that ``text`` holds whose dict lines (``{'loss': ...}``) hold no gradient
+    norm, or none named ``key`` (``--key``): a usage error that lists their keys, or without ``key`` an
+    input error that says to name one (:func:`~gradtool.io.logs.no_norm_metric`); the other readers'
+    ("no JSON objects found", "no 'grad norm: X' values") miss what the log is. None when it has no dict lines, or they
+    hold the norm (its values are not numbers: the other reader's error stands)."""
+    from .logs import no_norm_metric
+
+    table = None if is_fairseq(text) else _DictTemplate.table(text)  # (a template: a line with a norm)
+    keys = table.keys() if table is not None else _general_records(text, key)[1]
+    if not keys or _find_norm_key(keys, key) is not None:
+        return None
+    return no_norm_metric(f"{path}: its dict lines have", keys, key)
+
+
 def read_mapped_dict_lines(path: str, key: str | None, source: str,
                            reads_first: Callable[[str, bool], bool]) -> NormHistory | None:
     """:func:`read_dict_lines` of the log at ``path`` (``source`` names it) read from a memory map of its

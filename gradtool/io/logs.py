@@ -1899,7 +1899,7 @@ def read_norm_log(path: str, key: str | None = None, *, source: str | None = Non
 
 def _read_norm_log(path: str, key: str | None, source: str, run: str | None = None) -> NormHistory:
     from . import mlflow_store
-    from .dict_lines import read_dict_lines, read_mapped_dict_lines
+    from .dict_lines import no_norm_in_dict_lines, read_dict_lines, read_mapped_dict_lines
     from .text_logs import _csv_header_like, _is_json, read_text_log
     from .detect import SQLITE_MAGIC, head_of
 
@@ -1929,6 +1929,7 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
         return mlflow_store.read_metric_file(path, text, key, source)
     # a JSON array opens with [ then { (or is empty); "[rank0]: step: 1 ...", "[2024-01-01 ...] INFO" are text
     opening = text[at]
+    dict_lines_read = False
     if opening == "{" or (opening == "[" and _next_character(text, at + 1) in ("{", "]", "")):
         stripped = text[at:]
         if opening == "{":
@@ -1946,15 +1947,22 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
             if "'" in first and not _is_json(first):  # {'loss': ...} lines: Python reprs, not JSON
                 if (console := read_dict_lines(source, key, text)) is not None:
                     return console
-            if first.strip() == "{" and error is not None:  # "{" on a line of its own: an indented document
-                if records := _concatenated_objects(stripped):  # or records dumped one after another
-                    return from_records(records, source, "jsonl", key)
-                raise InputError(_malformed_json(source, stripped, error))
-            return read_jsonl(source, key, text)
-        doc = _loads(text, source)
-        if isinstance(doc, list):
-            return from_records(doc, source, "json", key)
-    if not csv_name and "{" in text and (console := read_dict_lines(source, key, text)):
+                try:  # (JSON Lines after a dict printed first: nested records, which dict lines leave)
+                    return read_jsonl(source, key, text)
+                except InputError:  # a text log's lines after a config printed as a dict: read below
+                    dict_lines_read = True
+            else:
+                if first.strip() == "{" and error is not None:  # "{" on a line of its own: an indented
+                    if records := _concatenated_objects(stripped):  # document, or records dumped one
+                        return from_records(records, source, "jsonl", key)  # after another
+                    raise InputError(_malformed_json(source, stripped, error))
+                return read_jsonl(source, key, text)
+        else:
+            doc = _loads(text, source)
+            if isinstance(doc, list):
+                return from_records(doc, source, "json", key)
+    if (not csv_name and not dict_lines_read and "{" in text
+            and (console := read_dict_lines(source, key, text))):
         return console
     if csv_name or (("," in first or "\t" in first) and "{" not in first and _csv_header_like(first, key)):
         if run is None:
@@ -1963,7 +1971,12 @@ def _read_norm_log(path: str, key: str | None, source: str, run: str | None = No
         hist = read_csv(source, column, text)
         hist.run = chosen
         return hist
-    return read_text_log(source, key, text)
+    try:
+        return read_text_log(source, key, text)
+    except (InputError, UsageError):  # no norm found: a console of dict lines says what it holds
+        if "{" in text and (error := no_norm_in_dict_lines(source, key, text)) is not None:
+            raise error from None
+        raise
 
 
 _SPACES = re.compile(r"\s*")

@@ -2419,3 +2419,68 @@ def test_a_key_a_text_log_cannot_read_is_a_usage_error(tmp_path, run):
     assert read_norm_log(str(con), key="loss").norms[:2] == [3.0, 2.99]
     with pytest.raises(UsageError, match="no metric 'nope'"):
         read_norm_log(str(con), key="nope")
+
+
+@pytest.mark.parametrize("opening", ["", "  5%|▌         | 1/40 [00:00<00:01, 30.0it/s]\n"])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_console_of_dict_lines_without_the_norm_says_what_its_dict_lines_hold(tmp_path, run, monkeypatch,
+                                                                               opening, mapped):
+    """A console whose dict lines lack the metric --key names, or (without --key) any gradient norm, says
+    so and lists their keys, as a JSON Lines log does: the readers tried after the dict lines answered
+    instead, "no JSON objects found" (exit 1, for a --key: a usage error) when the first line is a dict,
+    else the text reader's "no 'grad norm: X' values". Whether the log opens with a dict or a progress
+    bar, decoded or read from its memory map."""
+    from gradtool.io import logs
+
+    monkeypatch.setattr(logs, "_MAP_LOG_BYTES", 0 if mapped else 1 << 60)
+    con = tmp_path / "console.log"
+    lines = [f"{{'loss': {3 - i / 100}, 'grad_norm': {1 + i / 100}, 'learning_rate': 1e-05, 'epoch': {i / 100}}}\n"
+             for i in range(40)]
+    con.write_text(opening + "".join(lines))
+    r = run("suggest-threshold", str(con), "--key", "nope")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == (f"gradtool: error: {con}: its dict lines have no metric 'nope' "
+                                "(metrics: epoch, grad_norm, learning_rate, loss)")
+    assert read_norm_log(str(con), key="learning_rate").norms[:2] == [1e-05, 1e-05]  # (any of its keys)
+    bare = tmp_path / "no_norm.log"
+    bare.write_text(opening + "".join(line.replace("grad_norm", "tokens") for line in lines))
+    r = run("suggest-threshold", str(bare))
+    assert r.exit_code == 1 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith(f"gradtool: error: {bare}: its dict lines have no gradient-norm metric (metrics: "
+                               "epoch, learning_rate, loss, tokens); name it with --key; the Hugging Face Trainer")
+    assert read_norm_log(str(bare), key="tokens").norms[:2] == [1.0, 1.01]  # (and --key names one)
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_text_log_after_a_config_printed_as_a_dict(tmp_path, run, monkeypatch, mapped):
+    """A log that opens with a config printed as a dict (``print(vars(args))``) and goes on in text lines
+    (or nested JSON Lines) is read by them: it ended in "no JSON objects found" (exit 1), the first
+    line's "{" having sent it to the JSON Lines reader once its dict lines held no norm."""
+    from gradtool.io import logs
+
+    monkeypatch.setattr(logs, "_MAP_LOG_BYTES", 0 if mapped else 1 << 60)
+    meg = tmp_path / "train.log"
+    meg.write_text("{'seed': 1, 'lr': 0.1}\n" + "".join(
+        f" iteration {i:6d}/ 100 | lm loss: 2.0 | grad norm: {1 + i / 100:.3f} |\n" for i in range(1, 40)))
+    hist = read_norm_log(str(meg))
+    assert hist.norms[:2] == [1.01, 1.02] and hist.steps[:2] == [1, 2]
+    r = run("suggest-threshold", str(meg), "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["history"]["n"] == 39
+    nested = tmp_path / "nested.log"
+    nested.write_text("{'seed': 1}\n" + "".join(json.dumps({"step": i, "train": {"grad_norm": 1 + i / 100}}) + "\n"
+                                                for i in range(1, 40)))
+    hist = read_norm_log(str(nested))
+    assert hist.norms[:2] == [1.01, 1.02] and hist.steps[:2] == [1, 2]
+
+
+def test_a_text_log_with_a_dict_line_keeps_its_own_errors(tmp_path):
+    """A text log without norm lines whose dict lines hold a norm whose values are no numbers keeps the
+    text reader's error; a text log without dict lines keeps it too."""
+    odd = tmp_path / "odd.log"
+    odd.write_text("step 1 loss 2\n{'grad_norm': 'n/a'}\n")
+    with pytest.raises(InputError, match="no 'grad norm: X' values found"):
+        read_norm_log(str(odd))
+    plain = tmp_path / "plain.log"
+    plain.write_text("step 1 loss 2\nstep 2 loss 1\n")
+    with pytest.raises(InputError, match="no 'grad norm: X' values found"):
+        read_norm_log(str(plain))
