@@ -400,10 +400,17 @@ class DumpReader:
         return fd, offset
 
     def _buffer(self, nbytes: int, phase: int = 0) -> np.ndarray:
-        """The reader's reused read buffer: ``nbytes`` (uint8, 64-byte aligned) at ``phase`` in a page."""
-        buffers = getattr(self, "_chunk_buffer", None)
+        """The reader's reused read buffer of this thread (threads may read tensors of one reader at once:
+        :func:`~gradtool.summarize._summarize_compressed`): ``nbytes`` (uint8, 64-byte aligned) at ``phase``
+        in a page."""
+        local = self.__dict__.get("_chunk_buffers")
+        if local is None:
+            import threading
+
+            local = self.__dict__.setdefault("_chunk_buffers", threading.local())
+        buffers = getattr(local, "buffer", None)
         if buffers is None:
-            buffers = self._chunk_buffer = PhasedBuffer()
+            buffers = local.buffer = PhasedBuffer()
         return buffers.get(max(nbytes, 1 << 16), phase)
 
     def _pread_chunks(self, fd: int, offset: int, info: TensorInfo, chunk_elements: int) -> Iterator[np.ndarray]:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .inflate import decompress
+from .inflate import decompress_exactly
 
 WORKERS = 2
 MAX_BAND_BYTES = 16 << 20  # one band of chunk rows, inflated (bigger bands: h5py's path)
@@ -62,7 +62,7 @@ def deflate_plan(dsid: Any, shape: tuple[int, ...], itemsize: int) -> DeflatePla
         if codes not in ([h5py.h5z.FILTER_DEFLATE], [h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE]):
             return None
         chunk = tuple(int(c) for c in dcpl.get_chunk())
-        if len(chunk) != len(shape) or chunk[0] * math.prod(shape[1:]) * itemsize > MAX_BAND_BYTES:
+        if len(chunk) != len(shape) or not in_bands(shape, chunk, itemsize):
             return None
         chunks: dict[tuple[int, ...], tuple[int, int]] = {}
         unusable = []
@@ -86,23 +86,49 @@ def deflate_plan(dsid: Any, shape: tuple[int, ...], itemsize: int) -> DeflatePla
     return plan
 
 
+def in_bands(shape: tuple[int, ...], chunk: tuple[int, ...], itemsize: int) -> bool:
+    """Whether a band of chunk rows of a dataset of ``shape`` in chunks of ``chunk`` is at most
+    MAX_BAND_BYTES (:func:`iter_row_blocks` holds one)."""
+    return chunk[0] * math.prod(shape[1:]) * itemsize <= MAX_BAND_BYTES
+
+
+def inflate_whole(fd: int, plan: DeflatePlan, dtype: np.dtype, where: str) -> np.ndarray:
+    """The whole dataset of ``plan``, its chunks inflated one after another on this thread (for a dataset
+    of a few chunks, or a thread of a pool that reads many datasets at once): a new array of the plan's
+    shape (the chunk's array itself, read-only unless shuffled, when one chunk is the dataset)."""
+    if len(plan.chunks) == 1 and plan.chunk == plan.shape:
+        return inflate_chunk(fd, plan, (0,) * len(plan.shape), dtype, where)
+    out = np.empty(plan.shape, dtype)
+    for key in product(*(range(g) for g in plan.grid)):
+        dst = tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(key, plan.chunk, plan.shape))
+        out[dst] = inflate_chunk(fd, plan, key, dtype, where)[tuple(slice(0, d.stop - d.start) for d in dst)]
+    return out
+
+
 def inflate_chunk(fd: int, plan: DeflatePlan, key: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
     """One chunk, whole (edge chunks are stored at full size), as an array of the chunk's shape."""
     offset, size = plan.chunks[key]
+    return inflated(fd, offset, size, math.prod(plan.chunk), dtype, plan.shuffle, where).reshape(plan.chunk)
+
+
+def inflated(fd: int, offset: int, size: int, count: int, dtype: np.dtype, shuffle: bool, where: str) -> np.ndarray:
+    """The ``count`` elements of ``dtype`` that the deflate stream of ``size`` bytes at ``offset`` of
+    ``fd`` (an HDF5 chunk) holds, HDF5's shuffle undone when ``shuffle``, as a new 1-D array; a one-line
+    error naming ``where`` for a stream that is cut short, corrupt or of another length."""
     data = os.pread(fd, size, offset)
     if len(data) != size:
         raise InputError(f"{where}: truncated (a compressed chunk ends past the end of the file)")
+    nbytes = count * dtype.itemsize
     try:
-        raw = decompress(data)
+        raw = decompress_exactly(data, nbytes)
     except zlib.error as exc:
         raise InputError(f"{where}: corrupt compressed chunk ({exc})") from None
-    nbytes = math.prod(plan.chunk) * dtype.itemsize
-    if len(raw) != nbytes:
-        raise InputError(f"{where}: a compressed chunk inflates to {len(raw)} bytes, not {nbytes}")
+    if raw is None:
+        raise InputError(f"{where}: a compressed chunk does not inflate to the {nbytes} bytes of its elements")
     a = np.frombuffer(raw, np.uint8)
-    if plan.shuffle and dtype.itemsize > 1:  # HDF5's shuffle stores byte k of every element together
+    if shuffle and dtype.itemsize > 1:  # HDF5's shuffle stores byte k of every element together
         a = np.ascontiguousarray(a.reshape(dtype.itemsize, -1).T)
-    return a.view(dtype).reshape(plan.chunk)
+    return a.view(dtype)
 
 
 def iter_row_blocks(fd: int, plan: DeflatePlan, dtype: np.dtype, rows_per_block: int, where: str) -> Iterator[np.ndarray]:

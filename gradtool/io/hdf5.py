@@ -113,6 +113,34 @@ def _first_link_outside(h5py: Any, gid: Any, soft: dict[bytes, bytes] | None = N
     return gid.links.visit(visit, info=True)
 
 
+def _as_h5py_sees(h5py: Any, dsid: Any,
+                  found: h5header.Contiguous | h5header.Deflated) -> h5header.Contiguous | h5header.Deflated | None:
+    """What h5py says of a dataset (by its low-level id) in the terms of :func:`.h5header.read_dataset`
+    and of the kind of its answer ``found``: to check that answer. None when h5py says it is not of that
+    kind."""
+    shape, dtype = tuple(dsid.shape), dsid.dtype
+    try:
+        if isinstance(found, h5header.Contiguous):
+            offset = dsid.get_offset()
+            return None if offset is None else h5header.Contiguous(shape, dtype, offset)
+        dcpl = dsid.get_create_plist()
+        filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]  # (code, flags, values, name)
+        codes = [f[0] for f in filters]
+        if (dcpl.get_layout() != h5py.h5d.CHUNKED
+                or codes not in ([h5py.h5z.FILTER_DEFLATE], [h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE])):
+            return None
+        chunk = tuple(int(c) for c in dcpl.get_chunk())
+        chunks = {}
+        for i in range(dsid.get_num_chunks()):
+            info = dsid.get_chunk_info(i)
+            if info.filter_mask or info.byte_offset is None:
+                return None
+            chunks[tuple(o // c for o, c in zip(info.chunk_offset, chunk))] = (info.byte_offset, info.size)
+        return h5header.Deflated(shape, dtype, chunk, len(codes) == 2, filters[-1][2][0], found.tree, chunks)
+    except Exception:  # (h5py's errors on anything it cannot answer)
+        return None
+
+
 def _data_outside(h5py: Any, dsid: Any) -> str | None:
     """Where a dataset (by its low-level id) keeps its data outside its file, said for a message, or None.
     Raw external storage (``external=`` in h5py) names any file on the disk, read as the dataset's bytes:
@@ -344,6 +372,7 @@ class Hdf5Reader(DumpReader):
         self._root = root
         self.metadata = {k: _plain(v) for k, v in _attrs(root).items()}
         self._offsets: dict[str, int] = {}
+        self._deflated: dict[str, h5inflate.DeflatePlan] = {}  # gzip datasets read from their headers
         self._plans: dict[str, h5inflate.DeflatePlan | None] = {}
         self._datasets: dict[str, Any] = {}  # the datasets open (see _dataset)
         self._datasets_lock = threading.Lock()
@@ -354,26 +383,29 @@ class Hdf5Reader(DumpReader):
         # plain contiguous datasets from their object headers (h5header): 8-byte addresses, no user block
         headers = fcpl.get_sizes() == (8, 8) and fcpl.get_userblock() == 0
         file_size = os.fstat(self._fd()).st_size if headers else 0
-        checked = False  # the first dataset read from its header is checked against h5py
+        checked: set[bool] = set()  # the first dataset of each kind read from its header (deflated or not)
+        # is checked against h5py
 
         def visit(key: bytes, info: Any) -> None:
-            nonlocal headers, checked, objects
+            nonlocal headers, objects
             objects += 1
             name = _decode(key, p)
             if info.type == h5o.TYPE_DATASET:
                 found = None
                 if headers and not info.num_attrs:  # attributes: h5py reads them
-                    found = h5header.read_contiguous(self._fd(), info.addr, file_size)
+                    found = h5header.read_dataset(self._fd(), info.addr, file_size)
                 dsid = None
-                if found is not None and not checked:
-                    checked = True
+                if found is not None and (deflated := isinstance(found, h5header.Deflated)) not in checked:
+                    checked.add(deflated)
                     dsid = h5d.open(rid, key)
-                    if (dsid.get_offset(), tuple(dsid.shape), dsid.dtype) != (found[2], found[0], found[1]):
+                    if _as_h5py_sees(h5py, dsid, found) != found:
                         headers, found = False, None  # not what h5header expects: h5py for this file
                 if found is None:
                     self._add_dataset(name, dsid if dsid is not None else h5d.open(rid, key), info.num_attrs)
-                else:
+                elif isinstance(found, h5header.Contiguous):
                     self._add_contiguous(name, *found)
+                else:
+                    self._add_deflated(name, found)
             elif info.type == h5o.TYPE_GROUP:
                 top = self.group is None and b"/" not in key
                 if top:
@@ -400,6 +432,7 @@ class Hdf5Reader(DumpReader):
         self.soft_links = {_decode(k, p): _decode(v, p) for k, v in soft.items()}  # kept by clip's output
         if len(hard) > objects:  # an object under two names: H5Ovisit gave it once
             self.hard_links = self._aliases(h5py, rid, hard)
+        self.compressed = bool(self._deflated)  # (summarised by inflating datasets on two threads)
 
     def _aliases(self, h5py: Any, rid: Any, hard: list[bytes]) -> dict[str, str]:
         """The second names of objects reached by several hard links (``hard``: every hard link's path, by
@@ -424,6 +457,15 @@ class Hdf5Reader(DumpReader):
         p = self.display_path
         self._offsets[name] = offset
         self.tensors.append(TensorInfo(name, check_shape(shape, name, p), check_dtype(dtype, name, p)))
+
+    def _add_deflated(self, name: str, found: h5header.Deflated) -> None:
+        """A gzip dataset without attributes whose chunks were found from its object header and chunk
+        B-tree (:func:`.h5header.read_dataset`): indexed without opening it, and read by inflating its
+        chunks here (:meth:`_inflated`), not by HDF5."""
+        p = self.display_path
+        self._deflated[name] = h5inflate.DeflatePlan(found.shape, found.chunk, found.shuffle, found.chunks or {})
+        self.tensors.append(TensorInfo(name, check_shape(found.shape, name, p), check_dtype(found.dtype, name, p),
+                                       compression="gzip", compression_opts=found.level))
 
     def _add_dataset(self, name: str, dsid: Any, num_attrs: int) -> None:
         h5py = _h5py()
@@ -477,6 +519,9 @@ class Hdf5Reader(DumpReader):
                              f"({type(exc).__name__}: {exc})") from None
 
     def _read(self, info: TensorInfo) -> np.ndarray:
+        if info.name in self._deflated:
+            data = self._inflated(info)
+            return (data if data.flags.writeable else data.copy()).reshape(info.shape)
         ds = self._dataset(info.name)
         out = allocate(info, self.display_path, read_from=self._offsets.get(info.name))  # contiguous: placed
         try:
@@ -501,11 +546,22 @@ class Hdf5Reader(DumpReader):
         if offset is not None:  # contiguous: read the bytes at their file offset
             yield from self._pread_chunks(self._fd(), offset, info, chunk_elements)
             return
+        row = max(1, info.size // max(info.shape[0], 1) if info.shape else 1)
+        rows = max(1, chunk_elements // row)
+        plan = self._deflated.get(info.name)  # a gzip dataset read from its header: inflated here
+        if plan is not None and (len(plan.chunks) == 1 or info.nbytes <= SMALL_DATASET_BYTES):
+            data = self._inflated(info)  # (its few chunks, on this thread), in the blocks of whole rows
+            step = rows * row  # the paths below give (the same statistics, bit for bit)
+            for start in range(0, data.size, step):
+                yield data[start: start + step]
+            return
+        if plan is not None and h5inflate.in_bands(plan.shape, plan.chunk, info.dtype.itemsize):
+            where = f"{self.display_path}: dataset {info.name!r}"  # (many chunks: on two cores)
+            yield from h5inflate.iter_row_blocks(self._fd(), plan, info.dtype, min(rows, info.shape[0]), where)
+            return
         if not info.shape:
             yield self._read(info).reshape(-1)
             return
-        row = max(1, info.size // info.shape[0])
-        rows = max(1, chunk_elements // row)
         if info.shape[0] <= rows and info.nbytes <= SMALL_DATASET_BYTES:  # one block: read whole by HDF5's
             # own read, without h5py's high-level dataset, selection or a plan of its chunks (20,000 gzip
             # datasets of 50 elements: ~180 -> ~50 us each)
@@ -534,6 +590,24 @@ class Hdf5Reader(DumpReader):
             except Exception as exc:
                 raise InputError(f"{self.display_path}: cannot read dataset {info.name!r} ({exc})") from None
             yield out.reshape(-1)
+
+    def _inflated(self, info: TensorInfo) -> np.ndarray:
+        """A gzip dataset read from its header (:meth:`_add_deflated`), its chunks inflated one after
+        another: a new 1-D array (read-only when it is one chunk, not shuffled)."""
+        return h5inflate.inflate_whole(self._fd(), self._deflated[info.name], info.dtype,
+                                       f"{self.display_path}: dataset {info.name!r}").reshape(-1)
+
+    def inflated_chunks(self, info: TensorInfo, chunk_elements: int,
+                        buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:
+        """A tensor's elements as :meth:`iter_chunks` gives them in chunks of STREAM_CHUNK elements, for a
+        worker thread of :func:`~gradtool.summarize._summarize_compressed`, which summarises a file with
+        gzip datasets read from their headers (:attr:`compressed`), those and the others (the blocks of
+        whole rows a chunked dataset is read in depend on the chunk size asked for, and the statistics on
+        the blocks: the same as streaming it, whatever ``chunk_elements``; ``buffer`` unused: a chunk
+        inflates to new bytes, and the reader's buffers are each thread's own)."""
+        from ..core.stats import STREAM_CHUNK
+
+        return self.iter_chunks(info, STREAM_CHUNK)
 
     def _fd(self) -> int:
         if getattr(self, "_raw_fd", None) is None:

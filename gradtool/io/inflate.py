@@ -53,6 +53,18 @@ def decompress(data: bytes, wbits: int = zlib.MAX_WBITS) -> Any:
     return judged_by_zlib(lambda mod: mod.decompress(data, wbits))
 
 
+def decompress_exactly(data: bytes, size: int, wbits: int = zlib.MAX_WBITS) -> bytes | None:
+    """The ``size`` bytes the zlib stream ``data`` inflates to (by isal when it can, as
+    :func:`decompress`), or None when it holds more, less, or data after its end: never more than
+    ``size`` + 1 bytes made (a stream of a few bytes can inflate to gigabytes)."""
+    def inflate(mod: ModuleType) -> bytes | None:
+        stream = mod.decompressobj(wbits)
+        out = stream.decompress(data, size + 1)
+        return out if len(out) == size and stream.eof and not stream.unused_data else None
+
+    return judged_by_zlib(inflate)
+
+
 def fast_zipfile_crc() -> None:
     """Let the standard ``zipfile`` module take its CRC-32 from :func:`fast_zlib`: zipfile calls its module
     global ``zipfile.crc32`` for every byte of every member it writes or reads (zlib's took 0.2 s of a

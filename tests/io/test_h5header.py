@@ -123,16 +123,19 @@ def test_a_file_where_the_header_disagrees_with_h5py_is_read_by_h5py(tmp_path, m
 
     path = str(tmp_path / "d.h5")
     save_dump(path, {f"t{i}": np.full(10, i, np.float32) for i in range(4)})
-    real = h5header.read_contiguous
+    real = h5header.read_dataset
+    calls = []
 
     def off_by_four(fd, address, size):
+        calls.append(address)
         found = real(fd, address, size)
-        return None if found is None else (found[0], found[1], found[2] + 4)
+        return None if found is None else found._replace(offset=found.offset + 4)
 
-    monkeypatch.setattr(h5header, "read_contiguous", off_by_four)
+    monkeypatch.setattr(h5header, "read_dataset", off_by_four)
     assert _reader_view(path) == _h5py_view(path)
     with open_dump(path) as r:
         assert [float(next(r.iter_chunks(i, 10))[0]) for i in r.tensors] == [0.0, 1.0, 2.0, 3.0]
+    assert calls  # (the shortcut was asked, and its answer refused)
 
 
 @settings(max_examples=300, deadline=None)
@@ -144,21 +147,30 @@ def test_parse_header_never_raises_and_stays_consistent(data, seed):
     real = bytearray(_REAL_HEADER)
     for _ in range(int(rng.integers(0, 4))):
         real[int(rng.integers(0, len(real)))] ^= 1 << int(rng.integers(0, 8))
-    for head in (data, bytes(real)):
+    gzip = bytearray(_REAL_GZIP_HEADER)
+    for _ in range(int(rng.integers(0, 4))):
+        gzip[int(rng.integers(0, len(gzip)))] ^= 1 << int(rng.integers(0, 8))
+    for head in (data, bytes(real), bytes(gzip)):
         found = h5header.parse_header(head)
-        if found is not None:
+        if isinstance(found, h5header.Contiguous):
             shape, dtype, address = found
             assert all(d >= 0 for d in shape) and address >= 0
+        elif found is not None:
+            assert isinstance(found, h5header.Deflated) and found.chunks is None
+            assert len(found.chunk) == len(found.shape) and all(c > 0 for c in found.chunk)
+            assert all(d > 0 for d in found.shape) and found.tree >= 0 and found.level >= 0
+            shape, dtype = found.shape, found.dtype
+        if found is not None:
             assert dtype in {d for _, d in h5header.COMMON_TYPES}
 
 
-def _real_header():
+def _real_header(**kw):
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "r.h5")
         with h5py.File(path, "w") as f:
-            f.create_dataset("x", data=np.zeros((5, 7), np.float32))
+            f.create_dataset("x", data=np.zeros((5, 7), np.float32), **kw)
         with h5py.File(path, "r") as f:
             addr = h5py.h5o.get_info(f.id, b"x").addr
         with open(path, "rb") as f:
@@ -167,6 +179,7 @@ def _real_header():
 
 
 _REAL_HEADER = _real_header()
+_REAL_GZIP_HEADER = _real_header(compression="gzip", shuffle=True, chunks=(2, 7))
 
 
 def test_truncated_data_is_still_reported(tmp_path):
@@ -183,3 +196,121 @@ def test_truncated_data_is_still_reported(tmp_path):
     with pytest.raises(InputError, match="d.h5"):
         with Hdf5Reader(path) as r:
             summarize_dump(r)
+
+
+def _gzip_dump(path, n=6, **kw):
+    rng = np.random.default_rng(3)
+    want = {}
+    with h5py.File(path, "w") as f:
+        for i in range(n):
+            a = (rng.standard_normal((i + 1, 300 * (i + 1))) * 10).astype(np.float32)
+            f.create_dataset(f"g/t{i}", data=a, compression="gzip", **kw)
+            want[f"g/t{i}"] = a
+    return want
+
+
+@pytest.mark.parametrize("kw", [{}, {"shuffle": True}, {"compression_opts": 9}, {"chunks": (1, 300)}])
+def test_gzip_datasets_are_read_from_their_headers_without_opening_them(tmp_path, monkeypatch, kw):
+    """A gzip dump (h5py's own chunking: one chunk, or several) is indexed without opening its datasets
+    but the first, checked against h5py; each dataset reads as h5py reads it, from its chunks' bytes,
+    and keeps its compression and level (clip writes them back)."""
+    path = str(tmp_path / "gz.h5")
+    want = _gzip_dump(path, **kw)
+    opened = []
+    real = h5py.h5d.open
+    monkeypatch.setattr(h5py.h5d, "open", lambda *a, **k: opened.append(a[1]) or real(*a, **k))
+    with open_dump(path) as r:
+        assert sorted(r._deflated) == sorted(want)
+        assert len(opened) == 1  # the first one only, checked against h5py
+        for info in r.tensors:
+            assert (info.compression, info.compression_opts) == ("gzip", kw.get("compression_opts", 4))
+            np.testing.assert_array_equal(r.read(info.name), want[info.name])
+            got = np.concatenate([c.copy() for c in r.iter_chunks(info, 1 << 16)])
+            np.testing.assert_array_equal(got, want[info.name].reshape(-1))
+    assert len(opened) == 1  # and read without opening them
+
+
+def test_a_gzip_file_where_the_header_disagrees_with_h5py_is_read_by_h5py(tmp_path, monkeypatch):
+    """If the first gzip dataset read from its header differs from what h5py says of it, no dataset of
+    that file is taken from its header."""
+    path = str(tmp_path / "gz.h5")
+    want = _gzip_dump(path, shuffle=True)
+    real = h5header.read_dataset
+
+    def unshuffled(fd, address, size):
+        found = real(fd, address, size)
+        return found._replace(shuffle=False) if isinstance(found, h5header.Deflated) else found
+
+    monkeypatch.setattr(h5header, "read_dataset", unshuffled)
+    with open_dump(path) as r:
+        assert not r._deflated and not r.compressed
+        for info in r.tensors:
+            np.testing.assert_array_equal(r.read(info.name), want[info.name])
+
+
+def test_gzip_datasets_it_does_not_know_go_to_h5py(tmp_path):
+    """Other filters, attributes, a chunk never written (the fill value), more chunks than one B-tree
+    leaf holds: opened by h5py, read as h5py reads them."""
+    path = str(tmp_path / "other.h5")
+    a = np.arange(4000, dtype=np.float32).reshape(40, 100)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("fletcher", data=a, compression="gzip", fletcher32=True)
+        f.create_dataset("lzf", data=a, compression="lzf")
+        f.create_dataset("attrs", data=a, compression="gzip").attrs["unit"] = "x"
+        f.create_dataset("many", data=a, chunks=(1, 50), compression="gzip")  # 80 chunks: two leaves
+        f.create_dataset("sparse", shape=(40, 100), dtype="f4", chunks=(10, 100), compression="gzip",
+                         fillvalue=7.0)[0:10] = 1.0
+        f.create_dataset("ok", data=a, compression="gzip")
+    with open_dump(path) as r:
+        assert sorted(r._deflated) == ["ok"]
+        for name in ("fletcher", "lzf", "attrs", "many", "ok"):
+            np.testing.assert_array_equal(r.read(name), a)
+        assert r.read("sparse")[20, 0] == 7.0
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "bomb", "truncated"])
+def test_a_bad_gzip_chunk_is_a_one_line_error(tmp_path, damage, run):
+    """A chunk whose bytes are corrupt, that inflates to more than its elements (never held whole: at
+    most its size + 1 bytes are made), or that the file ends within: a one-line error naming the file
+    and the dataset, exit 1."""
+    import zlib
+
+    path = str(tmp_path / "gz.h5")
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=rng.standard_normal(5000).astype(np.float32), compression="gzip")
+        f.create_dataset("y", data=rng.standard_normal(5000).astype(np.float32), compression="gzip")
+    with h5py.File(path, "r") as f:
+        info = f["y"].id.get_chunk_info(0)
+    data = bytearray(open(path, "rb").read())
+    if damage == "corrupt":
+        data[info.byte_offset + info.size // 2: info.byte_offset + info.size // 2 + 8] = b"\xff" * 8
+    elif damage == "bomb":  # a stream within the stored size that inflates to 20,008 bytes, not 20,000
+        bomb = zlib.compress(b"\0" * 20008, 9)
+        assert len(bomb) <= info.size
+        data[info.byte_offset: info.byte_offset + len(bomb)] = bomb
+    else:
+        data = data[: info.byte_offset + info.size // 2]
+    open(path, "wb").write(bytes(data))
+    try:
+        with open_dump(path) as r:
+            assert "y" in r._deflated or damage == "truncated"
+    except Exception:
+        pass
+    r = run("stats", path, "--format", "json")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "gz.h5" in r.stderr
+    if damage != "truncated":
+        assert "'y'" in r.stderr and ("corrupt" in r.stderr or "does not inflate" in r.stderr)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=200), entries=st.integers(0, 70), rank=st.integers(1, 3))
+def test_parse_chunk_leaf_never_raises(data, entries, rank):
+    """Any bytes after a leaf's signature: None, or as many distinct chunks as the grid has."""
+    import struct
+
+    shape, chunk = (5,) * rank, (2,) * rank
+    node = b"TREE\x01\x00" + struct.pack("<H", entries) + b"\xff" * 16 + data
+    found = h5header.parse_chunk_leaf(node, shape, chunk)
+    assert found is None or (len(found) == 3 ** rank and all(s > 0 for _, s in found.values()))

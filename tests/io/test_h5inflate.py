@@ -14,14 +14,18 @@ from gradtool.io import h5inflate
 from gradtool.summarize import summarize_dump
 
 
-def blocks(reader, name, chunk_elements, parallel, whole=False):
+def blocks(reader, name, chunk_elements, parallel, whole=False, header=False):
     """The dataset's blocks by the plan's threads (``parallel``) or h5py's row reads; ``whole``: a dataset
-    of one block read by one HDF5 read (hdf5.SMALL_DATASET_BYTES), else never."""
+    of one block read by one HDF5 read (hdf5.SMALL_DATASET_BYTES), else never; ``header``: the plan the
+    reader found from the dataset's header and chunk B-tree (gradtool/io/h5header.py) on two threads,
+    or (``whole``) inflated on this one, instead of h5py's."""
     from gradtool.io import hdf5
 
     reader._plans = {} if parallel else {name: None}
     with pytest.MonkeyPatch.context() as m:
         m.setattr(hdf5, "SMALL_DATASET_BYTES", 1 << 20 if whole else -1)
+        if not header:
+            m.setattr(reader, "_deflated", {})
         return [c.copy() for c in reader.iter_chunks(reader.info(name), chunk_elements)]
 
 
@@ -46,11 +50,16 @@ def test_parallel_inflate_equals_h5py(tmp_path, layout):
     with open_dump(p) as r:
         plan = h5inflate.deflate_plan(r._dataset("x").id, shape, np.dtype(dtype).itemsize)
         assert (plan is not None) == (np.prod([-(-s // c) for s, c in zip(shape, chunk)]) >= 2)
+        chunks = np.prod([-(-s // c) for s, c in zip(shape, chunk)])  # (a B-tree leaf holds 64: HDF5's 2K)
+        assert ("x" in r._deflated) == (np.dtype(dtype).str in ("<f4", "<f8", "<f2", "<i2", "|u1") and chunks <= 64)
         fast, slow = blocks(r, "x", chunk_elements, True), blocks(r, "x", chunk_elements, False)
         whole = blocks(r, "x", chunk_elements, True, whole=True)
-        assert [b.shape for b in fast] == [b.shape for b in slow] == [b.shape for b in whole]
-        for x, y, z in zip(fast, slow, whole):
-            assert x.dtype == y.dtype == z.dtype and x.tobytes() == y.tobytes() == z.tobytes()
+        ours, ours_whole = (blocks(r, "x", chunk_elements, True, whole=w, header=True) for w in (False, True))
+        assert ([b.shape for b in fast] == [b.shape for b in slow] == [b.shape for b in whole]
+                == [b.shape for b in ours] == [b.shape for b in ours_whole])
+        for x, y, z, u, v in zip(fast, slow, whole, ours, ours_whole):
+            assert x.dtype == y.dtype == z.dtype == u.dtype == v.dtype
+            assert x.tobytes() == y.tobytes() == z.tobytes() == u.tobytes() == v.tobytes()
         np.testing.assert_array_equal(np.concatenate(fast).reshape(shape), a)
 
 
@@ -171,3 +180,36 @@ def test_a_reader_keeps_a_few_datasets_open_not_every_one(tmp_path):
                 assert {c.dtype for c in chunks} == {info.dtype}  # (big-endian ones too)
                 assert np.concatenate(chunks).tolist() == want[info.name].reshape(-1).tolist()
                 assert len(r._datasets) <= hdf5.OPEN_DATASETS
+
+
+def test_stats_of_a_mixed_dump_read_from_headers_on_two_threads_are_h5py_s(tmp_path):
+    """A dump of gzip datasets read from their headers is summarised by inflating them on two threads
+    (``compressed``: :func:`~gradtool.summarize._summarize_compressed`), its other datasets (contiguous,
+    compact, gzip of more chunks than a B-tree leaf, shuffled, float16, integers, big-endian) read on
+    those threads too: the same statistics, bit for bit, as reading every one through h5py on one."""
+    rng = np.random.default_rng(5)
+    p = str(tmp_path / "mixed.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("big", data=rng.standard_normal((700, 500)).astype(np.float32))
+        f.create_dataset("small", data=rng.standard_normal(300).astype(np.float32))
+        f.create_dataset("gz", data=rng.standard_normal((40, 700)).astype(np.float32), compression="gzip")
+        f.create_dataset("gz_many", data=rng.standard_normal((300, 400)).astype(np.float32), chunks=(3, 400),
+                         compression="gzip")
+        f.create_dataset("gz_big", data=rng.standard_normal((2000, 300)).astype(np.float32), chunks=(50, 300),
+                         compression="gzip")
+        f.create_dataset("gz_half", data=rng.standard_normal(3000).astype(np.float16), compression="gzip",
+                         shuffle=True)
+        f.create_dataset("gz_int", data=rng.integers(-9, 9, 5000).astype(np.int16), compression="gzip")
+        f.create_dataset("gz_be", data=rng.standard_normal(999).astype(">f4"), compression="gzip")
+        f.create_dataset("gz_nan", data=np.array([1.0, np.nan, -np.inf, 3.0], np.float32), compression="gzip")
+        for i in range(300):
+            f.create_dataset(f"layer{i}/w", data=rng.standard_normal(i + 1).astype(np.float32), compression="gzip")
+    with open_dump(p) as r:
+        assert r.compressed and {"gz", "gz_big", "gz_half", "gz_int", "layer7/w"} <= set(r._deflated)
+        assert "gz_many" not in r._deflated and "gz_be" not in r._deflated
+        fast = summarize_dump(r)
+    with open_dump(p) as r:
+        r._deflated, r.compressed = {}, False
+        slow = summarize_dump(r)
+    assert [n for n, _ in fast.tensors] == [n for n, _ in slow.tensors]
+    assert repr(fast.tensors) == repr(slow.tensors)
