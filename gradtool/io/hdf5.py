@@ -18,9 +18,11 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -630,6 +632,29 @@ class Hdf5Reader(DumpReader):
                 pass
 
 
+@functools.lru_cache(maxsize=4096)
+def _guessed_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """h5py's ``guess_chunk(shape, None, itemsize)`` (~20 us of NumPy a call), kept for the shapes a
+    writer meets again (a model's layers share them)."""
+    from h5py._hl.filters import guess_chunk
+
+    return tuple(guess_chunk(shape, None, itemsize))
+
+
+def _gathered(info: TensorInfo, out: np.ndarray, chunks: Any) -> np.ndarray:
+    """A tensor's 1-D chunks copied one after another into ``out`` (at least the tensor's size; the rest
+    left as it is), which is returned. RuntimeError when they hold more or fewer elements than the shape."""
+    pos = 0
+    for c in chunks:
+        if pos + c.shape[0] > info.size:
+            raise RuntimeError(f"tensor {info.name!r}: more elements than its shape holds")
+        out[pos: pos + c.shape[0]] = c
+        pos += c.shape[0]
+    if pos != info.size:
+        raise RuntimeError(f"tensor {info.name!r}: wrote {pos} of {info.size} elements")
+    return out
+
+
 def _row_blocks(info: TensorInfo, dtype: np.dtype, rows_per_block: int,
                 chunks: Any) -> Iterator[tuple[int, int, np.ndarray]]:
     """A tensor's 1-D C-order chunks gathered into blocks of whole first-axis rows: ``(first row, rows,
@@ -735,63 +760,105 @@ class Hdf5Writer(DumpWriter):
         if self._writes_contiguous(info):
             self._add_contiguous(info, dtype, self._group(parent), leaf, chunks)
             return
+        level = info.compression_opts if info.compression_opts is not None else 4  # (h5py's default)
+        if info.compression == "gzip" and level in range(10):
+            dsid, cshape = self._gzip_dataset(self._group(parent), leaf, info.shape, dtype, level)
+            self._add_gzip_chunks(info, dtype, dsid, cshape, level, chunks)
+            if info.attrs:
+                self._set_attrs(_h5py().Dataset(dsid), info.attrs)
+            return
         kwargs: dict[str, Any] = {}
-        if info.compression == "gzip":
+        if info.compression == "gzip":  # (a level h5py refuses: its error)
             kwargs = {"compression": "gzip", "compression_opts": info.compression_opts}
         ds = self._group(parent).create_dataset(leaf, shape=info.shape, dtype=dtype, **kwargs)
-        if info.compression != "gzip" or not self._add_gzip_chunks(info, dtype, ds, chunks):
-            row = info.size // info.shape[0]
-            for first, n, block in _row_blocks(info, dtype, max(1, (1 << 20) // max(row * dtype.itemsize, 1)), chunks):
-                ds[first: first + n] = block[: n * row].reshape((n,) + info.shape[1:])
+        row = info.size // info.shape[0]
+        for first, n, block in _row_blocks(info, dtype, max(1, (1 << 20) // max(row * dtype.itemsize, 1)), chunks):
+            ds[first: first + n] = block[: n * row].reshape((n,) + info.shape[1:])
         self._set_attrs(ds, info.attrs)
 
-    def _add_gzip_chunks(self, info: TensorInfo, dtype: np.dtype, ds: Any, chunks: Any) -> bool:
-        """A gzip dataset written chunk by chunk: the rows are gathered a band of chunk rows at a time,
-        the band is cut into HDF5 chunks (edge chunks padded with zeros, which HDF5 ignores), each is
-        compressed on this writer's two threads (:func:`~.deflate.compress_chunk`, which releases the
-        GIL) and written in order with ``write_direct_chunk``. HDF5 compresses the chunks of ``ds[a:b]
-        = block`` one after another on one core (~25 MB/s at gzip level 4 on float gradients: clip of a
-        270 MB gzip dump took 11 s). False (nothing written) when the dataset's filters are not gzip
-        alone, so h5py's own path writes it."""
+    def _gzip_dataset(self, group: Any, leaf: str, shape: tuple[int, ...], dtype: np.dtype,
+                      level: int) -> tuple[Any, tuple[int, ...]]:
+        """A new gzip dataset (by its low-level id) and its chunk shape, made by h5py's low-level
+        ``h5d.create`` with what ``group.create_dataset(leaf, shape=shape, dtype=dtype,
+        compression="gzip", compression_opts=level)`` passes it (the chunks h5py's ``guess_chunk`` gives,
+        deflate at ``level``, no modification times; the name and type as :meth:`_allocated_dataset`
+        makes them): the same file, byte for byte, without h5py's ~100 us of Python a dataset (20,000:
+        2.4 s)."""
         h5py = _h5py()
-        dcpl = ds.id.get_create_plist()
-        if ds.chunks is None or dcpl.get_nfilters() != 1 or dcpl.get_filter(0)[0] != h5py.h5z.FILTER_DEFLATE:
-            return False
+        cshape = _guessed_chunks(shape, dtype.itemsize)
+        dcpls = self.__dict__.setdefault("_gzip_dcpls", {})
+        dcpl = dcpls.get((cshape, level))
+        if dcpl is None:
+            dcpl = dcpls[(cshape, level)] = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_chunk(cshape)
+            dcpl.set_deflate(level)
+            dcpl.set_obj_track_times(False)
+        tid = self._type_id(dtype)
+        try:
+            name = leaf.encode("ascii")
+        except UnicodeEncodeError:
+            name = leaf.encode("utf-8")
+        return h5py.h5d.create(group.id, name, tid, h5py.h5s.create_simple(shape, None), dcpl=dcpl), cshape
+
+    def _type_id(self, dtype: np.dtype) -> Any:
+        """h5py's ``h5t.py_create(dtype, logical=1)``, made once per writer and dtype."""
+        types = self.__dict__.setdefault("_types", {})
+        tid = types.get(dtype)
+        if tid is None:
+            tid = types[dtype] = _h5py().h5t.py_create(dtype, logical=1)
+        return tid
+
+    def _add_gzip_chunks(self, info: TensorInfo, dtype: np.dtype, dsid: Any, cshape: tuple[int, ...], level: int,
+                         chunks: Any) -> None:
+        """A gzip dataset (``dsid``, chunks of ``cshape``) written chunk by chunk: its HDF5 chunks (edge
+        chunks padded with zeros, which HDF5 ignores) are compressed on this writer's two threads
+        (:func:`~.deflate.compress_chunk`, which releases the GIL), or here when the dataset is less than
+        INLINE_BYTES, and written in order with ``write_direct_chunk``. A dataset of at most
+        SMALL_DATASET_BYTES is gathered whole first, a bigger one a band of chunk rows at a time. HDF5
+        compresses the chunks of ``ds[a:b] = block`` one after another on one core (~25 MB/s at gzip
+        level 4 on float gradients: clip of a 270 MB gzip dump took 11 s)."""
         from .deflate import INLINE_BYTES, compress_chunk, thread_pool
 
-        level = dcpl.get_filter(0)[2][0] if dcpl.get_filter(0)[2] else 4
-        self._pool = getattr(self, "_pool", None) or thread_pool()
-        shape, cshape = info.shape, ds.chunks
+        shape = info.shape
         grid = [range(0, n, c) for n, c in zip(shape[1:], cshape[1:])]  # chunk offsets along the other axes
         band_rows = cshape[0]
-        alone = shape[0] <= band_rows and all(len(r) == 1 for r in grid)  # a dataset of one chunk
-        pending: list[tuple[tuple[int, ...], Any]] = []
+        inline = info.nbytes < INLINE_BYTES  # (a hand-off to the pool and back costs more: 20,000 datasets
+        # of 50 elements, ~2 s)
+        pending: deque[tuple[tuple[int, ...], Any]] = deque()
 
         def flush_band(r0: int, rows: int, band: np.ndarray) -> None:
-            view = band.reshape((band_rows,) + shape[1:])
-            if rows < band_rows:
+            view = band.reshape((-(-rows // band_rows) * band_rows,) + shape[1:])
+            if rows < view.shape[0]:
                 view[rows:] = 0
-            for offsets in itertools.product(*grid):
-                piece = view[(slice(None),) + tuple(slice(o, o + c) for o, c in zip(offsets, cshape[1:]))]
-                if piece.shape != cshape:  # an edge chunk: HDF5 stores it whole
-                    full = np.zeros(cshape, dtype)
-                    full[tuple(slice(0, n) for n in piece.shape)] = piece
-                    piece = full
-                data = np.ascontiguousarray(piece).tobytes()
-                if alone and len(data) < INLINE_BYTES:  # the dataset's one chunk, small: compressed here (a
-                    # hand-off to the pool and back cost more: 20,000 datasets of 50 elements, ~2 s)
-                    ds.id.write_direct_chunk((r0,) + offsets, compress_chunk(data, level), 0)
-                    continue
-                pending.append(((r0,) + offsets, self._pool.submit(compress_chunk, data, level)))
-            while len(pending) > 8 or (pending and pending[0][1].done()):
-                at, fut = pending.pop(0)
-                ds.id.write_direct_chunk(at, fut.result(), 0)
+            for r in range(0, rows, band_rows):
+                for offsets in itertools.product(*grid):
+                    piece = view[(slice(r, r + band_rows),) + tuple(slice(o, o + c) for o, c in zip(offsets, cshape[1:]))]
+                    if piece.shape != cshape:  # an edge chunk: HDF5 stores it whole
+                        full = np.zeros(cshape, dtype)
+                        full[tuple(slice(0, n) for n in piece.shape)] = piece
+                        piece = full
+                    data = np.ascontiguousarray(piece).tobytes()
+                    if inline:
+                        dsid.write_direct_chunk((r0 + r,) + offsets, compress_chunk(data, level), 0)
+                        continue
+                    if getattr(self, "_pool", None) is None:
+                        self._pool = thread_pool()
+                    pending.append(((r0 + r,) + offsets, self._pool.submit(compress_chunk, data, level)))
+                while len(pending) > 8 or (pending and pending[0][1].done()):
+                    at, fut = pending.popleft()
+                    dsid.write_direct_chunk(at, fut.result(), 0)
 
-        for first, n, band in _row_blocks(info, dtype, band_rows, chunks):
-            flush_band(first, n, band)
+        if inline and cshape == shape:  # one small chunk (most datasets of a compressed dump)
+            data = _gathered(info, np.empty(info.size, dtype), chunks).tobytes()
+            dsid.write_direct_chunk((0,) * len(shape), compress_chunk(data, level), 0)
+        elif info.nbytes <= SMALL_DATASET_BYTES:  # whole: one band of every chunk row (padded), no row blocks
+            whole = np.zeros(-(-shape[0] // band_rows) * band_rows * (info.size // shape[0]), dtype)
+            flush_band(0, shape[0], _gathered(info, whole, chunks))
+        else:
+            for first, n, band in _row_blocks(info, dtype, band_rows, chunks):
+                flush_band(first, n, band)
         for at, fut in pending:
-            ds.id.write_direct_chunk(at, fut.result(), 0)
-        return True
+            dsid.write_direct_chunk(at, fut.result(), 0)
 
     def add_copy(self, info: TensorInfo, source: tuple[int, int], where: str) -> bool:
         """An uncompressed tensor's bytes copied into its dataset's contiguous storage (allocated when the
@@ -833,10 +900,7 @@ class Hdf5Writer(DumpWriter):
             self._dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
             self._dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
             self._dcpl.set_obj_track_times(False)
-            self._types: dict[np.dtype, Any] = {}
-        tid = self._types.get(dtype)
-        if tid is None:
-            tid = self._types[dtype] = h5py.h5t.py_create(dtype, logical=1)
+        tid = self._type_id(dtype)
         try:
             name = leaf.encode("ascii")
         except UnicodeEncodeError:

@@ -120,14 +120,16 @@ _shapes = st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple)
 @settings(max_examples=25, deadline=None)
 @given(shape=_shapes, dtype=st.sampled_from(["<f4", ">f4", "<f8", "<f2", "<i8", "|b1"]),
        step=st.integers(1, 5000), seed=st.integers(0, 2**32 - 1), isal=st.sampled_from(_libraries),
-       chunk_rows=st.integers(1, 7))
+       chunk_rows=st.integers(1, 7), whole=st.booleans())
 def test_gzip_hdf5_datasets_written_chunk_by_chunk_read_back_exactly(tmp_path_factory, shape, dtype, step, seed,
-                                                                      isal, chunk_rows):
+                                                                      isal, chunk_rows, whole):
     """A gzip tensor streamed in chunks of any length is cut into HDF5 chunks (edge chunks padded),
-    compressed on threads and written directly: h5py reads the same values, the dataset keeps gzip, its
-    level and h5py's chunk shape; a short stream is an error."""
+    compressed on threads and written directly, gathered whole first (a small dataset) or a band of
+    chunk rows at a time: h5py reads the same values, the dataset keeps gzip, its level and the chunk
+    shape; a short stream is an error."""
     import h5py
 
+    from gradtool.io import hdf5
     from gradtool.io.base import TensorInfo
     from gradtool.io.hdf5 import Hdf5Writer
 
@@ -136,7 +138,8 @@ def test_gzip_hdf5_datasets_written_chunk_by_chunk_read_back_exactly(tmp_path_fa
     p = str(tmp_path_factory.mktemp("h5") / "g.h5")
     with pytest.MonkeyPatch.context() as m:
         m.setattr(inflate, "USE_ISAL", isal)
-        m.setattr(h5py.Group, "create_dataset", _with_chunk_rows(h5py.Group.create_dataset, chunk_rows))
+        m.setattr(hdf5, "_guessed_chunks", _with_chunk_rows(chunk_rows))
+        m.setattr(hdf5, "SMALL_DATASET_BYTES", 1 << 20 if whole else -1)
         compressed = []
         m.setattr(deflate, "compress_chunk", lambda d, lv, real=deflate.compress_chunk: compressed.append(lv) or real(d, lv))
         w = Hdf5Writer(p, {"step": 1})
@@ -154,36 +157,29 @@ def test_gzip_hdf5_datasets_written_chunk_by_chunk_read_back_exactly(tmp_path_fa
         assert ds.dtype == a.dtype.newbyteorder("=") and np.array_equal(ds[...], a)
 
 
-def _with_chunk_rows(create, rows):
-    """create_dataset with the first chunk dimension forced to ``rows`` (h5py's guess keeps it whole for
-    small tensors), so that bands and edge chunks happen in small examples."""
-    def wrapped(self, name, shape=None, dtype=None, data=None, **kw):
-        if kw.get("compression") == "gzip" and shape and data is None:
-            kw["chunks"] = (min(rows, shape[0]),) + tuple(max(1, (n + 1) // 2) for n in shape[1:])
-        return create(self, name, shape=shape, dtype=dtype, data=data, **kw)
-    return wrapped
+def _with_chunk_rows(rows):
+    """The writer's chunk shape with the first dimension forced to ``rows`` (h5py's guess keeps it whole
+    for small tensors), so that bands and edge chunks happen in small examples."""
+    def chunks(shape, itemsize):
+        return (min(rows, shape[0]),) + tuple(max(1, (n + 1) // 2) for n in shape[1:])
+    return chunks
 
 
-@pytest.mark.parametrize("shape, chunk_rows, handed", [((5, 3), 8, 0), ((1,), 8, 0), ((6, 3), 2, 3),
-                                                       ((40_000,), 40_000, 1)])
-def test_a_gzip_dataset_of_one_small_chunk_is_compressed_by_the_writers_thread(tmp_path, monkeypatch, shape,
-                                                                               chunk_rows, handed):
-    """A gzip dataset of one chunk under INLINE_BYTES is compressed by the writer's thread; datasets of
-    several chunks, or of one larger chunk, hand their chunks to the writer's pool. h5py reads them back."""
+@pytest.mark.parametrize("shape, chunk_rows, handed", [((5, 3), 8, 0), ((1,), 8, 0), ((6, 3), 2, 0),
+                                                       ((40_000,), 40_000, 1), ((40_000, 2), 10_000, 4)])
+def test_a_small_gzip_dataset_is_compressed_by_the_writers_thread(tmp_path, monkeypatch, shape, chunk_rows,
+                                                                  handed):
+    """A gzip dataset under INLINE_BYTES is compressed by the writer's thread, in one chunk or several;
+    a larger one hands its chunks to the writer's pool. h5py reads them back."""
     import h5py
 
+    from gradtool.io import hdf5
     from gradtool.io.base import TensorInfo
     from gradtool.io.hdf5 import Hdf5Writer
 
     pools = []
     monkeypatch.setattr(deflate, "thread_pool", lambda: pools.append(_CountingPool()) or pools[-1])
-    create = h5py.Group.create_dataset
-
-    def whole_rows(self, name, shape=None, dtype=None, data=None, **kw):  # chunks of whole rows
-        kw["chunks"] = (min(chunk_rows, shape[0]),) + tuple(shape[1:])
-        return create(self, name, shape=shape, dtype=dtype, data=data, **kw)
-
-    monkeypatch.setattr(h5py.Group, "create_dataset", whole_rows)
+    monkeypatch.setattr(hdf5, "_guessed_chunks", lambda shape, itemsize: (min(chunk_rows, shape[0]),) + shape[1:])
     a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     p = str(tmp_path / "g.h5")
     w = Hdf5Writer(p, {"step": 1})
@@ -192,3 +188,41 @@ def test_a_gzip_dataset_of_one_small_chunk_is_compressed_by_the_writers_thread(t
     assert sum(pool.jobs for pool in pools) == handed
     with h5py.File(p) as f:
         assert f["t"].compression == "gzip" and np.array_equal(f["t"][...], a)
+
+
+def test_gzip_datasets_made_low_level_are_h5py_s_byte_for_byte(tmp_path, monkeypatch):
+    """The writer creates its gzip datasets with h5py's low-level h5d.create (~100 us a dataset less
+    than group.create_dataset) and h5py's chunk guess, kept per shape: the file is the one
+    group.create_dataset(..., compression="gzip") makes, byte for byte: names ASCII and not, nested
+    groups, dtypes, shapes (one chunk and several), levels (none given: h5py's 4), attributes."""
+    import h5py
+
+    from gradtool.io.base import TensorInfo
+    from gradtool.io.hdf5 import Hdf5Writer
+
+    rng = np.random.default_rng(4)
+    tensors = [("a/w", rng.standard_normal((300, 400)).astype(np.float32), 4, {}),
+               ("a/é", np.ones(5, np.float16), 9, {"unit": "x"}), ("b", np.arange(7, dtype=np.int64), None, {}),
+               ("c/d/e", rng.standard_normal((3, 4, 5)), 1, {}), ("a/w2", rng.standard_normal((300, 400)), 4, {}),
+               ("m", np.array([True, False]), 0, {})]
+
+    def write(path):
+        w = Hdf5Writer(path, {"step": 3})
+        for name, a, level, attrs in tensors:
+            w.add_chunks(TensorInfo(name, a.shape, a.dtype, attrs=attrs, compression="gzip", compression_opts=level),
+                         iter([a.reshape(-1)]))
+        w.close()
+
+    write(str(tmp_path / "low.h5"))
+
+    def high_level(self, group, leaf, shape, dtype, level):
+        ds = group.create_dataset(leaf, shape=shape, dtype=dtype, compression="gzip", compression_opts=level)
+        return ds.id, ds.chunks
+
+    monkeypatch.setattr(Hdf5Writer, "_gzip_dataset", high_level)
+    write(str(tmp_path / "high.h5"))
+    assert (tmp_path / "low.h5").read_bytes() == (tmp_path / "high.h5").read_bytes()
+    with h5py.File(tmp_path / "low.h5") as f:
+        for name, a, level, attrs in tensors:
+            assert f[name].compression == "gzip" and f[name].compression_opts == (4 if level is None else level)
+            assert np.array_equal(f[name][...], a) and dict(f[name].attrs) == attrs
