@@ -110,13 +110,15 @@ def parse_layout(body: bytes) -> tuple[int, int] | None:
 
 def parse_chunked_layout(body: bytes, shape: tuple[int, ...], itemsize: int) -> tuple[int, tuple[int, ...]] | None:
     """(address of the chunk B-tree, chunk shape) of a version-3 chunked layout message of a dataset of
-    ``shape`` (elements of ``itemsize`` bytes), or None."""
+    ``shape`` (elements of ``itemsize`` bytes), or None; also for chunks larger than the dataset along
+    an axis (a dataset resized smaller: an edge chunk, inflated whole, could outgrow the dataset)."""
     rank = len(shape)
     if not rank or len(body) < 11 + 4 * (rank + 1) or body[0] != 3 or body[1] != 2 or body[2] != rank + 1:
         return None
     (address,) = struct.unpack_from("<Q", body, 3)
     dims = struct.unpack_from(f"<{rank + 1}I", body, 11)
-    if address == UNDEFINED_ADDRESS or dims[rank] != itemsize or not all(dims[:rank]):
+    if (address == UNDEFINED_ADDRESS or dims[rank] != itemsize or not all(dims[:rank])
+            or any(c > n for c, n in zip(dims, shape))):
         return None
     return address, dims[:rank]
 

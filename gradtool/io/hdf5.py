@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, listed
+from ..errors import InputError, UnsafeInputError, listed
 from . import h5header, h5inflate
 from .atomic import settle_truncation
 from .base import (
@@ -41,6 +41,7 @@ from .base import (
     copy_range,
     metadata_step,
     numbered_names,
+    physical_memory,
     pwrite_all,
     steps_of_names,
 )
@@ -595,7 +596,11 @@ class Hdf5Reader(DumpReader):
 
     def _inflated(self, info: TensorInfo) -> np.ndarray:
         """A gzip dataset read from its header (:meth:`_add_deflated`), its chunks inflated one after
-        another: a new 1-D array (read-only when it is one chunk, not shuffled)."""
+        another: a new 1-D array (read-only when it is one chunk, not shuffled); refused, as
+        :func:`~.base.allocate` refuses it, when it claims more bytes than this machine's memory."""
+        if info.nbytes > physical_memory():
+            raise UnsafeInputError(f"{self.display_path}: tensor {info.name!r} claims {info.nbytes} bytes, more "
+                                   "than this machine's memory")
         return h5inflate.inflate_whole(self._fd(), self._deflated[info.name], info.dtype,
                                        f"{self.display_path}: dataset {info.name!r}").reshape(-1)
 

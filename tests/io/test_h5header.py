@@ -250,7 +250,8 @@ def test_a_gzip_file_where_the_header_disagrees_with_h5py_is_read_by_h5py(tmp_pa
 
 def test_gzip_datasets_it_does_not_know_go_to_h5py(tmp_path):
     """Other filters, attributes, a chunk never written (the fill value), more chunks than one B-tree
-    leaf holds: opened by h5py, read as h5py reads them."""
+    leaf holds, chunks larger than the dataset (resized smaller): opened by h5py, read as h5py reads
+    them; a dataset grown by resizing, every chunk written, is read from its header."""
     path = str(tmp_path / "other.h5")
     a = np.arange(4000, dtype=np.float32).reshape(40, 100)
     with h5py.File(path, "w") as f:
@@ -261,11 +262,18 @@ def test_gzip_datasets_it_does_not_know_go_to_h5py(tmp_path):
         f.create_dataset("sparse", shape=(40, 100), dtype="f4", chunks=(10, 100), compression="gzip",
                          fillvalue=7.0)[0:10] = 1.0
         f.create_dataset("ok", data=a, compression="gzip")
+        grown = f.create_dataset("grown", data=a[:, :10], maxshape=(None, None), compression="gzip")
+        grown.resize((80, 10))
+        grown[40:] = a[:, :10]
+        shrunk = f.create_dataset("shrunk", data=a, chunks=(40, 100), maxshape=(None, None), compression="gzip")
+        shrunk.resize((10, 100))  # a chunk larger than the dataset
     with open_dump(path) as r:
-        assert sorted(r._deflated) == ["ok"]
+        assert sorted(r._deflated) == ["grown", "ok"]
         for name in ("fletcher", "lzf", "attrs", "many", "ok"):
             np.testing.assert_array_equal(r.read(name), a)
         assert r.read("sparse")[20, 0] == 7.0
+        np.testing.assert_array_equal(r.read("grown"), np.concatenate([a[:, :10], a[:, :10]]))
+        np.testing.assert_array_equal(r.read("shrunk"), a[:10])
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "bomb", "truncated"])
@@ -314,3 +322,17 @@ def test_parse_chunk_leaf_never_raises(data, entries, rank):
     node = b"TREE\x01\x00" + struct.pack("<H", entries) + b"\xff" * 16 + data
     found = h5header.parse_chunk_leaf(node, shape, chunk)
     assert found is None or (len(found) == 3 ** rank and all(s > 0 for _, s in found.values()))
+
+
+def test_a_gzip_dataset_claiming_more_than_memory_is_refused(tmp_path, monkeypatch, run):
+    """A gzip dataset read from its header is inflated whole: one whose shape claims more bytes than the
+    machine's memory is refused, as other readers refuse such a tensor, with a one-line error."""
+    from gradtool.io import base, hdf5
+
+    path = str(tmp_path / "gz.h5")
+    _gzip_dump(path, n=2)
+    monkeypatch.setattr(hdf5, "physical_memory", lambda: 1000)
+    assert base.physical_memory() > 1000  # (only the gzip reader's check is made small)
+    r = run("stats", path, "--format", "json")
+    assert r.exit_code != 0 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert "more than this machine's memory" in r.stderr and "gz.h5" in r.stderr
