@@ -586,6 +586,7 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
         return TensorClip(name, before, before, False, 0, threshold)
     after = NormOfPieces(info.dtype, STREAM_CHUNK)
     changed = 0
+    half_columns = _half_column_scales(info, kind, clipped, scale)
 
     def clipped_blocks() -> Iterator[np.ndarray]:
         nonlocal changed
@@ -594,7 +595,9 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
             src = _prepare(chunk, policy, np_xp)
             n = src.shape[0] // width
             out, counted = src, None
-            if kind == "columns":
+            if kind == "columns" and half_columns is not None:  # float16/bfloat16: in the kernel
+                out, counted = half_columns(src)
+            elif kind == "columns":
                 if clipped.any():  # each column by its scale, where that column is clipped
                     x2 = src.reshape(n, width)
                     out = np_xp.where(clipped[None, :], clipping.scale_tensor(x2, scale[None, :], np_xp), x2)
@@ -613,6 +616,28 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
 
     _write_or_drain(writer, info, clipped_blocks())
     return TensorClip(name, before, after.result(), changed > 0, changed, threshold)
+
+
+def _half_column_scales(info: TensorInfo, kind: str, clipped: np.ndarray,
+                        scale: np.ndarray) -> Callable[[np.ndarray], tuple[np.ndarray, int]] | None:
+    """``block -> (block with each clipped column scaled, elements changed)`` for a float16 or bfloat16
+    tensor clipped by columns, by the compiled ``half_scale_columns`` (the arithmetic of ``scale_tensor``
+    and ``_changed``'s count: multiplied in float32, rounded once; NumPy's float16 casts took the float16
+    GPT-2 set's ``clip --axes 0`` 9.1 s, against 0.8 s in float32); None: not columns, not half precision,
+    nothing clipped, or no kernel."""
+    from .core import kernels
+
+    hk, scale_columns = half_kind(info.dtype), kernels.compiled_half_scale_columns
+    if (kind != "columns" or hk is None or scale_columns is None or not clipped.any()
+            or np.isnan(scale[clipped]).any()):  # (never: a NaN norm is not above the threshold)
+        return None
+    scales = np.where(clipped, scale, np.nan).astype(np.float32)  # (NaN: a column kept as it is)
+
+    def scaled(block: np.ndarray) -> tuple[np.ndarray, int]:
+        out = np.empty_like(block)
+        return out, scale_columns(block.view(np.uint16), scales, out.view(np.uint16), hk)
+
+    return scaled
 
 
 def _row_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, policy: str,

@@ -481,6 +481,70 @@ static PyObject *half_scale(PyObject *self, PyObject *args) {
     return Py_BuildValue("(dL)", sumsq, changed);
 }
 
+/* half_scale_columns(src, scales, out, kind) -> changed count: half_scale with a scale per column of the
+ * rows of len(scales) elements that src holds (uint16 views of float16, kind 0, or bfloat16, kind 1; out
+ * may not be src): out[r, j] = round(widen(src[r, j]) · scales[j]) (float32 scales), or src[r, j] as it is,
+ * bits and all, where scales[j] is NaN (a column not clipped); the changed count as half_scale counts it.
+ * GIL released. Per-column clipping (clip --mode norm --axes 0) of float16 took NumPy's casts: the float16
+ * GPT-2 set 9.1 s against 0.8 s in float32. */
+static PyObject *half_scale_columns(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *scales_obj, *out_obj;
+    int kind;
+    if (!PyArg_ParseTuple(args, "OOOi", &src_obj, &scales_obj, &out_obj, &kind) || half_kind(kind) < 0)
+        return NULL;
+    Py_buffer src, scales, out;
+    if (take_u16(src_obj, &src, "half_scale_columns") < 0) return NULL;
+    if (take_f32(scales_obj, &scales, "half_scale_columns") < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&scales);
+        return NULL;
+    }
+    Py_ssize_t n = src.len / 2, w = scales.len / 4;
+    if (out.len != src.len || w == 0 || n % w != 0 || out.buf == src.buf) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&scales);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "half_scale_columns needs whole rows of len(scales) elements and a "
+                                          "separate output of the input's size");
+        return NULL;
+    }
+    const uint16_t *x = (const uint16_t *)src.buf;
+    const float *s = (const float *)scales.buf;
+    uint16_t *y = (uint16_t *)out.buf;
+    long long changed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    float before[SCALE_BLOCK], after[SCALE_BLOCK];
+    for (Py_ssize_t r = 0; r < n; r += w) {
+        for (Py_ssize_t c = 0; c < w; c += SCALE_BLOCK) {
+            Py_ssize_t len = w - c < SCALE_BLOCK ? w - c : SCALE_BLOCK;
+            const uint16_t *xs = x + r + c;
+            uint16_t *ys = y + r + c;
+            half_to_f32(xs, before, len, kind);
+            for (Py_ssize_t j = 0; j < len; j++) after[j] = before[j] * s[c + j];
+            f32_to_half_with(chosen, after, ys, len, kind);
+            for (Py_ssize_t j = 0; j < len; j++)
+                if (s[c + j] != s[c + j]) ys[j] = xs[j];
+            half_to_f32(ys, after, len, kind);
+            int differ = 0, both_nan = 0;
+            for (Py_ssize_t j = 0; j < len; j++) {
+                float v = before[j], o = after[j];
+                differ += o != v;
+                both_nan += (o != o) & (v != v);
+            }
+            changed += differ - both_nan;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&scales);
+    PyBuffer_Release(&out);
+    return PyLong_FromLongLong(changed);
+}
+
 #ifndef _WIN32
 #include <errno.h>
 #include <unistd.h>
@@ -836,6 +900,9 @@ static PyMethodDef methods[] = {
      "half_scale(src, scale, out, kind) -> (sum of squares of out, changed count):\n"
      "out = src * float32(scale) rounded to float16 (kind 0) or bfloat16 (kind 1), uint16 views, no GIL\n"
      "held."},
+    {"half_scale_columns", half_scale_columns, METH_VARARGS,
+     "half_scale_columns(src, scales, out, kind) -> changed count: half_scale with a float32 scale per column\n"
+     "of src's rows of len(scales) elements (NaN: the column kept as it is), no GIL held."},
     {"f32_to_half_width", f32_to_half_width_py, METH_VARARGS,
      "f32_to_half_width(src, out, kind, lanes) -> None: float32 src rounded into out (uint16) by that\n"
      "width's build (for tests)."},
