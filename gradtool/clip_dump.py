@@ -586,7 +586,7 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
         return TensorClip(name, before, before, False, 0, threshold)
     after = NormOfPieces(info.dtype, STREAM_CHUNK)
     changed = 0
-    half_columns = _half_column_scales(info, kind, clipped, scale)
+    half_scaled = _half_slice_scaler(info, kind == "rows")
 
     def clipped_blocks() -> Iterator[np.ndarray]:
         nonlocal changed
@@ -595,17 +595,19 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
             src = _prepare(chunk, policy, np_xp)
             n = src.shape[0] // width
             out, counted = src, None
-            if kind == "columns" and half_columns is not None:  # float16/bfloat16: in the kernel
-                out, counted = half_columns(src)
-            elif kind == "columns":
-                if clipped.any():  # each column by its scale, where that column is clipped
+            if kind == "columns":
+                if clipped.any() and half_scaled is not None:  # float16/bfloat16: in the kernel
+                    out, counted = half_scaled(src, clipped, scale)
+                elif clipped.any():  # each column by its scale, where that column is clipped
                     x2 = src.reshape(n, width)
                     out = np_xp.where(clipped[None, :], clipping.scale_tensor(x2, scale[None, :], np_xp), x2)
                     out = out.reshape(-1)
             elif clipped[done: done + n].any():
                 rows = slice(done, done + n)
-                out, counted = _scale_rows(src.reshape(n, width), clipped[rows], scale[rows], np_xp)
-                out = out.reshape(-1)
+                if half_scaled is not None:
+                    out, counted = half_scaled(src, clipped[rows], scale[rows])
+                else:
+                    out = clipping.scale_slices(src.reshape(n, width), clipped[rows], scale[rows], np_xp).reshape(-1)
             if src is not chunk or (out is not chunk and counted is None):
                 changed += _changed(chunk, out, np_xp)
             elif counted is not None:
@@ -618,24 +620,24 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
     return TensorClip(name, before, after.result(), changed > 0, changed, threshold)
 
 
-def _half_column_scales(info: TensorInfo, kind: str, clipped: np.ndarray,
-                        scale: np.ndarray) -> Callable[[np.ndarray], tuple[np.ndarray, int]] | None:
-    """``block -> (block with each clipped column scaled, elements changed)`` for a float16 or bfloat16
-    tensor clipped by columns, by the compiled ``half_scale_columns`` (the arithmetic of ``scale_tensor``
-    and ``_changed``'s count: multiplied in float32, rounded once; NumPy's float16 casts took the float16
-    GPT-2 set's ``clip --axes 0`` 9.1 s, against 0.8 s in float32); None: not columns, not half precision,
-    nothing clipped, or no kernel."""
+def _half_slice_scaler(info: TensorInfo, by_row: bool) -> Callable[..., tuple[np.ndarray, int]] | None:
+    """``(block, clipped, scale) -> (block with its clipped slices scaled, elements changed)`` for a float16
+    or bfloat16 tensor clipped by rows (``by_row``: ``clipped`` and ``scale`` the block's rows') or columns
+    (the tensor's columns'), by the compiled ``half_scale_slices``: the arithmetic of ``scale_tensor``
+    (multiplied in float32, rounded once) and ``_changed``'s count, one call a block. NumPy's float16 casts
+    took the float16 GPT-2 set's ``clip --axes 0`` 9.1 s (float32: 0.8 s), and 200 MB of float16 rows of 64
+    elements 3.9 s by ``--axes -1``. None: not half precision, or no kernel."""
     from .core import kernels
 
-    hk, scale_columns = half_kind(info.dtype), kernels.compiled_half_scale_columns
-    if (kind != "columns" or hk is None or scale_columns is None or not clipped.any()
-            or np.isnan(scale[clipped]).any()):  # (never: a NaN norm is not above the threshold)
+    hk, scale_slices = half_kind(info.dtype), kernels.compiled_half_scale_slices
+    if hk is None or scale_slices is None:
         return None
-    scales = np.where(clipped, scale, np.nan).astype(np.float32)  # (NaN: a column kept as it is)
 
-    def scaled(block: np.ndarray) -> tuple[np.ndarray, int]:
-        out = np.empty_like(block)
-        return out, scale_columns(block.view(np.uint16), scales, out.view(np.uint16), hk)
+    def scaled(block: np.ndarray, clipped: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, int]:
+        scales = np.where(clipped, scale, -1.0).astype(np.float32)  # (negative: a slice kept as it is; a
+        out = np.empty_like(block)  # clipping scale c / norm never is, and NaN, for a NaN norm, scales)
+        return out, scale_slices(block.reshape(-1).view(np.uint16), scales, out.reshape(-1).view(np.uint16), hk,
+                                 by_row)
 
     return scaled
 
@@ -713,30 +715,6 @@ def _write_or_drain(writer: DumpWriter | None, info: TensorInfo, chunks: Iterato
 # cache and in malloc's heap (bigger ones are mapped afresh each time): pass A over the 500 MB GPT-2 set
 # 0.9 s at 2^18 elements a call, ~0.15 s at 2^13 (measured on 20,000 rows of 768: 108 against 19 ms)
 NORM_ROWS_ELEMENTS = 1 << 13
-HALF_ROW_KERNEL = 256  # rows from this length are scaled by the compiled kernel (a call each, ~1 us)
-
-
-def _scale_rows(x: np.ndarray, clipped: np.ndarray, scale: np.ndarray,
-                np_xp: ModuleType) -> tuple[np.ndarray, int | None]:
-    """(``clipping.scale_slices``, the elements it changed, or None when not counted here). Float16 and
-    bfloat16 rows of HALF_ROW_KERNEL elements or more go through the compiled ``half_scale`` (widened,
-    multiplied in float32, rounded once: the same bits), which counts the changes as ``_changed`` does:
-    NumPy's float16 casts and comparisons are slowest where the results are float16 subnormals, as clipped
-    gradients often are (``clip --mode norm --axes -1`` of the float16 GPT-2 set: 2.35 s with NumPy's
-    casts and comparisons on streamed rows, 0.98 s with the kernel's rows and counts)."""
-    from .core import kernels
-
-    kind = half_kind(x.dtype)
-    if kind is None or kernels.compiled_half_scale is None or x.shape[1] < HALF_ROW_KERNEL:
-        return clipping.scale_slices(x, clipped, scale, np_xp), None
-    out = x.copy()
-    changed = 0
-    for i in np.flatnonzero(clipped):
-        changed += kernels.compiled_half_scale(x[i].view(np.uint16), float(scale[i]), out[i].view(np.uint16),
-                                               kind)[1]
-    return out, changed
-
-
 def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,
                      scale: float, fused: Callable[..., tuple[float, int]], acc: NormAccumulator,
                      buffer: PhasedBuffer | None) -> Generator[np.ndarray, None, int]:

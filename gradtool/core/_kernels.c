@@ -481,20 +481,22 @@ static PyObject *half_scale(PyObject *self, PyObject *args) {
     return Py_BuildValue("(dL)", sumsq, changed);
 }
 
-/* half_scale_columns(src, scales, out, kind) -> changed count: half_scale with a scale per column of the
- * rows of len(scales) elements that src holds (uint16 views of float16, kind 0, or bfloat16, kind 1; out
- * may not be src): out[r, j] = round(widen(src[r, j]) · scales[j]) (float32 scales), or src[r, j] as it is,
- * bits and all, where scales[j] is NaN (a column not clipped); the changed count as half_scale counts it.
- * GIL released. Per-column clipping (clip --mode norm --axes 0) of float16 took NumPy's casts: the float16
- * GPT-2 set 9.1 s against 0.8 s in float32. */
-static PyObject *half_scale_columns(PyObject *self, PyObject *args) {
+/* half_scale_slices(src, scales, out, kind, by_row) -> changed count: half_scale with a scale per slice of
+ * src (a uint16 view of float16, kind 0, or bfloat16, kind 1, values; out may not be src): by_row 0, a
+ * scale per column of rows of len(scales) elements, out[r, j] = round(widen(src[r, j]) · scales[j]); by_row
+ * 1, a scale per row of len(src) / len(scales) elements, out[r, j] = round(widen(src[r, j]) · scales[r])
+ * (float32 scales); src's element as it is, bits and all, where its scale is negative (a slice not clipped:
+ * a clipping scale c / ||slice|| is never negative; NaN, for a NaN norm, is a scale, as TF's formula has it);
+ * the changed count as half_scale counts it. GIL released. Per-slice clipping (clip --mode norm --axes) of
+ * float16 went through NumPy's casts: the float16 GPT-2 set by columns 9.1 s, float32 0.8 s. */
+static PyObject *half_scale_slices(PyObject *self, PyObject *args) {
     PyObject *src_obj, *scales_obj, *out_obj;
-    int kind;
-    if (!PyArg_ParseTuple(args, "OOOi", &src_obj, &scales_obj, &out_obj, &kind) || half_kind(kind) < 0)
+    int kind, by_row;
+    if (!PyArg_ParseTuple(args, "OOOip", &src_obj, &scales_obj, &out_obj, &kind, &by_row) || half_kind(kind) < 0)
         return NULL;
     Py_buffer src, scales, out;
-    if (take_u16(src_obj, &src, "half_scale_columns") < 0) return NULL;
-    if (take_f32(scales_obj, &scales, "half_scale_columns") < 0) {
+    if (take_u16(src_obj, &src, "half_scale_slices") < 0) return NULL;
+    if (take_f32(scales_obj, &scales, "half_scale_slices") < 0) {
         PyBuffer_Release(&src);
         return NULL;
     }
@@ -503,15 +505,16 @@ static PyObject *half_scale_columns(PyObject *self, PyObject *args) {
         PyBuffer_Release(&scales);
         return NULL;
     }
-    Py_ssize_t n = src.len / 2, w = scales.len / 4;
-    if (out.len != src.len || w == 0 || n % w != 0 || out.buf == src.buf) {
+    Py_ssize_t n = src.len / 2, k = scales.len / 4;
+    if (out.len != src.len || k == 0 || n % k != 0 || out.buf == src.buf) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&scales);
         PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "half_scale_columns needs whole rows of len(scales) elements and a "
-                                          "separate output of the input's size");
+        PyErr_SetString(PyExc_ValueError, "half_scale_slices needs whole slices, one a scale, and a separate "
+                                          "output of the input's size");
         return NULL;
     }
+    Py_ssize_t w = by_row ? n / k : k; /* the row length */
     const uint16_t *x = (const uint16_t *)src.buf;
     const float *s = (const float *)scales.buf;
     uint16_t *y = (uint16_t *)out.buf;
@@ -519,15 +522,25 @@ static PyObject *half_scale_columns(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     float before[SCALE_BLOCK], after[SCALE_BLOCK];
     for (Py_ssize_t r = 0; r < n; r += w) {
+        if (by_row && s[r / w] < 0) { /* a row kept */
+            memcpy(y + r, x + r, (size_t)w * 2);
+            continue;
+        }
         for (Py_ssize_t c = 0; c < w; c += SCALE_BLOCK) {
             Py_ssize_t len = w - c < SCALE_BLOCK ? w - c : SCALE_BLOCK;
             const uint16_t *xs = x + r + c;
             uint16_t *ys = y + r + c;
             half_to_f32(xs, before, len, kind);
-            for (Py_ssize_t j = 0; j < len; j++) after[j] = before[j] * s[c + j];
+            if (by_row) {
+                float sr = s[r / w];
+                for (Py_ssize_t j = 0; j < len; j++) after[j] = before[j] * sr;
+            } else {
+                for (Py_ssize_t j = 0; j < len; j++) after[j] = before[j] * s[c + j];
+            }
             f32_to_half_with(chosen, after, ys, len, kind);
-            for (Py_ssize_t j = 0; j < len; j++)
-                if (s[c + j] != s[c + j]) ys[j] = xs[j];
+            if (!by_row)
+                for (Py_ssize_t j = 0; j < len; j++)
+                    if (s[c + j] < 0) ys[j] = xs[j];
             half_to_f32(ys, after, len, kind);
             int differ = 0, both_nan = 0;
             for (Py_ssize_t j = 0; j < len; j++) {
@@ -900,9 +913,10 @@ static PyMethodDef methods[] = {
      "half_scale(src, scale, out, kind) -> (sum of squares of out, changed count):\n"
      "out = src * float32(scale) rounded to float16 (kind 0) or bfloat16 (kind 1), uint16 views, no GIL\n"
      "held."},
-    {"half_scale_columns", half_scale_columns, METH_VARARGS,
-     "half_scale_columns(src, scales, out, kind) -> changed count: half_scale with a float32 scale per column\n"
-     "of src's rows of len(scales) elements (NaN: the column kept as it is), no GIL held."},
+    {"half_scale_slices", half_scale_slices, METH_VARARGS,
+     "half_scale_slices(src, scales, out, kind, by_row) -> changed count: half_scale with a float32 scale per\n"
+     "column of src's rows of len(scales) elements, or (by_row) per row of len(src) / len(scales) elements\n"
+     "(negative: the slice kept as it is), no GIL held."},
     {"f32_to_half_width", f32_to_half_width_py, METH_VARARGS,
      "f32_to_half_width(src, out, kind, lanes) -> None: float32 src rounded into out (uint16) by that\n"
      "width's build (for tests)."},

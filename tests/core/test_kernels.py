@@ -598,38 +598,40 @@ def test_half_scale_equals_scale_tensor_count_and_summary(case, scale, in_place)
 
 
 @needs_kernel
-@settings(max_examples=150, deadline=None)
-@given(half_chunks(), st.integers(1, 5000), st.integers(0, 2**32 - 1),
-       st.sampled_from([0.5, 0.3, 1e-4, 3e-7, 2.0, 1e30, 0.0, -0.7, np.inf, 1e-39]))
-def test_half_scale_columns_equals_scale_tensor_where_clipped(case, width, seed, extreme):
-    """half_scale_columns gives what the NumPy path of per-column clipping gives, bit for bit: each row's
-    clipped columns by ``clipping.scale_tensor`` (multiplied in float32, rounded once), the others kept as
-    they are (NaN payloads too), and ``_changed``'s count (NaN to NaN unchanged); rows of any width,
-    across the kernel's blocks of 2,048 columns, scales of every size (one extreme in each; a clipped
-    column's scale is never NaN: a NaN norm is not above the threshold, and NaN marks a kept column)."""
-    from gradtool.core.clipping import scale_tensor
+@settings(max_examples=200, deadline=None)
+@given(half_chunks(), st.integers(1, 5000), st.integers(0, 2**32 - 1), st.booleans(),
+       st.sampled_from([0.5, 0.3, 1e-4, 3e-7, 2.0, 1e30, 0.0, -0.0, np.nan, np.inf, 1e-39]))
+def test_half_scale_slices_equals_scale_tensor_where_clipped(case, width, seed, by_row, extreme):
+    """half_scale_slices gives what the NumPy path of per-slice clipping gives, bit for bit: the clipped
+    columns (or rows) by ``clipping.scale_tensor`` (multiplied in float32, rounded once; a NaN scale, a
+    NaN norm's, makes NaN), the others kept as they are (NaN payloads too), and ``_changed``'s count (NaN
+    to NaN unchanged); rows of any width, across the kernel's blocks of 2,048 elements. (A negative
+    scale marks a kept slice: a clipping scale c / norm, c > 0, never is one; -0.0 is not negative.)"""
+    from gradtool.core.clipping import scale_slices
 
     kind, a, _ = case
     n = max(1, a.size // width)
-    x = np.resize(a, n * width).reshape(n, width)  # (repeats a's values: a few rows of width columns)
+    x = np.resize(a, n * width).reshape(n, width)  # (repeats a's values: rows of width elements)
     rng = np.random.default_rng(seed)
-    clipped = rng.random(width) < 0.7
-    scale = rng.uniform(1e-3, 1.0, width)
-    scale[int(rng.integers(0, width))] = extreme
+    k = n if by_row else width
+    clipped = rng.random(k) < 0.7
+    scale = rng.uniform(1e-3, 1.0, k)
+    scale[int(rng.integers(0, k))] = extreme
     with np.errstate(all="ignore"):
-        want = np.where(clipped[None, :], scale_tensor(x, scale[None, :], np), x)
+        want = scale_slices(x, clipped, scale, np) if by_row else scale_slices(x.T, clipped, scale, np).T
         changed = int(np.count_nonzero((x != want) & ~(np.isnan(x) & np.isnan(want))))
-    scales = np.where(clipped, scale, np.nan).astype(np.float32)
+    scales = np.where(clipped, scale, -1.0).astype(np.float32)
     out = np.empty_like(x)
-    got = kernels.compiled_half_scale_columns(x.view(np.uint16), scales, out.view(np.uint16), kind)
+    got = kernels.compiled_half_scale_slices(x.view(np.uint16), scales, out.view(np.uint16), kind, by_row)
     assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
     assert got == changed
     flat, flat_out = x.view(np.uint16).reshape(-1), out.view(np.uint16).reshape(-1)
-    with pytest.raises(ValueError, match="whole rows"):  # the input as its output
-        kernels.compiled_half_scale_columns(flat, scales, flat, kind)
-    if width > 1:
-        with pytest.raises(ValueError, match="whole rows"):  # a row cut short
-            kernels.compiled_half_scale_columns(flat[:-1], scales, flat_out[:-1], kind)
+    with pytest.raises(ValueError, match="whole slices"):  # the input as its output
+        kernels.compiled_half_scale_slices(flat, scales, flat, kind, by_row)
+    if k > 1:
+        with pytest.raises(ValueError, match="whole slices"):  # a slice cut short (one element more)
+            kernels.compiled_half_scale_slices(np.append(flat, flat[:1]), scales, np.append(flat_out, flat_out[:1]),
+                                               kind, by_row)
 
 
 def test_disabled_turns_off_every_entry_point():
