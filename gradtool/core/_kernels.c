@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -558,6 +559,96 @@ static PyObject *half_scale_slices(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(changed);
 }
 
+/* clip_values(src, lo, hi, out, kind) -> (changed count, non-finite count): TF's clip_by_value as
+ * gradtool's NumPy path computes it, in one pass without the GIL: out = hi where src > hi, lo where src < lo,
+ * else src, bits and all (NaN stays NaN, its payload too; ±inf are clipped); the changed count is the
+ * elements clipped (src > hi or src < lo: never equal to the bound), the non-finite count the NaN and ±inf
+ * in src (the "error" policy refuses those). kind -1: float32 src and out, lo and hi rounded to float32 as
+ * NumPy's astype rounds a double; kind 0 or 1: float16 or bfloat16 (uint16 views), compared as their
+ * float32 values, with lo and hi given as the bits of the bounds in that type (rounded by the caller, as
+ * NumPy rounds a double to it) and hi <= lo never (the caller checks). NumPy's passes (the comparisons, two
+ * where, the checks) took clip --mode value of the GPT-2 set 1.8 s, 2.9 s in float16, where a scale
+ * takes 0.4 s. */
+static PyObject *clip_values(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *lo_obj, *hi_obj, *out_obj;
+    int kind;
+    if (!PyArg_ParseTuple(args, "OOOOi", &src_obj, &lo_obj, &hi_obj, &out_obj, &kind)) return NULL;
+    if (kind != -1 && half_kind(kind) < 0) return NULL;
+    double lo_d = 0, hi_d = 0;
+    unsigned long lo_bits = 0, hi_bits = 0;
+    if (kind == -1) {
+        lo_d = PyFloat_AsDouble(lo_obj);
+        hi_d = PyFloat_AsDouble(hi_obj);
+    } else {
+        lo_bits = PyLong_AsUnsignedLong(lo_obj);
+        hi_bits = PyLong_AsUnsignedLong(hi_obj);
+        if (!PyErr_Occurred() && (lo_bits > 0xffff || hi_bits > 0xffff))
+            PyErr_SetString(PyExc_ValueError, "clip_values needs the bounds' 16 bits for a half kind");
+    }
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer src, out;
+    if ((kind == -1 ? take_f32(src_obj, &src, "clip_values") : take_u16(src_obj, &src, "clip_values")) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (out.len != src.len) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "clip_values needs an output of the input's size");
+        return NULL;
+    }
+    long long changed = 0, nonfinite = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (kind == -1) {
+        Py_ssize_t n = src.len / 4;
+        const float *x = (const float *)src.buf;
+        float *y = (float *)out.buf, lo = (float)lo_d, hi = (float)hi_d;
+        for (Py_ssize_t i = 0; i < n; i += SCALE_BLOCK) { /* int counters a block: vectorised */
+            Py_ssize_t len = n - i < SCALE_BLOCK ? n - i : SCALE_BLOCK;
+            int clipped = 0, odd = 0;
+            for (Py_ssize_t j = 0; j < len; j++) {
+                float v = x[i + j];
+                int high = v > hi, low = v < lo;
+                float r = low ? lo : v;
+                y[i + j] = high ? hi : r;
+                clipped += high + low;
+                odd += !(fabsf(v) <= FLT_MAX); /* NaN or ±inf */
+            }
+            changed += clipped;
+            nonfinite += odd;
+        }
+    } else {
+        Py_ssize_t n = src.len / 2;
+        const uint16_t *x = (const uint16_t *)src.buf;
+        uint16_t *y = (uint16_t *)out.buf, lo_h = (uint16_t)lo_bits, hi_h = (uint16_t)hi_bits;
+        float bounds[2];
+        half_to_f32(&lo_h, &bounds[0], 1, kind);
+        half_to_f32(&hi_h, &bounds[1], 1, kind);
+        float lo = bounds[0], hi = bounds[1], values[SCALE_BLOCK];
+        for (Py_ssize_t i = 0; i < n; i += SCALE_BLOCK) {
+            Py_ssize_t len = n - i < SCALE_BLOCK ? n - i : SCALE_BLOCK;
+            half_to_f32(x + i, values, len, kind);
+            int clipped = 0, odd = 0;
+            for (Py_ssize_t j = 0; j < len; j++) {
+                float v = values[j];
+                int high = v > hi, low = v < lo;
+                uint16_t r = low ? lo_h : x[i + j];
+                y[i + j] = high ? hi_h : r;
+                clipped += high + low;
+                odd += !(fabsf(v) <= FLT_MAX); /* NaN or ±inf */
+            }
+            changed += clipped;
+            nonfinite += odd;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return Py_BuildValue("(LL)", changed, nonfinite);
+}
+
 #ifndef _WIN32
 #include <errno.h>
 #include <unistd.h>
@@ -913,6 +1004,9 @@ static PyMethodDef methods[] = {
      "half_scale(src, scale, out, kind) -> (sum of squares of out, changed count):\n"
      "out = src * float32(scale) rounded to float16 (kind 0) or bfloat16 (kind 1), uint16 views, no GIL\n"
      "held."},
+    {"clip_values", clip_values, METH_VARARGS,
+     "clip_values(src, lo, hi, out, kind) -> (changed, non-finite): clip_by_value of float32 (kind -1; lo, hi\n"
+     "floats) or float16/bfloat16 values (kind 0/1, uint16 views; lo, hi their bits) into out, no GIL held."},
     {"half_scale_slices", half_scale_slices, METH_VARARGS,
      "half_scale_slices(src, scales, out, kind, by_row) -> changed count: half_scale with a float32 scale per\n"
      "column of src's rows of len(scales) elements, or (by_row) per row of len(src) / len(scales) elements\n"

@@ -16,7 +16,9 @@ one call, into the rows of ``out``;
 float16/bfloat16 (multiplied in float32, rounded once, as ``clipping.scale_tensor`` does), and
 ``compiled_half_scale_slices(src_u16, scales_f32, out_u16, kind, by_row) -> #changed`` the same with a
 scale per column of rows of ``len(scales)`` elements, or per row (``by_row``) of ``len(src) / len(scales)``
-(negative: the slice kept, bits and all). Each is None
+(negative: the slice kept, bits and all); ``compiled_clip_values(src, lo, hi, out, kind) -> (#changed,
+#non-finite)`` ``clipping.clip_by_value`` of float32 (kind -1) or float16/bfloat16 values in one pass. Each
+is None
 when the extension was not built (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the
 callers in :mod:`.norms`, :mod:`.stats` and :mod:`gradtool.clip_dump` then use NumPy passes. They look it up here at call time, so tests can switch it off.
 """
@@ -51,12 +53,14 @@ except ImportError:
 compiled_half_summaries: Callable[[Any, int, int], list[tuple[float, float, float, float, int]]] | None
 compiled_half_scale: Callable[[Any, float, Any, int], tuple[float, int]] | None
 compiled_half_scale_slices: Callable[[Any, Any, Any, int, bool], int] | None
+compiled_clip_values: Callable[[Any, Any, Any, Any, int], tuple[int, int]] | None
 try:
     from ._kernels import half_scale as compiled_half_scale
+    from ._kernels import clip_values as compiled_clip_values
     from ._kernels import half_scale_slices as compiled_half_scale_slices
     from ._kernels import half_summaries as compiled_half_summaries
 except ImportError:
-    compiled_half_summaries = compiled_half_scale = compiled_half_scale_slices = None
+    compiled_half_summaries = compiled_half_scale = compiled_half_scale_slices = compiled_clip_values = None
 HALF_F16, HALF_BF16 = 0, 1  # the kernels' ``kind`` argument
 compiled_tensor_summaries_fd: Callable[[int, Any, Any], int] | None
 try:  # not on Windows (no pread)
@@ -69,7 +73,7 @@ except ImportError:
     compiled_tensor_summaries_fd = None
 COMPILED = ("compiled_f32_summary", "compiled_f32_summaries", "compiled_f32_summaries_fd",
             "compiled_f32_sumsq_each", "compiled_f32_scale", "compiled_half_summaries", "compiled_half_scale",
-            "compiled_half_scale_slices",
+            "compiled_half_scale_slices", "compiled_clip_values",
             "compiled_tensor_summaries_fd")  # every entry point above, None without the kernel
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     globals().update(dict.fromkeys(COMPILED))

@@ -634,6 +634,52 @@ def test_half_scale_slices_equals_scale_tensor_where_clipped(case, width, seed, 
                                                kind, by_row)
 
 
+_bounds = st.sampled_from([(-1e-3, 1e-3), (-1.0, 1.0), (0.0, 0.0), (-0.0, 0.0), (0.5, 2.0), (-np.inf, 1e-2),
+                           (-1e-2, np.inf), (-1e-9, 1e-9), (-70000.0, 70000.0), (3e-8, 3e-8), (-1e-40, 1e-40)])
+
+
+@needs_kernel
+@settings(max_examples=200, deadline=None)
+@given(half_chunks(), st.booleans(), _bounds)
+def test_clip_values_equals_clip_by_value_and_its_counts(case, as_f32, bounds):
+    """clip_values gives ``clipping.clip_by_value``'s values bit for bit (the bounds rounded to the
+    dtype as NumPy rounds them, NaN kept with its payload, ±inf clipped), the count ``_changed`` takes
+    (NaN to NaN unchanged) and the NaN and ±inf count the "error" policy looks for; float32, float16 and
+    bfloat16, bounds that round to zero, to each other, past float16's range."""
+    from gradtool.clip_dump import _fused_clip_values
+    from gradtool.core.clipping import clip_by_value
+    from gradtool.io.base import TensorInfo
+
+    kind, a, _ = case
+    x = a.astype(np.float32) if as_f32 else a
+    lo, hi = (float(b) for b in bounds)
+    with np.errstate(all="ignore"):
+        want = clip_by_value(x, lo, hi, nonfinite="propagate", xp=np)
+        changed = int(np.count_nonzero((x != want) & ~(np.isnan(x) & np.isnan(want))))
+    clip = _fused_clip_values(TensorInfo("t", x.shape, x.dtype), lo, hi)
+    out = np.full_like(x, 7)
+    got, odd = clip(x, out)
+    assert np.array_equal(out.view(np.uint32 if as_f32 else np.uint16), np.asarray(want).view(out.view(
+        np.uint32 if as_f32 else np.uint16).dtype))
+    assert got == changed and odd == int(np.count_nonzero(~np.isfinite(x.astype(np.float32))))
+
+
+@needs_kernel
+def test_clip_values_declines_what_clip_by_value_refuses_or_does_not_take():
+    """NaN bounds, lo > hi, array bounds, other dtypes: no kernel (clip_by_value's path, and its error)."""
+    from gradtool.clip_dump import _fused_clip_values
+    from gradtool.io.base import TensorInfo
+
+    f32 = TensorInfo("t", (3,), np.dtype(np.float32))
+    assert _fused_clip_values(f32, -1.0, 1.0) is not None
+    for lo, hi in ((float("nan"), 1.0), (-1.0, float("nan")), (1.0, -1.0), (np.float64(-1), 1.0)):
+        assert _fused_clip_values(f32, lo, hi) is None
+    for dtype in (np.float64, np.int32):
+        assert _fused_clip_values(TensorInfo("t", (3,), np.dtype(dtype)), -1.0, 1.0) is None
+    with pytest.raises(ValueError, match="size"):
+        kernels.compiled_clip_values(np.ones(3, np.float32), -1.0, 1.0, np.empty(4, np.float32), -1)
+
+
 def test_disabled_turns_off_every_entry_point():
     """``kernels.disabled()`` (and GRADTOOL_NO_KERNELS) set every ``compiled_*`` entry point to None, so a
     test of a NumPy path cannot reach the kernel through one that was forgotten; all come back after."""

@@ -473,6 +473,57 @@ def test_clip_of_half_precision_tensors_in_the_kernel_equals_the_numpy_steps(tmp
     assert calls and set(calls) == ({0, 1} if ext == "safetensors" else {0})
 
 
+@pytest.mark.parametrize("ext", ["safetensors", "npz", "h5"])
+@pytest.mark.parametrize("policy", ["propagate", "zero", "error"])
+def test_clip_by_value_in_the_kernel_equals_the_numpy_steps(tmp_path, monkeypatch, ext, policy):
+    """``clip --mode value`` clips float32, float16 and bfloat16 chunks in the compiled kernel
+    (``clip_values``): the clipped bytes and the report equal clip_by_value's NumPy steps, bit for bit,
+    under every NaN policy ("error" refuses the same tensor, with the same error), with tensors of several
+    chunks, NaN and ±inf, and a tensor with nothing to clip."""
+    import dataclasses
+
+    import ml_dtypes
+
+    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.core import kernels
+    from gradtool.core.stats import STREAM_CHUNK
+    from gradtool.errors import NonFiniteError
+    from gradtool.io.dump import make_writer
+
+    if kernels.compiled_clip_values is None:
+        pytest.skip("compiled kernel not built")
+    rng = np.random.default_rng(5)
+    tensors = {"big": (rng.standard_normal(2 * STREAM_CHUNK + 77) * 0.05).astype(np.float32),
+               "half": (rng.standard_normal(STREAM_CHUNK + 999) * 0.05).astype(np.float16),
+               "odd": np.array([np.nan, np.inf, -np.inf, 0.5, -0.0, 1e-9] * 100, np.float32),
+               "calm": (rng.standard_normal(3000) * 1e-6).astype(np.float32)}
+    if ext == "safetensors":
+        tensors["bf"] = (rng.standard_normal(STREAM_CHUNK + 5) * 0.02).astype(ml_dtypes.bfloat16)
+    if policy == "error":
+        del tensors["odd"]
+        tensors["half"][7] = np.inf  # refused, by both paths alike
+    src = str(tmp_path / f"in.{ext}")
+    save_dump(src, tensors)
+    calls = []
+    real = kernels.compiled_clip_values
+    outcomes = []
+    for fast in (True, False):
+        monkeypatch.setattr(kernels, "compiled_clip_values", (lambda *a: calls.append(a[4]) or real(*a))
+                            if fast else None)
+        out = str(tmp_path / f"out_{fast}.{ext}")
+        try:
+            with open_dump(src) as r, make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata) as w:
+                rep = clip_dump(r, w, ClipSpec(mode="value", max=0.02, nonfinite=policy))
+        except NonFiniteError as exc:
+            outcomes.append(("refused", str(exc)))
+            continue
+        with open_dump(out) as r:
+            outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]),
+                             {n: r.read(n).tobytes() for n in r.names}))
+    assert outcomes[0] == outcomes[1]
+    assert policy == "error" or set(calls) == ({-1, 0, 1} if ext == "safetensors" else {-1, 0})
+
+
 _small = st.tuples(st.integers(0, 300), st.sampled_from(["float32", "float32", "float16", "float64"]),
                    st.sampled_from(["plain", "plain", "nan", "inf", "zeros", "huge"]))
 
