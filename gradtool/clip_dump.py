@@ -249,13 +249,15 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         writer.plan(list(reader.tensors) + reader.metadata_members, data_phase=_data_phase(reader))
     norms_after: dict[str, float] = {}
     out_buffer = PhasedBuffer()  # the streamed tensors' output buffer, reused
-    runs = _small_runs(reader, chosen_set, spec, result.scale, p, norms_before) if xp is None else {}
+    runs = {} if xp is not None else _small_runs(reader, chosen_set, spec, result.scale, p,
+                                                 norms_before if shared is None else {})  # (a shard's
+    # tensors are clipped by their whole tensors' norms: not in per-tensor runs)
     after_run = 0
     for k, info in enumerate(reader.tensors):
         if k < after_run:  # clipped in a run
             continue
         if k in runs:
-            for tc in _clip_run(reader, writer, runs[k], spec, norms_before, result.scale, out_buffer):
+            for tc in _clip_run(reader, writer, runs[k], spec, norms_before, out_buffer):
                 norms_after[tc.name] = tc.norm_after  # type: ignore[assignment]
                 result.tensors.append(tc)
                 if on_tensor:
@@ -476,49 +478,70 @@ RUN_ELEMENTS = STREAM_CHUNK  # (one chunk: the streaming path scales it with one
 RUN_BYTES = 4 << 20
 
 
+# What a run does to one of its tensors, in place: (Σx² of the result as the kernel took it, or None to
+# take it again; elements changed); None: the tensor is left as it is (a per-tensor norm under its threshold)
+_RunOp = Callable[[np.ndarray], tuple[float | None, int]] | None
+
+
 @dataclass
 class _Run:
     """Tensors lying back to back in one input file (from byte ``start`` of ``fd``, ``nbytes`` in all),
-    each with its size in bytes and its scaling kernel."""
+    each with its size in bytes, what is done to it (:data:`_RunOp`) and its threshold for the report."""
 
     fd: int
     start: int
     nbytes: int = 0
-    tensors: list[tuple[TensorInfo, int, Callable[..., tuple[float, int]]]] = field(default_factory=list)
+    tensors: list[tuple[TensorInfo, int, _RunOp, float | None]] = field(default_factory=list)
 
 
 def _small_runs(reader: DumpReader, chosen: set[str], spec: ClipSpec, scale: float | None,
                 p: float, norms_before: Mapping[str, float]) -> dict[int, _Run]:
     """The runs of tensors :func:`_clip_run` clips together, by the index of each run's first tensor in
     ``reader.tensors``: two or more consecutive chosen tensors of 1 to RUN_ELEMENTS elements, each
-    beginning where the one before it ends in one input file, under global-norm clipping by a factor ≠ 1
-    that the compiled kernel scales them by (:func:`_fused_scale`), or under value clipping (L2 norms)
-    that it clips them in (:func:`_fused_clip_values`: float32 ones whose norm before is known and finite,
-    so no NaN/Inf for the "error" policy); never when NaN/Inf are zeroed first. A dump of 20,000 small
-    tensors: ~60 us a tensor through the streaming path."""
+    beginning where the one before it ends in one input file, that the compiled kernel scales by the
+    global norm's factor ≠ 1 (:func:`_fused_scale`), or, float32 ones whose L2 norm before is known and
+    finite (so no NaN/Inf for the "error" policy), clips by value (:func:`_fused_clip_values`) or scales
+    by its own norm (``norm``, ``average-norm`` without ``--axes``; a tensor under its threshold is left
+    as it is); never when NaN/Inf are zeroed first. A dump of 20,000 small tensors: ~60 us a tensor
+    through the streaming path."""
     runs: dict[int, _Run] = {}
-    value = spec.mode == "value" and p == 2.0
-    if spec.nonfinite == "zero" or not (value or (spec.mode == "global-norm" and scale is not None
-                                                   and scale != 1.0)):
+    per_tensor = p == 2.0 and (spec.mode == "value" or (spec.mode in ("norm", "average-norm") and spec.axes is None))
+    if spec.nonfinite == "zero" or not (per_tensor or (spec.mode == "global-norm" and scale is not None
+                                                       and scale != 1.0)):
         return runs
-    kernels: dict[Any, Callable[..., tuple[float, int]] | None] = {}
+    kernels: dict[Any, Any] = {}
+
+    def op_of(info: TensorInfo) -> tuple[bool, _RunOp, float | None]:
+        """(whether the tensor can be in a run, what the run does to it, its threshold)."""
+        if not per_tensor:
+            if info.dtype not in kernels:
+                kernels[info.dtype] = _fused_scale(info, scale, p)
+            fused = kernels[info.dtype]
+            return fused is not None, lambda view: fused(view, scale, view), spec.max
+        hi = spec.threshold_for(info.name)
+        before = norms_before.get(info.name, math.nan)
+        if hi is None or info.dtype != np.float32 or not math.isfinite(before):
+            return False, None, hi
+        if spec.mode == "value":
+            key = (info.dtype, hi, spec.lower_bound_for(info.name, hi))
+            if key not in kernels:
+                kernels[key] = _fused_clip_values(info, key[2], hi)
+            clip = kernels[key]
+            return clip is not None, lambda view: (None, clip(view, view)[0]), hi
+        c = hi * (info.size if spec.mode == "average-norm" else 1)
+        if before <= c:
+            return True, None, hi
+        s = c / before
+        fused = _fused_scale(info, s, p)
+        return fused is not None, lambda view: fused(view, s, view), hi
+
     run, first = None, 0
     for k, info in enumerate(reader.tensors):
-        location = fused = None
+        location, op, hi = None, None, None
         size = info.size
         if 0 < size <= RUN_ELEMENTS and not info.fortran and info.name in chosen:
-            if value:
-                hi = spec.threshold_for(info.name)
-                key: Any = (info.dtype, hi, None if hi is None else spec.lower_bound_for(info.name, hi))
-                if key not in kernels:
-                    kernels[key] = None if hi is None else _fused_clip_values(info, key[2], hi)
-                known = info.dtype == np.float32 and math.isfinite(norms_before.get(info.name, math.nan))
-                fused = kernels[key] if known else None
-            else:
-                if info.dtype not in kernels:
-                    kernels[info.dtype] = _fused_scale(info, scale, p)
-                fused = kernels[info.dtype]
-            location = reader.raw_location(info) if fused is not None else None
+            fits, op, hi = op_of(info)
+            location = reader.raw_location(info) if fits else None
         if location is None:
             if run is not None and len(run.tensors) > 1:
                 runs[first] = run
@@ -529,7 +552,7 @@ def _small_runs(reader: DumpReader, chosen: set[str], spec: ClipSpec, scale: flo
             if run is not None and len(run.tensors) > 1:
                 runs[first] = run
             run, first = _Run(*location), k
-        run.tensors.append((info, nbytes, fused))  # type: ignore[arg-type]
+        run.tensors.append((info, nbytes, op, hi))
         run.nbytes += nbytes
     if run is not None and len(run.tensors) > 1:
         runs[first] = run
@@ -537,7 +560,7 @@ def _small_runs(reader: DumpReader, chosen: set[str], spec: ClipSpec, scale: flo
 
 
 def _clip_run(reader: DumpReader, writer: DumpWriter | None, run: _Run, spec: ClipSpec,
-              norms_before: dict[str, float], scale: float, buffer: PhasedBuffer) -> list[TensorClip]:
+              norms_before: dict[str, float], buffer: PhasedBuffer) -> list[TensorClip]:
     """A run of small tensors (:func:`_small_runs`) read with one ``pread``, each scaled (or clipped by
     value) and measured in place by its kernel call (what the streaming path makes of a one-chunk tensor:
     the same bits), written with one call (:meth:`DumpWriter.add_run`)."""
@@ -545,20 +568,22 @@ def _clip_run(reader: DumpReader, writer: DumpWriter | None, run: _Run, spec: Cl
     reader._fill(memoryview(data), pread_at(run.fd, run.start), run.tensors[0][0])
     clips = []
     at = 0
-    for info, nbytes, fused in run.tensors:
-        view = data[at:at + nbytes].view(info.dtype)
-        acc = NormAccumulator(2.0)
-        if spec.mode == "value":  # (float32, finite: see _small_runs)
-            changed, _ = fused(view, view)  # in place: the kernel reads each element first
-            acc.update(view)
+    for info, nbytes, op, threshold in run.tensors:
+        before = norms_before[info.name]
+        if op is None:  # (under its threshold: the streaming path copies it, its norm unchanged)
+            clips.append(TensorClip(info.name, before, before, False, 0, threshold))
         else:
-            sum_sq, changed = fused(view, scale, view)
-            acc.update_sum_sq(sum_sq, view)
-        clips.append(TensorClip(info.name, norms_before[info.name], acc.result(), changed > 0, changed,
-                                spec.threshold_for(info.name) if spec.mode == "value" else spec.max))
+            view = data[at:at + nbytes].view(info.dtype)
+            sum_sq, changed = op(view)  # in place: the kernels read each element first
+            acc = NormAccumulator(2.0)
+            if sum_sq is None:
+                acc.update(view)
+            else:
+                acc.update_sum_sq(sum_sq, view)
+            clips.append(TensorClip(info.name, before, acc.result(), changed > 0, changed, threshold))
         at += nbytes
     if writer is not None:
-        writer.add_run([info for info, _, _ in run.tensors], data)
+        writer.add_run([info for info, *_ in run.tensors], data)
     return clips
 
 

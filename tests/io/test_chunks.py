@@ -586,16 +586,17 @@ _run_tensor = st.tuples(st.one_of(st.integers(1, 100), st.integers(0, 150)), st.
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(_run_tensor, min_size=3, max_size=25), st.sampled_from(["safetensors", "npz", "h5"]),
-       st.sampled_from(["propagate", "propagate", "zero", "error"]), st.sampled_from([1e-3, 1e-3, 1e30]),
+       st.sampled_from(["propagate", "propagate", "zero", "error"]), st.sampled_from([1e-3, 1e-3, 30.0, 1e30]),
        st.booleans(), st.sampled_from([None, None, "t1*"]), st.sampled_from([300, 2000, 1 << 20]),
-       st.sampled_from(["global-norm", "value"]))
+       st.sampled_from(["global-norm", "value", "norm", "average-norm"]))
 def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, tensors, ext, nonfinite, max_,
                                                               dry, select, run_bytes, mode):
     """Small tensors lying back to back, clipped a run at a time (one read, a kernel call each, one write:
-    clip_dump._clip_run), by the global norm or by value, give the report, progress and output bytes of
-    clipping them one at a time (or the same refusal of NaN under "error"); runs broken by tensors too
-    large for them (here over 100 elements), of other types, not selected, holding NaN, or over the
-    run's bytes, and by a scale of 1."""
+    clip_dump._clip_run), by the global norm, by value or by each one's norm (some under their threshold,
+    left as they are), give the report, progress and output bytes of clipping them one at a time (or the
+    same refusal of NaN under "error"); runs broken by tensors too large for them (here over 100
+    elements), of other types, not selected, holding NaN, or over the run's bytes, and by a global scale
+    of 1."""
     import dataclasses
 
     from gradtool import clip_dump as clip_mod
@@ -651,7 +652,7 @@ def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, 
     assert outcomes[0] == outcomes[1]
 
 
-@pytest.mark.parametrize("mode", ["global-norm", "value"])
+@pytest.mark.parametrize("mode", ["global-norm", "value", "norm"])
 def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, mode):
     """A safetensors dump of 3,000 small float32 tensors (and one of int32 between them): clipped in runs
     of at most RUN_BYTES, every float32 tensor in one, each run written with one write (with the compiled
@@ -675,18 +676,22 @@ def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, 
     monkeypatch.setattr(clip_mod, "RUN_BYTES", 64 << 10)
     with open_dump(str(tmp_path / "in.safetensors")) as r, make_writer(str(tmp_path / "out.safetensors"),
                                                                        "safetensors", r.metadata) as w:
-        rep = clip_dump(r, w, ClipSpec(mode=mode, max=1.0))
-    assert (mode == "value" or rep.scale < 1) and all(run.nbytes <= 64 << 10 for run in runs)
+        rep = clip_dump(r, w, ClipSpec(mode=mode, max=10.0 if mode == "norm" else 1.0))
+    assert (mode != "global-norm" or rep.scale < 1) and all(run.nbytes <= 64 << 10 for run in runs)
     if (kernels.compiled_f32_scale if mode == "global-norm" else kernels.compiled_clip_values) is None:
         assert not runs and not writes
     else:
         in_runs = sum(len(run.tensors) for run in runs)  # (value: not those whose norm before the batched
         assert len(runs) > 10 and (in_runs == 2999 if mode == "global-norm" else in_runs > 2950)  # summary
+        if mode == "norm":  # (both kinds in runs: scaled, and left under the threshold)
+            assert 0 < sum(op is None for run in runs for _, _, op, _ in run.tensors) < in_runs
         assert writes == [len(run.tensors) for run in runs]  # leaves to the stream: 1 or 2 elements)
     with open_dump(str(tmp_path / "out.safetensors")) as r:
         for name, a in arrays.items():
+            norm = {t.name: t.norm_before for t in rep.tensors}[name]  # (the report's: gradtool's sums)
             want = (a if a.dtype == np.int32 else np.clip(a, np.float32(-1), np.float32(1)) if mode == "value"
-                    else (a * np.float32(rep.scale)).astype(np.float32))
+                    else (a * np.float32(rep.scale)).astype(np.float32) if mode == "global-norm"
+                    else a if norm <= 10.0 else (a * np.float32(10.0 / norm)).astype(np.float32))
             assert r.read(name).tobytes() == want.tobytes(), name
     if mode == "value":
         clipped = {t.name: t.clipped_elements for t in rep.tensors}
