@@ -250,8 +250,8 @@ def test_a_gzip_file_where_the_header_disagrees_with_h5py_is_read_by_h5py(tmp_pa
 
 def test_gzip_datasets_it_does_not_know_go_to_h5py(tmp_path):
     """Other filters, attributes, a chunk never written (the fill value), more chunks than one B-tree
-    leaf holds, chunks larger than the dataset (resized smaller): opened by h5py, read as h5py reads
-    them; a dataset grown by resizing, every chunk written, is read from its header."""
+    leaf holds, chunks larger than the dataset (resized smaller), a fill value of its own: opened by h5py,
+    read as h5py reads them; a dataset grown by resizing, every chunk written, is read from its header."""
     path = str(tmp_path / "other.h5")
     a = np.arange(4000, dtype=np.float32).reshape(40, 100)
     with h5py.File(path, "w") as f:
@@ -267,9 +267,10 @@ def test_gzip_datasets_it_does_not_know_go_to_h5py(tmp_path):
         grown[40:] = a[:, :10]
         shrunk = f.create_dataset("shrunk", data=a, chunks=(40, 100), maxshape=(None, None), compression="gzip")
         shrunk.resize((10, 100))  # a chunk larger than the dataset
+        f.create_dataset("filled", data=a, compression="gzip", fillvalue=7.0)  # another fill value
     with open_dump(path) as r:
         assert sorted(r._deflated) == ["grown", "ok"]
-        for name in ("fletcher", "lzf", "attrs", "many", "ok"):
+        for name in ("fletcher", "lzf", "attrs", "many", "ok", "filled"):
             np.testing.assert_array_equal(r.read(name), a)
         assert r.read("sparse")[20, 0] == 7.0
         np.testing.assert_array_equal(r.read("grown"), np.concatenate([a[:, :10], a[:, :10]]))
@@ -336,3 +337,32 @@ def test_a_gzip_dataset_claiming_more_than_memory_is_refused(tmp_path, monkeypat
     r = run("stats", path, "--format", "json")
     assert r.exit_code != 0 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
     assert "more than this machine's memory" in r.stderr and "gz.h5" in r.stderr
+
+
+def _leaf(rank, entries):
+    """The bytes of a version-1 B-tree leaf of raw-data chunks: (stored size, filter mask, offsets,
+    address) a chunk, then the end key."""
+    import struct
+
+    key = lambda size, mask, offsets: struct.pack(f"<II{rank + 1}Q", size, mask, *offsets, 0)  # noqa: E731
+    body = b"".join(key(size, mask, offsets) + struct.pack("<Q", address)
+                    for size, mask, offsets, address in entries)
+    undefined = (1 << 64) - 1
+    return (b"TREE\x01\x00" + struct.pack("<HQQ", len(entries), undefined, undefined) + body
+            + key(0, 0, (0,) * rank))
+
+
+def test_parse_chunk_leaf_takes_only_a_whole_grid_of_chunks():
+    """A leaf's chunks by their place in the grid; None for a chunk off the grid (an offset that is no
+    multiple of the chunk, or past the dataset), a repeated place, a filter skipped, an empty chunk, or
+    fewer chunks than the grid has."""
+    good = [(10, 0, (0, 0), 1000), (12, 0, (0, 4), 2000), (9, 0, (3, 0), 3000), (11, 0, (3, 4), 4000)]
+    assert h5header.parse_chunk_leaf(_leaf(2, good), (5, 6), (3, 4)) == {
+        (0, 0): (1000, 10), (0, 1): (2000, 12), (1, 0): (3000, 9), (1, 1): (4000, 11)}
+    for bad in ([(10, 0, (0, 0), 1000), (12, 0, (0, 3), 2000), *good[2:]],  # off the grid
+                [(10, 0, (0, 0), 1000), (12, 0, (0, 8), 2000), *good[2:]],  # past the dataset
+                [good[0], good[0], *good[2:]],  # a place twice
+                [good[0], (12, 1, (0, 4), 2000), *good[2:]],  # a filter skipped
+                [good[0], (0, 0, (0, 4), 2000), *good[2:]],  # nothing stored
+                good[:3]):  # a chunk missing
+        assert h5header.parse_chunk_leaf(_leaf(2, bad), (5, 6), (3, 4)) is None
