@@ -39,6 +39,15 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
         p = os.path.join(tmp, f"seed.{ext}")
         gradtool.save_dump(p, t, {"step": 3})
         out.append((ext, open(p, "rb").read()))
+    import h5py  # gzip datasets as h5py writes them: read from their headers and chunk B-trees (h5header)
+
+    p = os.path.join(tmp, "seed_gzip.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("one", data=t["w"], compression="gzip")
+        f.create_dataset("g/two", data=rng.standard_normal((40, 100)).astype(np.float32), chunks=(20, 100),
+                         compression="gzip", shuffle=True)
+        f.create_dataset("half", data=np.ones(300, np.float16), compression="gzip", compression_opts=9)
+    out.append(("h5", open(p, "rb").read()))
     p = os.path.join(tmp, "seed_deflated.npz")  # deflated members: the streaming inflate path
     np.savez_compressed(p, w=t["w"], x=np.arange(5000.0))
     out.append(("npz", open(p, "rb").read()))
