@@ -427,6 +427,22 @@ static void f32_to_half_with(const width_t *width, const float *src, uint16_t *d
         dst[i] = kind == HALF_BF16 ? f32_bits_to_bf16_bits(bits[i]) : f32_bits_to_f16_bits(bits[i]);
 }
 
+/* The writable C-contiguous output `out` of a kernel, as many bytes as its input `src`; 0, or -1 with an
+ * error set and both buffers released. */
+static int take_out(PyObject *obj, Py_buffer *out, Py_buffer *src, const char *who) {
+    if (PyObject_GetBuffer(obj, out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(src);
+        return -1;
+    }
+    if (out->len != src->len) {
+        PyBuffer_Release(src);
+        PyBuffer_Release(out);
+        PyErr_Format(PyExc_ValueError, "%s needs an output of the input's size", who);
+        return -1;
+    }
+    return 0;
+}
+
 /* half_scale(src, scale, out, kind) -> (sumsq of out, changed count):
  * out = round(widen(src) · float32(scale)) for float16 (kind 0) or bfloat16 (kind 1) values (uint16 views;
  * out may be src), as gradtool's scale_tensor computes it with NumPy (multiply in float32, round once), in
@@ -442,17 +458,7 @@ static PyObject *half_scale(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OdOi", &src_obj, &scale, &out_obj, &kind) || half_kind(kind) < 0)
         return NULL;
     Py_buffer src, out;
-    if (take_u16(src_obj, &src, "half_scale") < 0) return NULL;
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
-    if (out.len != src.len) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "half_scale needs an output of the input's size");
-        return NULL;
-    }
+    if (take_u16(src_obj, &src, "half_scale") < 0 || take_out(out_obj, &out, &src, "half_scale") < 0) return NULL;
     Py_ssize_t n = src.len / 2;
     const uint16_t *x = (const uint16_t *)src.buf;
     uint16_t *y = (uint16_t *)out.buf;
@@ -501,13 +507,12 @@ static PyObject *half_scale_slices(PyObject *self, PyObject *args) {
         PyBuffer_Release(&src);
         return NULL;
     }
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
+    if (take_out(out_obj, &out, &src, "half_scale_slices") < 0) {
         PyBuffer_Release(&scales);
         return NULL;
     }
     Py_ssize_t n = src.len / 2, k = scales.len / 4;
-    if (out.len != src.len || k == 0 || n % k != 0 || out.buf == src.buf) {
+    if (k == 0 || n % k != 0 || out.buf == src.buf) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&scales);
         PyBuffer_Release(&out);
@@ -587,18 +592,9 @@ static PyObject *clip_values(PyObject *self, PyObject *args) {
     }
     if (PyErr_Occurred()) return NULL;
     Py_buffer src, out;
-    if ((kind == -1 ? take_f32(src_obj, &src, "clip_values") : take_u16(src_obj, &src, "clip_values")) < 0)
+    if ((kind == -1 ? take_f32(src_obj, &src, "clip_values") : take_u16(src_obj, &src, "clip_values")) < 0
+        || take_out(out_obj, &out, &src, "clip_values") < 0)
         return NULL;
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
-    if (out.len != src.len) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "clip_values needs an output of the input's size");
-        return NULL;
-    }
     long long changed = 0, nonfinite = 0;
     Py_BEGIN_ALLOW_THREADS
     if (kind == -1) {
