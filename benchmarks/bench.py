@@ -804,9 +804,10 @@ def main() -> None:
                                  (f16, "float16", ("--mode", "value", "--max", "1e-3")),
                                  (f16, "float16", ("--mode", "norm", "--axes", "0", "--max", "1e-3"))):
             t_mode, t_global = alternate(lambda: clip_mode(path, out, *how),
-                                         lambda: clip_mode(path, out, "--mode", "global-norm", "--max", "1e-3"), rep)
-            add(f"clip {' '.join(how[:-2])}, GPT-2 set {label} safetensors, --no-fsync (vs global-norm, same file)",
-                t_mode, t_global, "clip --mode global-norm")
+                                         lambda: clip_mode(path, out, "--mode", "global-norm", "--max",
+                                                           "1e-3"), rep)
+            add(f"clip {' '.join(how[:-2])}, GPT-2 set {label} safetensors, --no-fsync (vs global-norm, "
+                "same file)", t_mode, t_global, "clip --mode global-norm")
         for f in (out, f16):
             if os.path.exists(f):
                 os.remove(f)

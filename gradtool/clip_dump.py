@@ -505,7 +505,8 @@ def _small_runs(reader: DumpReader, chosen: set[str], spec: ClipSpec, scale: flo
     as it is); never when NaN/Inf are zeroed first. A dump of 20,000 small tensors: ~60 us a tensor
     through the streaming path."""
     runs: dict[int, _Run] = {}
-    per_tensor = p == 2.0 and (spec.mode == "value" or (spec.mode in ("norm", "average-norm") and spec.axes is None))
+    per_tensor = p == 2.0 and (spec.mode == "value"
+                               or (spec.mode in ("norm", "average-norm") and spec.axes is None))
     if spec.nonfinite == "zero" or not (per_tensor or (spec.mode == "global-norm" and scale is not None
                                                        and scale != 1.0)):
         return runs
@@ -658,7 +659,8 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
                 if half_scaled is not None:
                     out, counted = half_scaled(src, clipped[rows], scale[rows])
                 else:
-                    out = clipping.scale_slices(src.reshape(n, width), clipped[rows], scale[rows], np_xp).reshape(-1)
+                    out = clipping.scale_slices(src.reshape(n, width), clipped[rows], scale[rows], np_xp)
+                    out = out.reshape(-1)
             if src is not chunk or (out is not chunk and counted is None):
                 changed += _changed(chunk, out, np_xp)
             elif counted is not None:
@@ -687,8 +689,8 @@ def _half_slice_scaler(info: TensorInfo, by_row: bool) -> Callable[..., tuple[np
     def scaled(block: np.ndarray, clipped: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, int]:
         scales = np.where(clipped, scale, -1.0).astype(np.float32)  # (negative: a slice kept as it is; a
         out = np.empty_like(block)  # clipping scale c / norm never is, and NaN, for a NaN norm, scales)
-        return out, scale_slices(block.reshape(-1).view(np.uint16), scales, out.reshape(-1).view(np.uint16), hk,
-                                 by_row)
+        flat = out.reshape(-1)
+        return out, scale_slices(block.reshape(-1).view(np.uint16), scales, flat.view(np.uint16), hk, by_row)
 
     return scaled
 
@@ -827,7 +829,8 @@ def _fused_scale(info: TensorInfo, scale: float | None, p: float) -> Callable[..
     return kernels.compiled_f32_scale
 
 
-def _fused_clip_values(info: TensorInfo, lo: Any, hi: Any) -> Callable[[np.ndarray, np.ndarray], tuple[int, int]] | None:
+def _fused_clip_values(info: TensorInfo, lo: Any,
+                       hi: Any) -> Callable[[np.ndarray, np.ndarray], tuple[int, int]] | None:
     """``(chunk, out) -> (elements changed, NaN and ±inf in chunk)``, ``clipping.clip_by_value(chunk, lo,
     hi)`` into ``out`` by the compiled ``clip_values`` in one pass (NumPy's comparisons, two ``where`` and
     the checks took the GPT-2 set's ``clip --mode value`` 1.8 s, 2.9 s in float16), for a float32, float16

@@ -458,7 +458,8 @@ static PyObject *half_scale(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OdOi", &src_obj, &scale, &out_obj, &kind) || half_kind(kind) < 0)
         return NULL;
     Py_buffer src, out;
-    if (take_u16(src_obj, &src, "half_scale") < 0 || take_out(out_obj, &out, &src, "half_scale") < 0) return NULL;
+    if (take_u16(src_obj, &src, "half_scale") < 0 || take_out(out_obj, &out, &src, "half_scale") < 0)
+        return NULL;
     Py_ssize_t n = src.len / 2;
     const uint16_t *x = (const uint16_t *)src.buf;
     uint16_t *y = (uint16_t *)out.buf;
@@ -499,7 +500,8 @@ static PyObject *half_scale(PyObject *self, PyObject *args) {
 static PyObject *half_scale_slices(PyObject *self, PyObject *args) {
     PyObject *src_obj, *scales_obj, *out_obj;
     int kind, by_row;
-    if (!PyArg_ParseTuple(args, "OOOip", &src_obj, &scales_obj, &out_obj, &kind, &by_row) || half_kind(kind) < 0)
+    if (!PyArg_ParseTuple(args, "OOOip", &src_obj, &scales_obj, &out_obj, &kind, &by_row)
+        || half_kind(kind) < 0)
         return NULL;
     Py_buffer src, scales, out;
     if (take_u16(src_obj, &src, "half_scale_slices") < 0) return NULL;
@@ -1001,12 +1003,13 @@ static PyMethodDef methods[] = {
      "out = src * float32(scale) rounded to float16 (kind 0) or bfloat16 (kind 1), uint16 views, no GIL\n"
      "held."},
     {"clip_values", clip_values, METH_VARARGS,
-     "clip_values(src, lo, hi, out, kind) -> (changed, non-finite): clip_by_value of float32 (kind -1; lo, hi\n"
-     "floats) or float16/bfloat16 values (kind 0/1, uint16 views; lo, hi their bits) into out, no GIL held."},
+     "clip_values(src, lo, hi, out, kind) -> (changed, non-finite): clip_by_value of float32 (kind -1;\n"
+     "lo, hi floats) or float16/bfloat16 values (kind 0/1, uint16 views; lo, hi their bits) into out,\n"
+     "no GIL held."},
     {"half_scale_slices", half_scale_slices, METH_VARARGS,
-     "half_scale_slices(src, scales, out, kind, by_row) -> changed count: half_scale with a float32 scale per\n"
-     "column of src's rows of len(scales) elements, or (by_row) per row of len(src) / len(scales) elements\n"
-     "(negative: the slice kept as it is), no GIL held."},
+     "half_scale_slices(src, scales, out, kind, by_row) -> changed count: half_scale with a float32 scale\n"
+     "per column of src's rows of len(scales) elements, or (by_row) per row of len(src) / len(scales)\n"
+     "elements (negative: the slice kept as it is), no GIL held."},
     {"f32_to_half_width", f32_to_half_width_py, METH_VARARGS,
      "f32_to_half_width(src, out, kind, lanes) -> None: float32 src rounded into out (uint16) by that\n"
      "width's build (for tests)."},

@@ -51,8 +51,8 @@ def no_norm_in_dict_lines(path: str, key: str | None, text: str) -> Exception | 
     """The error to give for a log that ``text`` holds whose dict lines (``{'loss': ...}``) hold no gradient
     norm, or none named ``key`` (``--key``): a usage error that lists their keys, or without ``key`` an
     input error that says to name one (:func:`~gradtool.io.logs.no_norm_metric`); the other readers'
-    ("no JSON objects found", "no 'grad norm: X' values") miss what the log is. None when it has no dict lines, or they
-    hold the norm (its values are not numbers: the other reader's error stands)."""
+    ("no JSON objects found", "no 'grad norm: X' values") miss what the log is. None when it has no dict
+    lines, or they hold the norm (its values are not numbers: the other reader's error stands)."""
     from .logs import no_norm_metric
 
     table = None if is_fairseq(text) else _DictTemplate.table(text)  # (a template: a line with a norm)

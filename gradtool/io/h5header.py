@@ -108,7 +108,8 @@ def parse_layout(body: bytes) -> tuple[int, int] | None:
     return None if address == UNDEFINED_ADDRESS else (address, size)
 
 
-def parse_chunked_layout(body: bytes, shape: tuple[int, ...], itemsize: int) -> tuple[int, tuple[int, ...]] | None:
+def parse_chunked_layout(body: bytes, shape: tuple[int, ...],
+                         itemsize: int) -> tuple[int, tuple[int, ...]] | None:
     """(address of the chunk B-tree, chunk shape) of a version-3 chunked layout message of a dataset of
     ``shape`` (elements of ``itemsize`` bytes), or None; also for chunks larger than the dataset along
     an axis (a dataset resized smaller: an edge chunk, inflated whole, could outgrow the dataset)."""
@@ -266,7 +267,8 @@ def read_dataset(fd: int, address: int, file_size: int) -> Contiguous | Deflated
         return None
     node = os.pread(fd, LEAF_READ, found.tree)
     if len(node) >= 8 and node[:4] == b"TREE":
-        size = 24 + struct.unpack_from("<H", node, 6)[0] * (16 + 8 * (len(found.shape) + 1)) + 16 + 8 * len(found.shape)
+        key = 8 + 8 * (len(found.shape) + 1)  # (a leaf: its entries, each a key and an address, then a key)
+        size = 24 + struct.unpack_from("<H", node, 6)[0] * (key + 8) + key
         if len(node) < size <= MAX_HEADER:
             node = os.pread(fd, size, found.tree)
     chunks = parse_chunk_leaf(node, found.shape, found.chunk)

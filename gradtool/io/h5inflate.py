@@ -111,7 +111,8 @@ def inflate_chunk(fd: int, plan: DeflatePlan, key: tuple[int, ...], dtype: np.dt
     return inflated(fd, offset, size, math.prod(plan.chunk), dtype, plan.shuffle, where).reshape(plan.chunk)
 
 
-def inflated(fd: int, offset: int, size: int, count: int, dtype: np.dtype, shuffle: bool, where: str) -> np.ndarray:
+def inflated(fd: int, offset: int, size: int, count: int, dtype: np.dtype, shuffle: bool,
+             where: str) -> np.ndarray:
     """The ``count`` elements of ``dtype`` that the deflate stream of ``size`` bytes at ``offset`` of
     ``fd`` (an HDF5 chunk) holds, HDF5's shuffle undone when ``shuffle``, as a new 1-D array; a one-line
     error naming ``where`` for a stream that is cut short, corrupt or of another length."""
@@ -124,7 +125,8 @@ def inflated(fd: int, offset: int, size: int, count: int, dtype: np.dtype, shuff
     except zlib.error as exc:
         raise InputError(f"{where}: corrupt compressed chunk ({exc})") from None
     if raw is None:
-        raise InputError(f"{where}: a compressed chunk does not inflate to the {nbytes} bytes of its elements")
+        raise InputError(f"{where}: a compressed chunk does not inflate to the {nbytes} bytes of its "
+                         "elements")
     a = np.frombuffer(raw, np.uint8)
     if shuffle and dtype.itemsize > 1:  # HDF5's shuffle stores byte k of every element together
         a = np.ascontiguousarray(a.reshape(dtype.itemsize, -1).T)

@@ -116,8 +116,8 @@ def _first_link_outside(h5py: Any, gid: Any, soft: dict[bytes, bytes] | None = N
     return gid.links.visit(visit, info=True)
 
 
-def _as_h5py_sees(h5py: Any, dsid: Any,
-                  found: h5header.Contiguous | h5header.Deflated) -> h5header.Contiguous | h5header.Deflated | None:
+def _as_h5py_sees(h5py: Any, dsid: Any, found: h5header.Contiguous | h5header.Deflated
+                  ) -> h5header.Contiguous | h5header.Deflated | None:
     """What h5py says of a dataset (by its low-level id) in the terms of :func:`.h5header.read_dataset`
     and of the kind of its answer ``found``: to check that answer. None when h5py says it is not of that
     kind."""
@@ -129,8 +129,8 @@ def _as_h5py_sees(h5py: Any, dsid: Any,
         dcpl = dsid.get_create_plist()
         filters = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]  # (code, flags, values, name)
         codes = [f[0] for f in filters]
-        if (dcpl.get_layout() != h5py.h5d.CHUNKED
-                or codes not in ([h5py.h5z.FILTER_DEFLATE], [h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE])):
+        deflate, shuffle = h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE
+        if dcpl.get_layout() != h5py.h5d.CHUNKED or codes not in ([deflate], [shuffle, deflate]):
             return None
         chunk = tuple(int(c) for c in dcpl.get_chunk())
         chunks = {}
@@ -466,9 +466,9 @@ class Hdf5Reader(DumpReader):
         B-tree (:func:`.h5header.read_dataset`): indexed without opening it, and read by inflating its
         chunks here (:meth:`_inflated`), not by HDF5."""
         p = self.display_path
-        self._deflated[name] = h5inflate.DeflatePlan(found.shape, found.chunk, found.shuffle, found.chunks or {})
-        self.tensors.append(TensorInfo(name, check_shape(found.shape, name, p), check_dtype(found.dtype, name, p),
-                                       compression="gzip", compression_opts=found.level))
+        shape, dtype = check_shape(found.shape, name, p), check_dtype(found.dtype, name, p)
+        self._deflated[name] = h5inflate.DeflatePlan(shape, found.chunk, found.shuffle, found.chunks or {})
+        self.tensors.append(TensorInfo(name, shape, dtype, compression="gzip", compression_opts=found.level))
 
     def _add_dataset(self, name: str, dsid: Any, num_attrs: int) -> None:
         h5py = _h5py()
@@ -560,7 +560,8 @@ class Hdf5Reader(DumpReader):
             return
         if plan is not None and h5inflate.in_bands(plan.shape, plan.chunk, info.dtype.itemsize):
             where = f"{self.display_path}: dataset {info.name!r}"  # (many chunks: on two cores)
-            yield from h5inflate.iter_row_blocks(self._fd(), plan, info.dtype, min(rows, info.shape[0]), where)
+            yield from h5inflate.iter_row_blocks(self._fd(), plan, info.dtype, min(rows, info.shape[0]),
+                                                 where)
             return
         if not info.shape:
             yield self._read(info).reshape(-1)
@@ -599,8 +600,8 @@ class Hdf5Reader(DumpReader):
         another: a new 1-D array (read-only when it is one chunk, not shuffled); refused, as
         :func:`~.base.allocate` refuses it, when it claims more bytes than this machine's memory."""
         if info.nbytes > physical_memory():
-            raise UnsafeInputError(f"{self.display_path}: tensor {info.name!r} claims {info.nbytes} bytes, more "
-                                   "than this machine's memory")
+            raise UnsafeInputError(f"{self.display_path}: tensor {info.name!r} claims {info.nbytes} bytes, "
+                                   "more than this machine's memory")
         return h5inflate.inflate_whole(self._fd(), self._deflated[info.name], info.dtype,
                                        f"{self.display_path}: dataset {info.name!r}").reshape(-1)
 
@@ -777,7 +778,8 @@ class Hdf5Writer(DumpWriter):
             kwargs = {"compression": "gzip", "compression_opts": info.compression_opts}
         ds = self._group(parent).create_dataset(leaf, shape=info.shape, dtype=dtype, **kwargs)
         row = info.size // info.shape[0]
-        for first, n, block in _row_blocks(info, dtype, max(1, (1 << 20) // max(row * dtype.itemsize, 1)), chunks):
+        rows = max(1, (1 << 20) // max(row * dtype.itemsize, 1))
+        for first, n, block in _row_blocks(info, dtype, rows, chunks):
             ds[first: first + n] = block[: n * row].reshape((n,) + info.shape[1:])
         self._set_attrs(ds, info.attrs)
 
@@ -813,8 +815,8 @@ class Hdf5Writer(DumpWriter):
             tid = types[dtype] = _h5py().h5t.py_create(dtype, logical=1)
         return tid
 
-    def _add_gzip_chunks(self, info: TensorInfo, dtype: np.dtype, dsid: Any, cshape: tuple[int, ...], level: int,
-                         chunks: Any) -> None:
+    def _add_gzip_chunks(self, info: TensorInfo, dtype: np.dtype, dsid: Any, cshape: tuple[int, ...],
+                         level: int, chunks: Any) -> None:
         """A gzip dataset (``dsid``, chunks of ``cshape``) written chunk by chunk: its HDF5 chunks (edge
         chunks padded with zeros, which HDF5 ignores) are compressed on this writer's two threads
         (:func:`~.deflate.compress_chunk`, which releases the GIL), or here when the dataset is less than
@@ -837,7 +839,8 @@ class Hdf5Writer(DumpWriter):
                 view[rows:] = 0
             for r in range(0, rows, band_rows):
                 for offsets in itertools.product(*grid):
-                    piece = view[(slice(r, r + band_rows),) + tuple(slice(o, o + c) for o, c in zip(offsets, cshape[1:]))]
+                    others = tuple(slice(o, o + c) for o, c in zip(offsets, cshape[1:]))
+                    piece = view[(slice(r, r + band_rows),) + others]
                     if piece.shape != cshape:  # an edge chunk: HDF5 stores it whole
                         full = np.zeros(cshape, dtype)
                         full[tuple(slice(0, n) for n in piece.shape)] = piece

@@ -630,12 +630,13 @@ def test_half_scale_slices_equals_scale_tensor_where_clipped(case, width, seed, 
         kernels.compiled_half_scale_slices(flat, scales, flat, kind, by_row)
     if k > 1:
         with pytest.raises(ValueError, match="whole slices"):  # a slice cut short (one element more)
-            kernels.compiled_half_scale_slices(np.append(flat, flat[:1]), scales, np.append(flat_out, flat_out[:1]),
-                                               kind, by_row)
+            kernels.compiled_half_scale_slices(np.append(flat, flat[:1]), scales,
+                                               np.append(flat_out, flat_out[:1]), kind, by_row)
 
 
 _bounds = st.sampled_from([(-1e-3, 1e-3), (-1.0, 1.0), (0.0, 0.0), (-0.0, 0.0), (0.5, 2.0), (-np.inf, 1e-2),
-                           (-1e-2, np.inf), (-1e-9, 1e-9), (-70000.0, 70000.0), (3e-8, 3e-8), (-1e-40, 1e-40)])
+                           (-1e-2, np.inf), (-1e-9, 1e-9), (-70000.0, 70000.0), (3e-8, 3e-8),
+                           (-1e-40, 1e-40)])
 
 
 @needs_kernel

@@ -586,7 +586,8 @@ _run_tensor = st.tuples(st.one_of(st.integers(1, 100), st.integers(0, 150)), st.
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(_run_tensor, min_size=3, max_size=25), st.sampled_from(["safetensors", "npz", "h5"]),
-       st.sampled_from(["propagate", "propagate", "zero", "error"]), st.sampled_from([1e-3, 1e-3, 30.0, 1e30]),
+       st.sampled_from(["propagate", "propagate", "zero", "error"]),
+       st.sampled_from([1e-3, 1e-3, 30.0, 1e30]),
        st.booleans(), st.sampled_from([None, None, "t1*"]), st.sampled_from([300, 2000, 1 << 20]),
        st.sampled_from(["global-norm", "value", "norm", "average-norm"]))
 def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, tensors, ext, nonfinite, max_,

@@ -179,7 +179,8 @@ def test_a_small_gzip_dataset_is_compressed_by_the_writers_thread(tmp_path, monk
 
     pools = []
     monkeypatch.setattr(deflate, "thread_pool", lambda: pools.append(_CountingPool()) or pools[-1])
-    monkeypatch.setattr(hdf5, "_guessed_chunks", lambda shape, itemsize: (min(chunk_rows, shape[0]),) + shape[1:])
+    monkeypatch.setattr(hdf5, "_guessed_chunks",
+                        lambda shape, itemsize: (min(chunk_rows, shape[0]),) + shape[1:])
     a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     p = str(tmp_path / "g.h5")
     w = Hdf5Writer(p, {"step": 1})
@@ -202,15 +203,17 @@ def test_gzip_datasets_made_low_level_are_h5py_s_byte_for_byte(tmp_path, monkeyp
 
     rng = np.random.default_rng(4)
     tensors = [("a/w", rng.standard_normal((300, 400)).astype(np.float32), 4, {}),
-               ("a/é", np.ones(5, np.float16), 9, {"unit": "x"}), ("b", np.arange(7, dtype=np.int64), None, {}),
-               ("c/d/e", rng.standard_normal((3, 4, 5)), 1, {}), ("a/w2", rng.standard_normal((300, 400)), 4, {}),
+               ("a/é", np.ones(5, np.float16), 9, {"unit": "x"}),
+               ("b", np.arange(7, dtype=np.int64), None, {}),
+               ("c/d/e", rng.standard_normal((3, 4, 5)), 1, {}),
+               ("a/w2", rng.standard_normal((300, 400)), 4, {}),
                ("m", np.array([True, False]), 0, {})]
 
     def write(path):
         w = Hdf5Writer(path, {"step": 3})
         for name, a, level, attrs in tensors:
-            w.add_chunks(TensorInfo(name, a.shape, a.dtype, attrs=attrs, compression="gzip", compression_opts=level),
-                         iter([a.reshape(-1)]))
+            info = TensorInfo(name, a.shape, a.dtype, attrs=attrs, compression="gzip", compression_opts=level)
+            w.add_chunks(info, iter([a.reshape(-1)]))
         w.close()
 
     write(str(tmp_path / "low.h5"))
@@ -224,5 +227,6 @@ def test_gzip_datasets_made_low_level_are_h5py_s_byte_for_byte(tmp_path, monkeyp
     assert (tmp_path / "low.h5").read_bytes() == (tmp_path / "high.h5").read_bytes()
     with h5py.File(tmp_path / "low.h5") as f:
         for name, a, level, attrs in tensors:
-            assert f[name].compression == "gzip" and f[name].compression_opts == (4 if level is None else level)
+            assert f[name].compression == "gzip"
+            assert f[name].compression_opts == (4 if level is None else level)
             assert np.array_equal(f[name][...], a) and dict(f[name].attrs) == attrs

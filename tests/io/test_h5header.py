@@ -265,7 +265,8 @@ def test_gzip_datasets_it_does_not_know_go_to_h5py(tmp_path):
         grown = f.create_dataset("grown", data=a[:, :10], maxshape=(None, None), compression="gzip")
         grown.resize((80, 10))
         grown[40:] = a[:, :10]
-        shrunk = f.create_dataset("shrunk", data=a, chunks=(40, 100), maxshape=(None, None), compression="gzip")
+        shrunk = f.create_dataset("shrunk", data=a, chunks=(40, 100), maxshape=(None, None),
+                                  compression="gzip")
         shrunk.resize((10, 100))  # a chunk larger than the dataset
         f.create_dataset("filled", data=a, compression="gzip", fillvalue=7.0)  # another fill value
     with open_dump(path) as r:

@@ -2434,8 +2434,8 @@ def test_a_console_of_dict_lines_without_the_norm_says_what_its_dict_lines_hold(
 
     monkeypatch.setattr(logs, "_MAP_LOG_BYTES", 0 if mapped else 1 << 60)
     con = tmp_path / "console.log"
-    lines = [f"{{'loss': {3 - i / 100}, 'grad_norm': {1 + i / 100}, 'learning_rate': 1e-05, 'epoch': {i / 100}}}\n"
-             for i in range(40)]
+    lines = [f"{{'loss': {3 - i / 100}, 'grad_norm': {1 + i / 100}, 'learning_rate': 1e-05, "
+             f"'epoch': {i / 100}}}\n" for i in range(40)]
     con.write_text(opening + "".join(lines))
     r = run("suggest-threshold", str(con), "--key", "nope")
     assert r.exit_code == 2 and r.stdout == ""
@@ -2446,8 +2446,9 @@ def test_a_console_of_dict_lines_without_the_norm_says_what_its_dict_lines_hold(
     bare.write_text(opening + "".join(line.replace("grad_norm", "tokens") for line in lines))
     r = run("suggest-threshold", str(bare))
     assert r.exit_code == 1 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
-    assert r.stderr.startswith(f"gradtool: error: {bare}: its dict lines have no gradient-norm metric (metrics: "
-                               "epoch, learning_rate, loss, tokens); name it with --key; the Hugging Face Trainer")
+    assert r.stderr.startswith(f"gradtool: error: {bare}: its dict lines have no gradient-norm metric "
+                               "(metrics: epoch, learning_rate, loss, tokens); name it with --key; "
+                               "the Hugging Face Trainer")
     assert read_norm_log(str(bare), key="tokens").norms[:2] == [1.0, 1.01]  # (and --key names one)
 
 
@@ -2467,8 +2468,8 @@ def test_a_text_log_after_a_config_printed_as_a_dict(tmp_path, run, monkeypatch,
     r = run("suggest-threshold", str(meg), "--format", "json")
     assert r.exit_code == 0 and json.loads(r.stdout)["history"]["n"] == 39
     nested = tmp_path / "nested.log"
-    nested.write_text("{'seed': 1}\n" + "".join(json.dumps({"step": i, "train": {"grad_norm": 1 + i / 100}}) + "\n"
-                                                for i in range(1, 40)))
+    nested.write_text("{'seed': 1}\n" + "".join(
+        json.dumps({"step": i, "train": {"grad_norm": 1 + i / 100}}) + "\n" for i in range(1, 40)))
     hist = read_norm_log(str(nested))
     assert hist.norms[:2] == [1.01, 1.02] and hist.steps[:2] == [1, 2]
 
