@@ -698,3 +698,39 @@ def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, 
         clipped = {t.name: t.clipped_elements for t in rep.tensors}
         assert clipped == {n: 0 if a.dtype == np.int32 else int(np.count_nonzero(np.abs(a) > 1))
                            for n, a in arrays.items()}
+
+
+@pytest.mark.parametrize("spec", [dict(mode="value", max=0.01, min=-0.5),
+                                  dict(mode="value", max=0.05, thresholds={"t3": 0.001, "t7": 1.0}),
+                                  dict(mode="norm", max=0.5, thresholds={"t3": 0.001, "t9": 100.0}),
+                                  dict(mode="average-norm", max=0.01)])
+def test_runs_keep_each_tensors_bounds(tmp_path, monkeypatch, spec):
+    """In runs, each tensor is clipped by its own bounds: ``--min`` beside ``--max``, per-tensor
+    thresholds (±, for value clipping), by its own norm; the bytes and the report of one at a time."""
+    import dataclasses
+
+    from gradtool import clip_dump as clip_mod
+    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.io.dump import make_writer
+
+    rng = np.random.default_rng(1)
+    arrays = {f"t{i}": (rng.standard_normal(int(rng.integers(1, 300))) * 0.1).astype(np.float32)
+              for i in range(200)}
+    src = str(tmp_path / "in.safetensors")
+    save_dump(src, arrays)
+    outcomes, runs = [], []
+    real = clip_mod._clip_run
+    for in_runs in (True, False):
+        monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[2]) or real(*a, **k))
+        if not in_runs:
+            monkeypatch.setattr(clip_mod, "_small_runs", lambda *a, **k: {})
+        out = str(tmp_path / f"out_{in_runs}.safetensors")
+        with open_dump(src) as r, make_writer(out, "safetensors", r.metadata) as w:
+            rep = clip_dump(r, w, ClipSpec(**spec))
+        with open_dump(out) as r:
+            outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]),
+                             {n: r.read(n).tobytes() for n in r.names}))
+    assert outcomes[0] == outcomes[1]
+    from gradtool.core import kernels
+
+    assert runs or kernels.compiled_clip_values is None
