@@ -433,14 +433,11 @@ def test_clip_of_half_precision_tensors_in_the_kernel_equals_the_numpy_steps(tmp
     kernel (half_scale; their norms before by half_summaries): the clipped bytes and the report equal the
     NumPy steps' (scale_tensor's float32 multiply rounded once; NaN kept under "propagate"), bit for bit,
     with tensors of several chunks, subnormal results and a tensor left unclipped."""
-    import dataclasses
-
     import ml_dtypes
 
-    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.clip_dump import ClipSpec
     from gradtool.core import kernels
     from gradtool.core.stats import STREAM_CHUNK
-    from gradtool.io.dump import make_writer
 
     if kernels.compiled_half_scale is None:
         pytest.skip("compiled kernel not built")
@@ -463,14 +460,30 @@ def test_clip_of_half_precision_tensors_in_the_kernel_equals_the_numpy_steps(tmp
         else:
             monkeypatch.setattr(kernels, "compiled_half_scale", None)
             monkeypatch.setattr(kernels, "compiled_half_summaries", None)
-        out = str(tmp_path / f"out_{fast}.{ext}")
-        with open_dump(src) as r, make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata) as w:
-            rep = clip_dump(r, w, ClipSpec(mode=mode, max=max_, nonfinite="propagate"))
-        with open_dump(out) as r:
-            outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]), rep.scale,
-                             {n: r.read(n).tobytes() for n in r.names}))
+        outcomes.append(_clip_outcome(src, str(tmp_path / f"out_{fast}.{ext}"),
+                                      ClipSpec(mode=mode, max=max_, nonfinite="propagate")))
     assert outcomes[0] == outcomes[1]
     assert calls and set(calls) == ({0, 1} if ext == "safetensors" else {0})
+
+
+def _clip_outcome(src, out, spec):
+    """What clipping ``src`` into ``out`` (its format by its extension) gives: the report's rows, the
+    scale and every tensor's bytes, or ("refused", the message) for NaN/Inf under the "error" policy."""
+    import dataclasses
+
+    from gradtool.clip_dump import clip_dump
+    from gradtool.errors import NonFiniteError
+    from gradtool.io.dump import make_writer
+
+    ext = out.rsplit(".", 1)[1]
+    try:
+        with open_dump(src) as r, make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata) as w:
+            rep = clip_dump(r, w, spec)
+    except NonFiniteError as exc:
+        return "refused", str(exc)
+    with open_dump(out) as r:
+        return (repr([dataclasses.astuple(t) for t in rep.tensors]), rep.scale,
+                {n: r.read(n).tobytes() for n in r.names})
 
 
 @pytest.mark.parametrize("ext", ["safetensors", "npz", "h5"])
@@ -480,15 +493,11 @@ def test_clip_by_value_in_the_kernel_equals_the_numpy_steps(tmp_path, monkeypatc
     (``clip_values``): the clipped bytes and the report equal clip_by_value's NumPy steps, bit for bit,
     under every NaN policy ("error" refuses the same tensor, with the same error), with tensors of several
     chunks, NaN and ±inf, and a tensor with nothing to clip."""
-    import dataclasses
-
     import ml_dtypes
 
-    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.clip_dump import ClipSpec
     from gradtool.core import kernels
     from gradtool.core.stats import STREAM_CHUNK
-    from gradtool.errors import NonFiniteError
-    from gradtool.io.dump import make_writer
 
     if kernels.compiled_clip_values is None:
         pytest.skip("compiled kernel not built")
@@ -510,16 +519,8 @@ def test_clip_by_value_in_the_kernel_equals_the_numpy_steps(tmp_path, monkeypatc
     for fast in (True, False):
         monkeypatch.setattr(kernels, "compiled_clip_values", (lambda *a: calls.append(a[4]) or real(*a))
                             if fast else None)
-        out = str(tmp_path / f"out_{fast}.{ext}")
-        try:
-            with open_dump(src) as r, make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata) as w:
-                rep = clip_dump(r, w, ClipSpec(mode="value", max=0.02, nonfinite=policy))
-        except NonFiniteError as exc:
-            outcomes.append(("refused", str(exc)))
-            continue
-        with open_dump(out) as r:
-            outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]),
-                             {n: r.read(n).tobytes() for n in r.names}))
+        outcomes.append(_clip_outcome(src, str(tmp_path / f"out_{fast}.{ext}"),
+                                      ClipSpec(mode="value", max=0.02, nonfinite=policy)))
     assert outcomes[0] == outcomes[1]
     assert policy == "error" or set(calls) == ({-1, 0, 1} if ext == "safetensors" else {-1, 0})
 
