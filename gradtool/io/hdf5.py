@@ -205,13 +205,32 @@ def open_h5(path: str, display: str) -> Any:
     h5py = _h5py()
     try:
         try:
-            return h5py.File(path, "r", locking=False)
+            f = h5py.File(path, "r", locking=False)
         except OSError as exc:
             if "locking flag" not in str(exc):
                 raise
             return h5py.File(path, "r")  # open in this process already, with the lock: HDF5 wants the same
+            # (and its cache settings are that opener's: left as they are)
     except (OSError, ValueError) as exc:
         raise InputError(f"{display}: not a readable HDF5 file ({exc})") from None
+    _cap_metadata_cache(f)
+    return f
+
+
+# HDF5's metadata cache (object headers, B-tree nodes, heaps) may grow to 32 MB of on-disk images, which
+# hold ~10x that once decoded: indexing 20,000 datasets left ~40 MB more in the process (and the bytes
+# stay with it). A reader visits each object once, so a small cache loses nothing: 512 KiB took
+# `stats` of 20,000 datasets from 159 to 117 MB, and no longer (64 KiB did: the group's own nodes thrash).
+METADATA_CACHE_BYTES = 512 << 10
+
+
+def _cap_metadata_cache(f: Any) -> None:
+    """Cap the metadata cache of the open file ``f`` at METADATA_CACHE_BYTES (HDF5 ≥ 1.8's own setting,
+    kept with the file while it is open in this process)."""
+    c = f.id.get_mdc_config()
+    c.set_initial_size, c.initial_size = True, min(c.initial_size, METADATA_CACHE_BYTES)
+    c.min_size, c.max_size = min(c.min_size, METADATA_CACHE_BYTES), METADATA_CACHE_BYTES
+    f.id.set_mdc_config(c)
 
 
 def _step_of(h5py: Any, gid: Any) -> int | None:

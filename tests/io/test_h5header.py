@@ -367,3 +367,30 @@ def test_parse_chunk_leaf_takes_only_a_whole_grid_of_chunks():
                 [good[0], (0, 0, (0, 4), 2000), *good[2:]],  # nothing stored
                 good[:3]):  # a chunk missing
         assert h5header.parse_chunk_leaf(_leaf(2, bad), (5, 6), (3, 4)) is None
+
+
+def test_the_metadata_cache_is_capped_and_every_dataset_still_reads(tmp_path):
+    """HDF5's metadata cache may grow to 32 MB of images (~10x that decoded): a reader caps it at
+    METADATA_CACHE_BYTES, and a file of more datasets than that holds (each of the three kinds: from
+    its header, gzip from its header, h5py's with attributes) still gives every value."""
+    from gradtool.io import hdf5
+
+    path = str(tmp_path / "many.h5")
+    rng = np.random.default_rng(3)
+    want = {}
+    with h5py.File(path, "w") as f:
+        for i in range(600):
+            a = rng.standard_normal(int(rng.integers(1, 50))).astype(np.float32)
+            want[f"t{i:03d}"] = a
+            ds = f.create_dataset(f"t{i:03d}", data=a, **({"compression": "gzip"} if i % 3 == 1 else {}))
+            if i % 3 == 2:
+                ds.attrs["note"] = i
+    with open_dump(path) as r:
+        assert {t.name: r.read(t.name).tolist() for t in r.tensors} == {k: v.tolist() for k, v in want.items()}
+        assert r._f.id.get_mdc_config().max_size == hdf5.METADATA_CACHE_BYTES
+        assert r._f.id.get_mdc_size()[0] <= hdf5.METADATA_CACHE_BYTES  # (max size, ...) as HDF5 has it now
+    with h5py.File(path, "r") as held:  # open in this process with the lock: its opener's settings stay
+        default = held.id.get_mdc_config().max_size
+        with open_dump(path) as r:
+            assert r.read("t000").tolist() == want["t000"].tolist()
+        assert held.id.get_mdc_config().max_size == default > hdf5.METADATA_CACHE_BYTES
