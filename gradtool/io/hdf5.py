@@ -219,7 +219,7 @@ def open_h5(path: str, display: str) -> Any:
 
 # HDF5's metadata cache (object headers, B-tree nodes, heaps) may grow to 32 MB of on-disk images, which
 # hold ~10x that once decoded: indexing 20,000 datasets left ~40 MB more in the process (and the bytes
-# stay with it). A reader visits each object once, so a small cache loses nothing: 512 KiB took
+# stay with it). Readers and writers meet each object once, so a small cache loses nothing: 512 KiB took
 # `stats` of 20,000 datasets from 159 to 117 MB, and no longer (64 KiB did: the group's own nodes thrash).
 METADATA_CACHE_BYTES = 512 << 10
 
@@ -720,6 +720,7 @@ class Hdf5Writer(DumpWriter):
         self._f = _h5py().File(path, "w", track_order=True) if file is None else file
         if file is None:
             settle_truncation(path)  # h5py's "w" truncated the empty temporary file: see the function
+            _cap_metadata_cache(self._f)  # (clip of 20,000 datasets to HDF5: 126 -> 104 MB)
         self._root = self._f
         if self._own:
             self._set_attrs(self._f, self.metadata)

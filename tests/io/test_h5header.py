@@ -394,3 +394,23 @@ def test_the_metadata_cache_is_capped_and_every_dataset_still_reads(tmp_path):
         with open_dump(path) as r:
             assert r.read("t000").tolist() == want["t000"].tolist()
         assert held.id.get_mdc_config().max_size == default > hdf5.METADATA_CACHE_BYTES
+
+
+def test_a_written_file_s_metadata_cache_is_capped_and_it_reads_back_whole(tmp_path):
+    """The writer caps its own file's metadata cache too (each object is written once), and a file of
+    more datasets than that holds, some gzip, reads back as written."""
+    from gradtool.io import hdf5
+    from gradtool.io.base import TensorInfo
+
+    path = str(tmp_path / "w.h5")
+    rng = np.random.default_rng(4)
+    want = {f"g/t{i:03d}": rng.standard_normal(int(rng.integers(1, 40))).astype(np.float32) for i in range(600)}
+    w = hdf5.Hdf5Writer(path)
+    assert w._f.id.get_mdc_config().max_size == hdf5.METADATA_CACHE_BYTES
+    for i, (name, a) in enumerate(want.items()):
+        w.add(TensorInfo(name, a.shape, a.dtype, compression="gzip" if i % 2 else None), a)
+    assert w._f.id.get_mdc_size()[0] <= hdf5.METADATA_CACHE_BYTES
+    w.close()
+    with h5py.File(path, "r") as f:
+        assert {n: f[n][()].tolist() for n in want} == {n: a.tolist() for n, a in want.items()}
+        assert f["g/t001"].compression == "gzip" and f["g/t000"].compression is None
