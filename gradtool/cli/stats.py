@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
@@ -73,8 +74,28 @@ def dump_record(summary: Any, sort: str | None, top: int | None, tensors: bool =
         "nonfinite_tensors": summary.nonfinite_tensors,
         "shards": summary.shards,
         "metadata": summary.metadata,
-        "tensors": [tensor_record(n, s) for n, s in _sorted(summary.tensors, sort, top)] if tensors else [],
+        "tensors": TensorRecords(_sorted(summary.tensors, sort, top)) if tensors else [],
     }
+
+
+class TensorRecords(Sequence):
+    """A dump's tensors' records (:func:`tensor_record`), each made when it is asked for and not kept:
+    20,000 tensors' dicts held at once were ~30 MB (the JSON output encodes them a block at a time:
+    :func:`~gradtool.cli.render.json_list_item`)."""
+
+    def __init__(self, tensors: list[tuple[str, Any]]) -> None:
+        self._tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [tensor_record(n, s) for n, s in self._tensors[i]]
+        return tensor_record(*self._tensors[i])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return (tensor_record(n, s) for n, s in self._tensors)
 
 
 @click.command("stats", epilog=EXAMPLES, short_help="Per-tensor and global norms, max |g|, NaN/Inf counts.")
@@ -201,28 +222,34 @@ def _title(record: dict[str, Any]) -> str:
         f", {name} {human(v)}" for name, v in scalars if v is not None) + ")"
 
 
-def _counted(record: dict[str, Any]) -> str:
-    """"N tensors, E elements" of a dump's record, those the global norm counts: the integer, bool and
-    complex tensors it leaves out are named after them."""
-    skipped = [t["name"] for t in record["tensors"] if not t["is_float"]]
+def _counted(record: dict[str, Any], kinds: list[tuple[str, bool, int]]) -> str:
+    """"N tensors, E elements" of a dump's record (``kinds``: its tensors' (name, is_float, size)), those
+    the global norm counts: the integer, bool and complex tensors it leaves out are named after them."""
+    skipped = [name for name, is_float, _ in kinds if not is_float]
     if not skipped:
         return f"{record['num_tensors']} tensors, {record['num_elements']} elements"
-    counted = [t for t in record["tensors"] if t["is_float"]]
-    elements = sum(t["size"] for t in counted)
-    return f"{len(counted)} floating-point tensors, {elements} elements (not counted: {listed(skipped, 5)})"
+    counted = [size for _, is_float, size in kinds if is_float]
+    return f"{len(counted)} floating-point tensors, {sum(counted)} elements (not counted: {listed(skipped, 5)})"
 
 
 def _print_tensor_table(r: dict[str, Any], out: Any) -> None:
     """A dump's table of tensors (its record ``r``), and its global norm."""
     from . import render
 
+    kinds: list[tuple[str, bool, int]] = []  # (what _counted needs, taken as the rows are made: a dump's
+    # TensorRecords make each record when asked, and 20,000 held at once were ~11 MB more)
+
+    def rows() -> Iterator[list[Any]]:
+        for t in r["tensors"]:
+            kinds.append((t["name"], t["is_float"], t["size"]))
+            yield [t["name"], t["shape"], t["dtype"], t["norm"], t["avg_norm"], t["max_abs"], t["mean"], t["std"],
+                   t["nan_count"], t["inf_count"], t["zero_count"]]
+
     render.print_table(_title(r), ["tensor", "shape", "dtype", "norm", "avg norm", "max |g|", "mean", "std",
-                                   "NaN", "Inf", "zeros"],
-                       ([t["name"], t["shape"], t["dtype"], t["norm"], t["avg_norm"], t["max_abs"], t["mean"],
-                         t["std"], t["nan_count"], t["inf_count"], t["zero_count"]] for t in r["tensors"]),
+                                   "NaN", "Inf", "zeros"], rows(),
                        right=["norm", "avg norm", "max |g|", "mean", "std", "NaN", "Inf", "zeros"], out=out)
     nf = r["nonfinite_tensors"]
-    render.print_line(f"global norm {render.human(r['global_norm'])} over {_counted(r)}"
+    render.print_line(f"global norm {render.human(r['global_norm'])} over {_counted(r, kinds)}"
                       + (f"; NON-FINITE: {', '.join(nf)}" if nf else ""), out)
     out.print()
 

@@ -37,6 +37,45 @@ def test_a_document_written_item_by_item_is_the_whole_documents_text(items, skip
     assert out.getvalue() == render.dumps_json({"dumps": items, "skipped": skipped}) + "\n"
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_record, min_size=1, max_size=3), st.lists(_value, max_size=7), st.integers(1, 4),
+       st.booleans())
+def test_a_record_s_last_list_encoded_a_block_at_a_time_is_the_whole_documents_text(records, tail, block,
+                                                                                     layout):
+    """A record's last member (a dump's tensors) is encoded ITEMS_PER_BLOCK items at a time, never
+    whole: the same text, whatever the blocks (and with msgspec's layout or Python's)."""
+    import io
+    from unittest import mock
+
+    items = [{**r, "tensors": tail} for r in records]
+    out = io.StringIO()
+    with mock.patch.object(render, "ITEMS_PER_BLOCK", block), \
+            mock.patch.object(render, "MSGSPEC_LAYOUT_BYTES", 0 if layout else 1 << 40):
+        render.json_document("dumps", (render.json_list_item(r) for r in items), {"skipped": []}, out)
+        assert out.getvalue() == render.dumps_json({"dumps": items, "skipped": []}) + "\n"
+
+
+def test_stats_json_encodes_a_dump_s_tensors_a_block_at_a_time(run, tmp_path, monkeypatch):
+    """No more than ITEMS_PER_BLOCK tensors' records are encoded (made) at once, and the document is the
+    one encoded whole."""
+    path = str(tmp_path / "d.npz")
+    save_dump(path, {f"t{i}": np.full(3, i - 4.5, np.float32) for i in range(10)} | {"nan": np.array([np.nan])})
+    whole = run("stats", path, "--format", "json")
+    assert whole.exit_code == 0, whole.stderr
+    longest = []
+    encode = render.dumps_json
+
+    def spy(doc, **kw):
+        longest.append(len(doc) if isinstance(doc, list) else 0)
+        return encode(doc, **kw)
+
+    monkeypatch.setattr(render, "ITEMS_PER_BLOCK", 3)
+    monkeypatch.setattr(render, "dumps_json", spy)
+    blocks = run("stats", path, "--format", "json")
+    assert blocks.stdout == whole.stdout and max(longest) == 3
+    assert [t["name"] for t in json.loads(blocks.stdout)["dumps"][0]["tensors"]] == [f"t{i}" for i in range(10)] + ["nan"]
+
+
 @pytest.mark.parametrize("budget", [0, 7, 1 << 20])
 def test_ordered_chunks_give_back_each_text_in_any_order(budget):
     texts = ["", "a", "ä€😀\n", "\udcff surrogate", "x" * 1000, "last"]
@@ -203,8 +242,8 @@ def test_a_temporary_file_that_cannot_take_the_output_is_a_one_line_error(run, s
 
 
 def test_a_history_table_makes_no_tensor_records_it_does_not_show(run, shuffled_history, monkeypatch):
-    """The steps' table shows no tensor: only the first dump's tensors (shown if it stays the only one)
-    are made into records; --per-tensor and the machine formats make every dump's."""
+    """The steps' table shows no tensor: no tensor record is made (the first dump's are made only if it
+    stays the only one and is shown); --per-tensor and the machine formats make every dump's, once."""
     from gradtool.cli import stats
 
     made = []
@@ -212,7 +251,7 @@ def test_a_history_table_makes_no_tensor_records_it_does_not_show(run, shuffled_
     monkeypatch.setattr(stats, "tensor_record", lambda *a: made.append(a[0]) or real(*a))
     files = sorted(str(p) for p in shuffled_history.iterdir())
     assert run("stats", *files).exit_code == 0
-    assert len(made) == 4  # dump_a.npz's tensors (layer.0-3.w)
+    assert made == []
     for args in (["--per-tensor"], ["--format", "csv"]):
         made.clear()
         assert run("stats", *files, *args).exit_code == 0
