@@ -13,7 +13,8 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from typing import Any, TextIO
 
 FORMATS = ("table", "json", "jsonl", "csv", "tsv")
@@ -108,31 +109,39 @@ ITEMS_PER_BLOCK = 2048
 def json_list_item(value: Any) -> str:
     """``value`` as :func:`dumps_json` lays it out inside a list that is a member of a top-level object
     (``{"key": [value, ...]}``): every line indented four more spaces, so that a document of many such
-    items is written one item at a time, with :func:`json_document`, and reads as ``dumps_json``'s.
-    A dict whose last member is a sequence (a dump's tensors: any ``Sequence``, whose items may be made
-    as they are asked for) has that sequence encoded ITEMS_PER_BLOCK items at a time, never all of
-    them made at once (20,000 tensors' records: ~30 MB of dicts and ~40 MB of text copies)."""
+    items is written one item at a time, with :func:`json_document`, and reads as ``dumps_json``'s."""
+    return "".join(json_list_item_parts(value))
+
+
+def json_list_item_parts(value: Any) -> list[str]:
+    """:func:`json_list_item`'s text in parts. A dict whose last member is a sequence (a dump's tensors:
+    any ``Sequence``, whose items may be made as they are asked for) has that sequence encoded
+    ITEMS_PER_BLOCK items at a time, a part each, never all of them made or joined at once (20,000
+    tensors' records: ~30 MB of dicts and ~40 MB of text copies)."""
     last = next(reversed(value), None) if isinstance(value, dict) else None
     items = value[last] if last is not None else None
     if not isinstance(items, Sequence) or isinstance(items, (str, bytes)) or items == []:
-        return "    " + dumps_json(value).replace("\n", "\n    ")
+        return ["    " + dumps_json(value).replace("\n", "\n    ")]
     head = json_list_item({**value, last: []})  # ... "tensors": []\n    }
     if not items:
-        return head
-    parts = [head[: -len("]\n    }")], "\n"]
+        return [head]
+    parts = [head[: -len("]\n    }")] + "\n"]
     for start in range(0, len(items), ITEMS_PER_BLOCK):
         block = dumps_json(list(items[start: start + ITEMS_PER_BLOCK]))  # "[\n  {...},\n  {...}\n]"
         parts.append((",\n      " if start else "      ") + block[2:-2].replace("\n", "\n      "))
     parts.append("\n      ]\n    }")
-    return "".join(parts)
+    return parts
 
 
-def json_document(key: str, items: Iterable[str], rest: dict[str, Any], out: TextIO) -> None:
+def json_document(key: str, items: Iterable[str | Iterable[str]], rest: dict[str, Any], out: TextIO) -> None:
     """``write_json({key: [...], **rest})`` with the list's items given as :func:`json_list_item`
-    texts (at least one), written as they come."""
+    texts (at least one), or their parts (:func:`json_list_item_parts`), written as they come."""
     out.write("{\n  " + json.dumps(key) + ": [\n")
     for k, item in enumerate(items):
-        out.write(",\n" + item if k else item)
+        if k:
+            out.write(",\n")
+        for part in (item,) if isinstance(item, str) else item:
+            out.write(part)
     out.write("\n  ]")
     for name, value in rest.items():
         text = dumps_json(value).replace("\n", "\n  ")
@@ -144,11 +153,14 @@ class OrderedChunks:
     """Texts kept as they are made (in memory up to ``budget`` characters, then in a temporary file) and
     read back in any order: a history's output is made one dump at a time, in the order the dumps are
     read, and written in step order, which is known when the last is read (each dump's metadata may give
-    its step), without holding every dump's statistics."""
+    its step), without holding every dump's statistics. A text may be given in parts (a list of str,
+    never joined: a 20,000-tensor dump's JSON is ~9 MB) and read back in parts (:meth:`parts`)."""
+
+    READ_BYTES = 1 << 20  # a part read back from the temporary file
 
     def __init__(self, budget: int = 8 << 20) -> None:
         self.budget = budget
-        self._texts: list[str] = []  # (until the budget is spent)
+        self._texts: list[str | list[str]] = []  # (until the budget is spent)
         self._held = 0
         self._file: Any = None  # then every text here, at self._where
         self._where: list[tuple[int, int]] = []
@@ -156,10 +168,10 @@ class OrderedChunks:
     def __len__(self) -> int:
         return len(self._where) if self._file is not None else len(self._texts)
 
-    def add(self, text: str) -> None:
+    def add(self, text: str | list[str]) -> None:
         if self._file is None:
             self._texts.append(text)
-            self._held += len(text)
+            self._held += len(text) if isinstance(text, str) else sum(map(len, text))
             if self._held <= self.budget:
                 return
             import tempfile
@@ -174,11 +186,12 @@ class OrderedChunks:
             return
         self._write(text)
 
-    def _write(self, text: str) -> None:
-        data = text.encode("utf-8", "surrogatepass")
+    def _write(self, text: str | list[str]) -> None:
         try:
-            self._where.append((self._file.tell(), len(data)))
-            self._file.write(data)
+            start = self._file.tell()
+            for part in (text,) if isinstance(text, str) else text:
+                self._file.write(part.encode("utf-8", "surrogatepass"))
+            self._where.append((start, self._file.tell() - start))
         except OSError as exc:
             raise self._cannot(exc) from None
 
@@ -193,13 +206,23 @@ class OrderedChunks:
                            f"({exc.strerror or exc}); set TMPDIR to a directory with room")
 
     def __getitem__(self, i: int) -> str:
+        return "".join(self.parts(i))
+
+    def parts(self, i: int) -> Iterator[str]:
+        """Text ``i``, in parts (as given, or READ_BYTES of the temporary file at a time)."""
         if self._file is None:
-            return self._texts[i]
+            text = self._texts[i]
+            yield from (text,) if isinstance(text, str) else text
+            return
+        import codecs
+
         start, size = self._where[i]
-        self._file.seek(start)
-        data = self._file.read(size)
+        decoder = codecs.getincrementaldecoder("utf-8")("surrogatepass")
+        for at in range(start, start + size, self.READ_BYTES):
+            self._file.seek(at)
+            data = self._file.read(min(self.READ_BYTES, start + size - at))
+            yield decoder.decode(data, final=at + len(data) >= start + size)
         self._file.seek(0, 2)
-        return data.decode("utf-8", "surrogatepass")
 
     def close(self) -> None:
         if self._file is not None:
@@ -240,12 +263,17 @@ class RecordsOutput:
         self.records.append({k: record[k] for k in self.kept})
         text = io.StringIO()
         if self.fmt == "json":
-            self.chunks.add(json_list_item(record))
+            self.chunks.add(json_list_item_parts(record))
         elif self.fmt in ("jsonl", "csv", "tsv"):
             where = {k: record[k] for k in self.where}
-            write_records(({**where, **t} for t in record["tensors"]), self.where + self.fields, self.fmt, text,
-                          header=False)
-            self.chunks.add(text.getvalue())
+            rows = iter(record["tensors"])
+            parts = []  # a part every ITEMS_PER_BLOCK rows (20,000 tensors' rows: ~9 MB of text)
+            while block := list(islice(rows, ITEMS_PER_BLOCK)):
+                text = io.StringIO()
+                write_records(({**where, **t} for t in block), self.where + self.fields, self.fmt, text,
+                              header=False)
+                parts.append(text.getvalue())
+            self.chunks.add(parts)
         elif self.tables == "all":
             self.print_record(record, console_like(self.out, text))
             self.chunks.add(text.getvalue())
@@ -271,7 +299,8 @@ class RecordsOutput:
         """The records' JSON document (with ``skipped``), rows, or tables."""
         order = self.order()
         if self.fmt == "json":
-            json_document("dumps", (self.chunks[i] for i in order), {"skipped": list(skipped or [])}, self.stream)
+            json_document("dumps", (self.chunks.parts(i) for i in order), {"skipped": list(skipped or [])},
+                          self.stream)
             return
         if self.fmt in ("jsonl", "csv", "tsv"):
             write_records([], self.where + self.fields, self.fmt, self.stream)  # (csv, tsv: the header)
@@ -280,7 +309,8 @@ class RecordsOutput:
             return
         stream = self.stream if self.out is None else self.out.file
         for i in order if len(self.chunks) else ():
-            stream.write(self.chunks[i])
+            for part in self.chunks.parts(i):
+                stream.write(part)
 
 
 def human(value: Any) -> str:

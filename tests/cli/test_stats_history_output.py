@@ -57,7 +57,7 @@ def test_a_record_s_last_list_encoded_a_block_at_a_time_is_the_whole_documents_t
 
 def test_stats_json_encodes_a_dump_s_tensors_a_block_at_a_time(run, tmp_path, monkeypatch):
     """No more than ITEMS_PER_BLOCK tensors' records are encoded (made) at once, and the document is the
-    one encoded whole."""
+    one encoded whole; JSON Lines and CSV rows are the same a block at a time."""
     path = str(tmp_path / "d.npz")
     save_dump(path, {f"t{i}": np.full(3, i - 4.5, np.float32) for i in range(10)} | {"nan": np.array([np.nan])})
     whole = run("stats", path, "--format", "json")
@@ -69,24 +69,32 @@ def test_stats_json_encodes_a_dump_s_tensors_a_block_at_a_time(run, tmp_path, mo
         longest.append(len(doc) if isinstance(doc, list) else 0)
         return encode(doc, **kw)
 
+    rows = {fmt: run("stats", path, "--format", fmt).stdout for fmt in ("jsonl", "csv")}
     monkeypatch.setattr(render, "ITEMS_PER_BLOCK", 3)
     monkeypatch.setattr(render, "dumps_json", spy)
     blocks = run("stats", path, "--format", "json")
     assert blocks.stdout == whole.stdout and max(longest) == 3
     assert [t["name"] for t in json.loads(blocks.stdout)["dumps"][0]["tensors"]] == [f"t{i}" for i in range(10)] + ["nan"]
+    for fmt, text in rows.items():  # rows are written a block at a time too
+        assert run("stats", path, "--format", fmt).stdout == text and len(text.splitlines()) == 11 + (fmt == "csv")
 
 
 @pytest.mark.parametrize("budget", [0, 7, 1 << 20])
-def test_ordered_chunks_give_back_each_text_in_any_order(budget):
-    texts = ["", "a", "ä€😀\n", "\udcff surrogate", "x" * 1000, "last"]
+@pytest.mark.parametrize("read_bytes", [1, 3, 1 << 20])
+def test_ordered_chunks_give_back_each_text_in_any_order(budget, read_bytes, monkeypatch):
+    """Texts given whole or in parts come back whole or in parts (read back from the temporary file a few
+    bytes at a time: a character's bytes split between two reads)."""
+    monkeypatch.setattr(render.OrderedChunks, "READ_BYTES", read_bytes)
+    texts = ["", "a", "ä€😀\n", ["\udcff sur", "", "rogate"], "x" * 1000, ["ä", "€😀", "last"], []]
+    whole = [t if isinstance(t, str) else "".join(t) for t in texts]
     chunks = render.OrderedChunks(budget)
     for t in texts:
         chunks.add(t)
     assert len(chunks) == len(texts)
-    for i in [5, 0, 3, 3, 1, 4, 2]:
-        assert chunks[i] == texts[i]
+    for i in [5, 0, 3, 3, 1, 4, 2, 6]:
+        assert chunks[i] == whole[i] == "".join(chunks.parts(i))
     chunks.add("after")  # (reading moved no write position)
-    assert chunks[6] == "after" and chunks[2] == texts[2]
+    assert chunks[7] == "after" and chunks[2] == whole[2] and "".join(chunks.parts(5)) == whole[5]
     chunks.close()
 
 
