@@ -634,9 +634,9 @@ def test_half_scale_slices_equals_scale_tensor_where_clipped(case, width, seed, 
                                                np.append(flat_out, flat_out[:1]), kind, by_row)
 
 
-_bounds = st.sampled_from([(-1e-3, 1e-3), (-1.0, 1.0), (0.0, 0.0), (-0.0, 0.0), (0.5, 2.0), (-np.inf, 1e-2),
-                           (-1e-2, np.inf), (-1e-9, 1e-9), (-70000.0, 70000.0), (3e-8, 3e-8),
-                           (-1e-40, 1e-40)])
+_BOUNDS = [(-1e-3, 1e-3), (-1.0, 1.0), (0.0, 0.0), (-0.0, 0.0), (0.5, 2.0), (-np.inf, 1e-2), (-1e-2, np.inf),
+           (-1e-9, 1e-9), (-70000.0, 70000.0), (3e-8, 3e-8), (-1e-40, 1e-40)]
+_bounds = st.sampled_from(_BOUNDS)
 
 
 @needs_kernel
@@ -662,6 +662,30 @@ def test_clip_values_equals_clip_by_value_and_its_counts(case, as_f32, bounds):
     got, odd = clip(x, out)
     assert np.array_equal(out.view(np.uint32 if as_f32 else np.uint16), np.asarray(want).view(out.view(
         np.uint32 if as_f32 else np.uint16).dtype))
+    assert got == changed and odd == int(np.count_nonzero(~np.isfinite(x.astype(np.float32))))
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind, dtype", HALF_KINDS)
+@pytest.mark.parametrize("bounds", _BOUNDS + [(-0.0, -0.0), (-2.0, -0.5), (-np.inf, np.inf), (-np.inf, -np.inf),
+                                              (np.inf, np.inf), (-1e-45, 6e-8), (-6e-8, 0.0), (0.0, 1e300)])
+def test_clip_values_of_every_half_value(kind, dtype, bounds):
+    """Every one of the 65,536 float16 or bfloat16 values (both zeros, subnormals, ±inf, every NaN
+    payload) clipped by the kernel, which compares their bits, is ``clip_by_value``'s NumPy result bit for
+    bit, with its counts; bounds of both zeros, of one sign, infinite, subnormal."""
+    from gradtool.clip_dump import _fused_clip_values
+    from gradtool.core.clipping import clip_by_value
+    from gradtool.io.base import TensorInfo
+
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
+    lo, hi = (float(b) for b in bounds)
+    with np.errstate(all="ignore"):
+        want = np.asarray(clip_by_value(x, lo, hi, nonfinite="propagate", xp=np))
+        changed = int(np.count_nonzero((x != want) & ~(np.isnan(x) & np.isnan(want))))
+    clip = _fused_clip_values(TensorInfo("t", x.shape, x.dtype), lo, hi)
+    out = np.full_like(x, 7)
+    got, odd = clip(x, out)
+    assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
     assert got == changed and odd == int(np.count_nonzero(~np.isfinite(x.astype(np.float32))))
 
 
