@@ -159,3 +159,30 @@ def test_norm_of_pieces_with_nan_and_a_small_chunk():
     acc = NormOfPieces(x.dtype, chunk=64)
     acc.add(np.array([1.0, np.nan], np.float32))
     assert math.isnan(acc.result())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_a_chunk_of_zeros_skips_the_float64_pass_and_tiny_values_do_not(dtype, monkeypatch):
+    """A chunk the kernel sees as all ±0 adds 0 without the three float64 passes (a float16 tensor
+    clipped to nothing: 40 % of clip's time); one whose squares underflow float32 (1e-30; bfloat16's
+    subnormals) is still redone in float64, and NaN and ±inf still found."""
+    from gradtool.core import kernels
+    from gradtool.core.norms import NormAccumulator
+
+    exact = []
+    real = NormAccumulator._exact
+    monkeypatch.setattr(NormAccumulator, "_exact", lambda self, c, xp: exact.append(c.size) or real(self, c, xp))
+    zeros = np.zeros(1000, dtype)
+    zeros[::7] = -0.0
+    assert tensor_norm(zeros) == 0.0
+    kernel = kernels.compiled_half_summaries if dtype != np.float32 else kernels.compiled_f32_summary
+    assert exact == ([] if kernel is not None else [1000])
+    if dtype != np.float16:  # (every float16 square is a normal float32: none underflows)
+        tiny = np.zeros(5000, dtype)  # (past 4,096 elements: the kernel's float32 partial sums, not float64)
+        tiny[3] = -1e-30 if dtype == np.float32 else -float(ml_dtypes.finfo(dtype).smallest_subnormal)
+        assert tensor_norm(tiny) == pytest.approx(abs(float(tiny[3])), rel=1e-6)
+        assert exact[-1] == 5000
+    for bad, want in ((np.nan, math.isnan), (np.inf, math.isinf)):
+        x = np.zeros(1000, dtype)
+        x[5] = bad
+        assert want(tensor_norm(x))
