@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import shutil
 
