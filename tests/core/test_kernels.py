@@ -573,6 +573,45 @@ def test_rounding_to_half_precision_is_numpys_at_every_width(kind, dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("kind, dtype", HALF_KINDS)
+@pytest.mark.parametrize("scale", [0.5, 1.0, 1e-3, 2e-6, 3e-7, 1e-39, 0.0, -0.7, -1.0, np.nan, np.inf, 1e30])
+def test_half_scale_and_its_slices_count_every_half_value_s_change(kind, dtype, scale):
+    """Every one of the 65,536 float16 or bfloat16 values scaled (in place, to another buffer, and as
+    slices): the changed count, which the kernel takes from the bits (NaN to NaN not counted, +0 and -0
+    equal), is the count clip takes with NumPy's float comparisons, and the values are scale_tensor's
+    (a NaN scale makes NaN of every value; of an input NaN with a payload, the CPU keeps that payload
+    where NumPy gives its own: the same before this test)."""
+    from gradtool.core.clipping import scale_tensor
+
+    def same(got, want):  # bit for bit; but where want is NaN, any NaN when the scale is NaN
+        g, w = got.view(np.uint16), want.view(np.uint16)
+        nan = np.isnan(want.astype(np.float32)) & math.isnan(scale)
+        return np.array_equal(g[~nan], w[~nan]) and bool(np.isnan(got.astype(np.float32))[nan].all())
+
+    a = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
+    with np.errstate(all="ignore"):
+        want = scale_tensor(a, scale, np)
+        changed = int(np.count_nonzero((a != want) & ~(np.isnan(a) & np.isnan(want))))
+    for in_place in (False, True):
+        src = a.copy()
+        out = src if in_place else np.empty_like(a)
+        _, n_changed = kernels.compiled_half_scale(src.view(np.uint16), scale, out.view(np.uint16), kind)
+        assert same(out, want) and n_changed == changed
+    rows = a.reshape(256, 256)
+    for by_row in (True, False) if not scale < 0 else ():  # (a negative scale marks a kept slice)
+        out = np.empty_like(rows)
+        scales = np.full(256, scale, np.float32)
+        scales[::3] = -1.0  # (kept slices: unchanged, not counted)
+        kept = np.zeros(256, bool)
+        kept[::3] = True
+        with np.errstate(all="ignore"):
+            w = np.where(kept[:, None] if by_row else kept[None, :], rows, scale_tensor(rows, scale, np))
+            changed = int(np.count_nonzero((rows != w) & ~(np.isnan(rows) & np.isnan(w))))
+        got = kernels.compiled_half_scale_slices(rows.view(np.uint16), scales, out.view(np.uint16), kind, by_row)
+        assert same(out, w) and got == changed
+
+
+@needs_kernel
 @settings(max_examples=150, deadline=None)
 @given(half_chunks(), st.sampled_from([0.5, 0.3, 1e-4, 3e-7, 2.0, 1e30, 0.0, -0.7, np.nan, np.inf, 1e-39]),
        st.booleans())
