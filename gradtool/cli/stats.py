@@ -229,7 +229,8 @@ def _counted(record: dict[str, Any], kinds: list[tuple[str, bool, int]]) -> str:
     if not skipped:
         return f"{record['num_tensors']} tensors, {record['num_elements']} elements"
     counted = [size for _, is_float, size in kinds if is_float]
-    return f"{len(counted)} floating-point tensors, {sum(counted)} elements (not counted: {listed(skipped, 5)})"
+    return (f"{len(counted)} floating-point tensors, {sum(counted)} elements "
+            f"(not counted: {listed(skipped, 5)})")
 
 
 def _print_tensor_table(r: dict[str, Any], out: Any) -> None:
@@ -242,8 +243,8 @@ def _print_tensor_table(r: dict[str, Any], out: Any) -> None:
     def rows() -> Iterator[list[Any]]:
         for t in r["tensors"]:
             kinds.append((t["name"], t["is_float"], t["size"]))
-            yield [t["name"], t["shape"], t["dtype"], t["norm"], t["avg_norm"], t["max_abs"], t["mean"], t["std"],
-                   t["nan_count"], t["inf_count"], t["zero_count"]]
+            yield [t["name"], t["shape"], t["dtype"], t["norm"], t["avg_norm"], t["max_abs"], t["mean"],
+                   t["std"], t["nan_count"], t["inf_count"], t["zero_count"]]
 
     render.print_table(_title(r), ["tensor", "shape", "dtype", "norm", "avg norm", "max |g|", "mean", "std",
                                    "NaN", "Inf", "zeros"], rows(),

@@ -116,7 +116,8 @@ class NormAccumulator:
             zero = False  # every element ±0, as the kernel's min and max say (0 is then exact)
             if kind is not None and kernels.compiled_half_summaries is not None and c.flags.c_contiguous:
                 # float16/bfloat16 widened inside the kernel: chunk_sum_sq's bits, without NumPy's cast
-                lo, hi, _, total, _ = kernels.compiled_half_summaries(c.view(np.uint16), max(c.size, 1), kind)[0]
+                summary = kernels.compiled_half_summaries(c.view(np.uint16), max(c.size, 1), kind)[0]
+                lo, hi, _, total, _ = summary
                 zero = lo == hi == 0.0
             else:
                 with np.errstate(over="ignore", under="ignore", invalid="ignore"):
