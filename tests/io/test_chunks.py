@@ -433,7 +433,6 @@ def test_clip_of_half_precision_tensors_in_the_kernel_equals_the_numpy_steps(tmp
     kernel (half_scale; their norms before by half_summaries): the clipped bytes and the report equal the
     NumPy steps' (scale_tensor's float32 multiply rounded once; NaN kept under "propagate"), bit for bit,
     with tensors of several chunks, subnormal results and a tensor left unclipped."""
-    import ml_dtypes
 
     from gradtool.clip_dump import ClipSpec
     from gradtool.core import kernels
@@ -446,11 +445,8 @@ def test_clip_of_half_precision_tensors_in_the_kernel_equals_the_numpy_steps(tmp
                "small": (rng.standard_normal(999) * 1e-3).astype(np.float16),
                "tiny_values": (rng.standard_normal(5000) * 1e-6).astype(np.float16),
                "f32": rng.standard_normal(3000).astype(np.float32)}
-    if ext == "safetensors":
-        tensors["bf"] = (rng.standard_normal(STREAM_CHUNK + 5) * 0.02).astype(ml_dtypes.bfloat16)
     tensors["small"][3] = np.nan  # the "propagate" policy keeps it
-    src = str(tmp_path / f"in.{ext}")
-    save_dump(src, tensors)
+    src = _saved_with_bfloat16(tmp_path, ext, tensors, rng)
     calls = []
     real = kernels.compiled_half_scale
     outcomes = []
@@ -464,6 +460,20 @@ def test_clip_of_half_precision_tensors_in_the_kernel_equals_the_numpy_steps(tmp
                                       ClipSpec(mode=mode, max=max_, nonfinite="propagate")))
     assert outcomes[0] == outcomes[1]
     assert calls and set(calls) == ({0, 1} if ext == "safetensors" else {0})
+
+
+def _saved_with_bfloat16(tmp_path, ext, tensors, rng):
+    """``tensors`` saved as ``in.EXT`` (with a bfloat16 tensor of more than one chunk where the format
+    holds one: safetensors), its path."""
+    import ml_dtypes
+
+    from gradtool.core.stats import STREAM_CHUNK
+
+    if ext == "safetensors":
+        tensors["bf"] = (rng.standard_normal(STREAM_CHUNK + 5) * 0.02).astype(ml_dtypes.bfloat16)
+    src = str(tmp_path / f"in.{ext}")
+    save_dump(src, tensors)
+    return src
 
 
 def _clip_outcome(src, out, spec):
@@ -493,7 +503,6 @@ def test_clip_by_value_in_the_kernel_equals_the_numpy_steps(tmp_path, monkeypatc
     (``clip_values``): the clipped bytes and the report equal clip_by_value's NumPy steps, bit for bit,
     under every NaN policy ("error" refuses the same tensor, with the same error), with tensors of several
     chunks, NaN and ±inf, and a tensor with nothing to clip."""
-    import ml_dtypes
 
     from gradtool.clip_dump import ClipSpec
     from gradtool.core import kernels
@@ -506,13 +515,10 @@ def test_clip_by_value_in_the_kernel_equals_the_numpy_steps(tmp_path, monkeypatc
                "half": (rng.standard_normal(STREAM_CHUNK + 999) * 0.05).astype(np.float16),
                "odd": np.array([np.nan, np.inf, -np.inf, 0.5, -0.0, 1e-9] * 100, np.float32),
                "calm": (rng.standard_normal(3000) * 1e-6).astype(np.float32)}
-    if ext == "safetensors":
-        tensors["bf"] = (rng.standard_normal(STREAM_CHUNK + 5) * 0.02).astype(ml_dtypes.bfloat16)
     if policy == "error":
         del tensors["odd"]
         tensors["half"][7] = np.inf  # refused, by both paths alike
-    src = str(tmp_path / f"in.{ext}")
-    save_dump(src, tensors)
+    src = _saved_with_bfloat16(tmp_path, ext, tensors, rng)
     calls = []
     real = kernels.compiled_clip_values
     outcomes = []
