@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import InputError, UnsafeInputError, listed
 from . import h5header, h5inflate
-from .atomic import settle_truncation
+from .atomic import preallocate, settle_truncation
 from .base import (
     DumpReader,
     DumpWriter,
@@ -725,6 +725,18 @@ class Hdf5Writer(DumpWriter):
         if self._own:
             self._set_attrs(self._f, self.metadata)
 
+    def plan(self, infos: list[TensorInfo], *, data_phase: int | None = None) -> None:
+        """A file of its own: reserve its space (:func:`~.atomic.preallocate`) for the data of the
+        tensors written to contiguous storage of 64 KiB or more (HDF5 places those at the file's end
+        as it stands when each is made; smaller ones may go into blocks it has already set aside), from
+        where the file ends now; :meth:`close` frees any of it the file did not reach."""
+        if not self._own:
+            return
+        least = sum(i.nbytes for i in infos if i.nbytes >= 1 << 16 and self._writes_contiguous(i))
+        start = self._f.id.get_filesize()
+        if preallocate(self._data_descriptor(), start, least):
+            self._reserved_end = max(getattr(self, "_reserved_end", 0), start + least)  # (a step each)
+
     @staticmethod
     def _set_attrs(obj: Any, attrs: dict[str, Any]) -> None:
         for k, v in attrs.items():
@@ -970,8 +982,10 @@ class Hdf5Writer(DumpWriter):
         if getattr(self, "_pool", None) is not None:
             self._pool.shutdown()
             self._pool = None
-        if getattr(self, "_data_fd", None) is not None:
-            os.close(self._data_fd)
-            self._data_fd = None
         if self._own:
             self._f.close()
+        if getattr(self, "_data_fd", None) is not None:
+            if getattr(self, "_reserved_end", 0) > os.fstat(self._data_fd).st_size:  # (see plan)
+                os.ftruncate(self._data_fd, os.fstat(self._data_fd).st_size)  # frees blocks past the end
+            os.close(self._data_fd)
+            self._data_fd = None

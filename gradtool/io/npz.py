@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import GradtoolError, InputError, UnsafeInputError, listed
-from .atomic import open_output
+from .atomic import open_output, preallocate
 from .base import DumpReader, DumpWriter, TensorInfo, allocate, read_ahead
 from .detect import head_of
 from .npy import check_writable_dtype, read_npy_data, read_npy_header, write_npy, write_npy_chunks
@@ -357,6 +357,14 @@ class NpzWriter(DumpWriter):
         except BaseException:
             self._file.close()
             raise
+
+    def plan(self, infos: list[TensorInfo], *, data_phase: int | None = None) -> None:
+        """Stored members: reserve the file's space (:func:`~.atomic.preallocate`) for the least these
+        tensors take, each member's local header (30 bytes and its name) and data; a member's .npy header,
+        padding and ZIP64 fields and the central directory come on top."""
+        if self._zip.compression == zipfile.ZIP_STORED:
+            least = sum(30 + len((i.name + ".npy").encode("utf-8")) + i.nbytes for i in infos)
+            preallocate(self._file.fileno(), self._zip.fp.tell(), least)
 
     def add(self, info: TensorInfo, array: np.ndarray) -> None:
         check_writable_dtype(array.dtype, "npz", info.name)

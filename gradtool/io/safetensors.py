@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, UnsafeInputError
-from .atomic import open_output
+from .atomic import open_output, preallocate
 from .base import PAGE, DumpReader, DumpWriter, TensorInfo, check_shape, copy_range, write_all
 
 MAX_HEADER = 100 * 1024 * 1024
@@ -202,6 +202,7 @@ class SafetensorsWriter(DumpWriter):
         if data_phase is not None and data_phase % 8 == 0:
             raw += b" " * ((data_phase - 8 - len(raw)) % PAGE)
         self._f.write(struct.pack("<Q", len(raw)) + raw)
+        preallocate(self._f.fileno(), 0, 8 + len(raw) + offset)  # the file's exact size
         self._planned = list(infos)
 
     def _entry(self, method: str, name: str, dtype: np.dtype,
