@@ -23,7 +23,7 @@ from .core.norms import (NormAccumulator, NormOfPieces, as_float64, combine_norm
 from .core.kernels import half_kind
 from .core.stats import STREAM_CHUNK
 from .errors import NonFiniteError, UsageError
-from .io.base import PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, buffer_phase, pread_at
+from .io.base import PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, WorkAhead, buffer_phase, pread_at
 from .summarize import name_selected
 
 MODES = ("value", "norm", "average-norm", "global-norm")
@@ -249,6 +249,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         writer.plan(list(reader.tensors) + reader.metadata_members, data_phase=_data_phase(reader))
     norms_after: dict[str, float] = {}
     out_buffer = PhasedBuffer()  # the streamed tensors' output buffer, reused
+    ahead = WorkAhead()  # the scaled tensors' chunks (see _scaled_in_place)
     runs = {} if xp is not None else _small_runs(reader, chosen_set, spec, result.scale, p,
                                                  norms_before if shared is None else {})  # (a shard's
     # tensors are clipped by their whole tensors' norms: not in per-tensor runs)
@@ -280,7 +281,8 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
                 logical = None
                 if shared is not None and info.name in shared.tensor_norms:
                     logical = (shared.tensor_norms[info.name], shared.tensor_sizes[info.name])
-                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical, out_buffer)
+                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical, out_buffer,
+                                    ahead)
             elif layout and (by_slice := _clip_slices(reader, writer, info, spec, norms_before, layout)):
                 tc = by_slice
             elif shared is not None:
@@ -387,11 +389,13 @@ def _norm_accumulator(reader: DumpReader, info: TensorInfo, p: float, nonfinite:
 
 def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo, spec: ClipSpec,
                    norms_before: dict[str, float], scale: float | None, p: float,
-                   logical: tuple[float, int] | None = None, buffer: PhasedBuffer | None = None) -> TensorClip:
+                   logical: tuple[float, int] | None = None, buffer: PhasedBuffer | None = None,
+                   ahead: WorkAhead | None = None) -> TensorClip:
     """One tensor, elementwise, chunk by chunk: pass A for its norm (per-tensor modes), pass B to clip
     and write. Raises NonFiniteError under the "error" policy before anything of it is written.
     ``logical``: (L2 norm, size) of the whole logical tensor when this is one shard's piece of it.
-    ``buffer``: where the output chunks are made (a new one if None)."""
+    ``buffer``: where the output chunks are made (a new one if None); ``ahead``: where a tensor of several
+    chunks is read and scaled while its chunks are written (see :func:`_scaled_in_place`)."""
     from .backend import host_namespace
 
     np_xp = host_namespace()
@@ -428,7 +432,8 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
         where = getattr(writer, "data_offset", None)  # known once the writer asks for the first chunk
         location = reader.raw_location(info) if fused is not None and policy != "zero" else None
         if location is not None:  # float32 at a file offset, to be scaled: see _scaled_in_place
-            changed += yield from _scaled_in_place(reader, info, location, where, scale, fused, acc, buffer)
+            changed += yield from _scaled_in_place(reader, info, location, where, scale, fused, acc, buffer,
+                                                   ahead)
             return
         # the output buffer, placed in a page where the write out of it runs at full speed (buffer_phase:
         # up to 2.1x faster)
@@ -770,19 +775,28 @@ def _write_or_drain(writer: DumpWriter | None, info: TensorInfo, chunks: Iterato
 NORM_ROWS_ELEMENTS = 1 << 13
 def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,
                      scale: float, fused: Callable[..., tuple[float, int]], acc: NormAccumulator,
-                     buffer: PhasedBuffer | None) -> Generator[np.ndarray, None, int]:
+                     buffer: PhasedBuffer | None, ahead: WorkAhead | None = None) -> Generator[np.ndarray, None, int]:
     """A float32 (or float16/bfloat16) tensor at ``location`` (descriptor, byte offset) of the input, scaled
-    for the writer, which puts it at byte ``where`` of the output: each chunk read with ``pread`` into one
+    for the writer, which puts it at byte ``where`` of the output: each chunk read with ``pread`` into a
     buffer (placed for both offsets, see :func:`buffer_phase`), scaled and measured there by the compiled
     kernel, and yielded to be written out of it. Against scaling a memory map into a second buffer: a bare
     read-scale-write loop over 2 GB 0.71-0.72 s against 1.09-1.35 s (medians of 8-10 runs in turns);
-    ``clip`` of the 500 MB safetensors dump 307 against 331 ms (``ab.py``, 16/16 pairs). Returns the
-    number of elements changed; the norm after goes to ``acc``. The same bits as the memory-map path: the
-    same kernel on the same chunks."""
+    ``clip`` of the 500 MB safetensors dump 307 against 331 ms (``ab.py``, 16/16 pairs). A tensor of
+    several chunks is read and scaled on ``ahead``'s worker thread while the chunks before are written
+    (:class:`~.io.base.WorkAhead`); one of one chunk, or without ``ahead``, here, into ``buffer``. Returns
+    the number of elements changed; the norm after goes to ``acc``, chunk by chunk in order. The same
+    bits as the memory-map path: the same kernel on the same chunks."""
     writes = [] if where is None else [where]
     phase = buffer_phase(reads=[location[1]], writes=writes)
-    work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * info.dtype.itemsize, phase)
     changed = 0
+    if ahead is not None and info.size > STREAM_CHUNK:
+        for chunk, (sum_sq, n_changed) in ahead.chunks(reader, info, location, phase, STREAM_CHUNK,
+                                                       lambda c: fused(c, scale, c)):
+            acc.update_sum_sq(sum_sq, chunk)
+            changed += n_changed
+            yield chunk
+        return changed
+    work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * info.dtype.itemsize, phase)
     for chunk in reader.chunks_into(location, info, work, STREAM_CHUNK):
         sum_sq, n_changed = fused(chunk, scale, chunk)  # in place: the kernel reads each element first
         acc.update_sum_sq(sum_sq, chunk)
