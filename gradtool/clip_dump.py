@@ -790,8 +790,18 @@ def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, 
     phase = buffer_phase(reads=[location[1]], writes=writes)
     changed = 0
     if ahead is not None and info.size > STREAM_CHUNK:
-        for chunk, (sum_sq, n_changed) in ahead.chunks(reader, info, location, phase, STREAM_CHUNK,
-                                                       lambda c: fused(c, scale, c)):
+        read_into, dtype = pread_at(*location), info.dtype
+
+        def fill(view: memoryview, at: int) -> None:
+            reader._fill(view, lambda v, pos: read_into(v, at + pos), info)
+
+        def scaled(raw: np.ndarray) -> tuple[float, int]:
+            chunk = raw.view(dtype)
+            return fused(chunk, scale, chunk)  # in place
+
+        for raw, (sum_sq, n_changed) in ahead.chunks(fill, info.nbytes, STREAM_CHUNK * dtype.itemsize, phase,
+                                                     scaled):
+            chunk = raw.view(dtype)
             acc.update_sum_sq(sum_sq, chunk)
             changed += n_changed
             yield chunk

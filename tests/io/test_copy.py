@@ -48,16 +48,25 @@ def _kernel(monkeypatch, how: str) -> None:
         monkeypatch.setattr(os, "copy_file_range", partial)
 
 
+@pytest.mark.parametrize("filesystem", ["shares", "copies"])
 @pytest.mark.parametrize("how", ["native", "missing", "refused", "partial"])
 @given(size=st.integers(0, 700_000), src_off=st.integers(0, 5000), dst_off=st.integers(0, 5000))
 @example(size=300_000, src_off=100, dst_off=100)  # in phase: the kernel copies (or starts to)
 @example(size=300_000, src_off=8, dst_off=8 + 4096)  # in phase, another page
 @example(size=300_000, src_off=8, dst_off=16)  # out of phase: pread/pwrite
 @example(size=10, src_off=3, dst_off=7)  # less than a page: the kernel, whatever the phase
+@example(size=3 * 65536, src_off=0, dst_off=0)  # whole chunks of the user-space copy
 @settings(max_examples=25, deadline=None)
-def test_copy_range_copies_the_bytes_whatever_the_kernel_allows(tmp_path_factory, how, size, src_off, dst_off):
+def test_copy_range_copies_the_bytes_whatever_the_kernel_allows(tmp_path_factory, filesystem, how, size, src_off,
+                                                                dst_off):
+    """On a filesystem where the kernel's copy may share extents and on one where it copies pages (the
+    user-space copy taken then: in chunks made smaller here, read ahead on a worker thread)."""
+    import gradtool.io.base as base
+
     with pytest.MonkeyPatch.context() as mp:
         _kernel(mp, how)
+        mp.setattr(base, "kernel_copy_pays", lambda fd: filesystem == "shares")
+        mp.setattr(base, "COPY_CHUNK", 65536)
         tmp_path = tmp_path_factory.mktemp("copy")
         data = np.random.default_rng(size).integers(0, 256, src_off + size + 17, np.uint8).tobytes()
         fd_in, fd_out = _files(tmp_path, data)
@@ -239,7 +248,10 @@ def test_out_of_phase_ranges_are_copied_through_user_space(tmp_path, monkeypatch
     big, small = np.arange(3 * PAGE, dtype=np.float32), np.arange(10, dtype=np.float32)
     src = str(tmp_path / "in.safetensors")
     save_dump(src, {"big": big, "small": small})
+    import gradtool.io.base as base
+
     monkeypatch.setattr(clip_module, "_data_phase", lambda reader: 8)  # force the phase off
+    monkeypatch.setattr(base, "kernel_copy_pays", lambda fd: True)  # (a filesystem sharing extents)
     counts = []
     real = os.copy_file_range
     monkeypatch.setattr(os, "copy_file_range", lambda *a: counts.append(a[2]) or real(*a))
@@ -255,6 +267,70 @@ def test_out_of_phase_ranges_are_copied_through_user_space(tmp_path, monkeypatch
         os.close(fd_in)
         os.close(fd_out)
     assert sum(counts) == big.nbytes - 8
+
+
+@pytest.mark.parametrize("size", [10, PAGE, 5 << 20])
+def test_on_a_filesystem_that_copies_pages_a_page_or_more_is_copied_through_user_space(tmp_path, monkeypatch,
+                                                                                        size):
+    """(ext4, tmpfs: the kernel's copy is the slower there.) Less than a page still goes to the kernel."""
+    import gradtool.io.base as base
+
+    if not hasattr(os, "copy_file_range"):
+        pytest.skip("os.copy_file_range is Linux-only: everything goes through pread/pwrite here")
+    monkeypatch.setattr(base, "kernel_copy_pays", lambda fd: False)
+    counts = []
+    real = os.copy_file_range
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: counts.append(a[2]) or real(*a))
+    data = np.random.default_rng(size).integers(0, 256, size + 100, np.uint8).tobytes()
+    fd_in, fd_out = _files(tmp_path, data)
+    try:
+        copy_range((fd_in, 100), fd_out, 100, size, "in: tensor 't'")
+        written = os.pread(fd_out, size + 100, 0)
+    finally:
+        os.close(fd_in)
+        os.close(fd_out)
+    assert written[100:] == data[100:]
+    assert counts == ([size] if size < PAGE else [])
+
+
+_MOUNTINFO = """\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+25 22 0:21 / /dev/shm rw,nosuid,nodev shared:3 - tmpfs tmpfs rw,size=24684100k
+30 22 0:40 / /mnt/with\\040space rw,relatime shared:9 master:2 - xfs /dev/vdb1 rw,attr2
+31 22 0:41 / /srv rw - nfs4 host:/export rw,vers=4.2
+32 22 8:3 / /odd rw
+"""
+
+
+@pytest.mark.parametrize("device,expected", [((254, 0), "ext4"), ((0, 21), "tmpfs"), ((0, 40), "xfs"),
+                                             ((0, 41), "nfs4"), ((8, 3), None), ((9, 9), None)])
+def test_the_filesystem_of_a_device_is_read_from_mountinfo(tmp_path, device, expected):
+    """Optional fields (shared:, master:) before the "-", escaped mount points; a line without the "-"
+    and a device not listed give None."""
+    from gradtool.io.base import _mounted_filesystem
+
+    p = tmp_path / "mountinfo"
+    p.write_text(_MOUNTINFO)
+    assert _mounted_filesystem(os.makedev(*device), str(p)) == expected
+    assert _mounted_filesystem(os.makedev(*device), str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("kind,pays", [("ext4", False), ("tmpfs", False), ("xfs", True), ("btrfs", True),
+                                       ("nfs4", True), (None, True)])
+def test_kernel_copy_pays_but_on_filesystems_that_copy_pages(tmp_path, monkeypatch, kind, pays):
+    """By the type of the filesystem the output's device is mounted from, looked up once a device."""
+    import gradtool.io.base as base
+
+    seen = []
+    monkeypatch.setattr(base, "_filesystem_of_device", {})
+    monkeypatch.setattr(base, "_mounted_filesystem", lambda device: seen.append(device) or kind)
+    fd = os.open(tmp_path / "out.bin", os.O_RDWR | os.O_CREAT)
+    try:
+        assert [base.kernel_copy_pays(fd) for _ in range(3)] == [pays] * 3
+        device = os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+    assert seen == [device]
 
 
 # Writes in pieces of at most WRITE_PIECE bytes (large buffered writes were slow and erratic on ext4)

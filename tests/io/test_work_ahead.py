@@ -19,11 +19,16 @@ from gradtool.io.base import TensorInfo, WorkAhead
 from gradtool.io.dump import make_writer
 
 
-class _Raw:
-    """The reader side WorkAhead uses: ``_fill`` (a reader's, which names the file in its errors)."""
+def _fill_from(fd: int, offset: int, nbytes: int):
+    """WorkAhead's ``fill``: the bytes from ``offset + at`` of ``fd``, the file being ``nbytes`` long (a
+    reader's: it names the file when it ends early)."""
+    info = TensorInfo("t", (nbytes,), np.dtype(np.uint8))
 
-    display_path = "raw.bin"
-    _fill = base.DumpReader._fill
+    class Raw:
+        display_path = "raw.bin"
+        _fill = base.DumpReader._fill
+
+    return lambda view, at: Raw()._fill(view, lambda v, pos: os.preadv(fd, [v], offset + at + pos), info)
 
 
 def _file(tmp_path, data: np.ndarray, offset: int):
@@ -32,8 +37,10 @@ def _file(tmp_path, data: np.ndarray, offset: int):
     return os.open(p, os.O_RDONLY)
 
 
-def _doubled(chunk: np.ndarray) -> float:
-    """The work: the chunk doubled in place; its float64 sum of squares before, as the result."""
+def _doubled(raw: np.ndarray) -> float:
+    """The work: the chunk's float32 values doubled in place; their float64 sum of squares before, as the
+    result."""
+    chunk = raw.view(np.float32)
     before = float(np.sum(np.square(chunk.astype(np.float64))))
     chunk *= 2
     return before
@@ -46,11 +53,10 @@ def test_the_same_chunks_and_results_as_the_serial_loop(tmp_path_factory, n, chu
     data = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
     fd = _file(tmp_path_factory.mktemp("w"), data, offset)
     try:
-        info = TensorInfo("t", (n,), np.dtype(np.float32))
         got, results = [], []
-        for c, r in WorkAhead(depth).chunks(_Raw(), info, (fd, offset), phase, chunk, _doubled):
-            assert c.dtype == np.float32 and c.shape[0] == min(chunk, n - chunk * len(got))
-            got.append(c.copy())
+        for c, r in WorkAhead(depth).chunks(_fill_from(fd, offset, 4 * n), 4 * n, 4 * chunk, phase, _doubled):
+            assert c.dtype == np.uint8 and c.shape[0] == 4 * min(chunk, n - chunk * len(got))
+            got.append(c.view(np.float32).copy())
             results.append(r)
     finally:
         os.close(fd)
@@ -64,16 +70,16 @@ def test_a_caller_that_stops_early_frees_the_worker(tmp_path):
     data = np.arange(1000, dtype=np.float32)
     fd = _file(tmp_path, data, 0)
     try:
-        info = TensorInfo("t", data.shape, data.dtype)
         seen = []
-        gen = WorkAhead().chunks(_Raw(), info, (fd, 0), 0, 10, lambda c: seen.append(c[0]) or 0)
+        fill = _fill_from(fd, 0, data.nbytes)
+        gen = WorkAhead().chunks(fill, data.nbytes, 40, 0, lambda c: seen.append(c.view(np.float32)[0]) or 0)
         first, _ = next(gen)
-        assert first[0] == 0
+        assert first.view(np.float32)[0] == 0
         gen.close()
         assert not base._WORK_AHEAD_FREE.locked()
         assert len(seen) <= 1 + base.READ_AHEAD  # it stopped: not the 100 chunks
-        again = [c.copy() for c, _ in WorkAhead().chunks(_Raw(), info, (fd, 0), 0, 300, lambda c: None)]
-        assert np.array_equal(np.concatenate(again), data)
+        again = [c.copy() for c, r in WorkAhead().chunks(fill, data.nbytes, 1200, 0) if r is None]
+        assert np.array_equal(np.concatenate(again).view(np.float32), data)
     finally:
         os.close(fd)
 
@@ -82,16 +88,16 @@ def test_a_caller_that_stops_early_frees_the_worker(tmp_path):
 def test_errors_reach_the_caller(tmp_path, what):
     data = np.arange(1000, dtype=np.float32)
     fd = _file(tmp_path, data, 0)
-    info = TensorInfo("t", (2000,) if what == "truncated" else data.shape, data.dtype)
+    nbytes = 2 * data.nbytes if what == "truncated" else data.nbytes
 
     def work(c):
-        if what == "work" and c[0] >= 500:
+        if what == "work" and c.view(np.float32)[0] >= 500:
             raise ValueError("the work failed")
 
     try:
         with pytest.raises(InputError if what == "truncated" else ValueError,
                            match="raw.bin: tensor 't' is truncated" if what == "truncated" else "work failed"):
-            for _ in WorkAhead().chunks(_Raw(), info, (fd, 0), 0, 100, work):
+            for _ in WorkAhead().chunks(_fill_from(fd, 0, nbytes), nbytes, 400, 0, work):
                 pass
     finally:
         os.close(fd)
@@ -109,11 +115,11 @@ def test_while_the_worker_serves_another_the_chunks_are_made_here(tmp_path, monk
     monkeypatch.setattr(base, "_work_ahead_thread", lambda: submitted.append(1) or real())
     w = WorkAhead()
     try:
-        first = w.chunks(_Raw(), TensorInfo("a", a.shape, a.dtype), (fd, 12), 64, 100, _doubled)
+        first = w.chunks(_fill_from(fd, 12, a.nbytes), a.nbytes, 400, 64, _doubled)
         held = next(first)[0]  # valid until the next is asked for: through the second generator too
-        got_b = [(c.copy(), r) for c, r in w.chunks(_Raw(), TensorInfo("b", b.shape, b.dtype), (fd, 12 + a.nbytes),
-                                                     64, 100, _doubled)]
-        got_a = [held.copy()] + [c.copy() for c, _ in first]
+        got_b = [(c.view(np.float32).copy(), r)
+                 for c, r in w.chunks(_fill_from(fd, 12 + a.nbytes, b.nbytes), b.nbytes, 400, 64, _doubled)]
+        got_a = [c.view(np.float32).copy() for c in [held]] + [c.view(np.float32).copy() for c, _ in first]
     finally:
         os.close(fd)
     assert submitted == [1]  # the first only
@@ -144,9 +150,9 @@ def test_clip_writes_the_same_bytes_with_and_without_it(tmp_path, monkeypatch, e
     used = []
     real = WorkAhead.chunks
 
-    def spy(self, reader, info, *a, **k):
-        used.append(info.name)
-        return real(self, reader, info, *a, **k)
+    def spy(self, fill, nbytes, *a, **k):
+        used.append(nbytes)
+        return real(self, fill, nbytes, *a, **k)
 
     def clipped(name: str) -> tuple[bytes, list]:
         out = tmp_path / f"{name}.{ext}"
@@ -156,7 +162,7 @@ def test_clip_writes_the_same_bytes_with_and_without_it(tmp_path, monkeypatch, e
 
     monkeypatch.setattr(WorkAhead, "chunks", spy)
     ahead = clipped("ahead")
-    assert sorted(used) == ["big", "edge"]
+    assert sorted(used) == sorted([t["big"].nbytes, t["edge"].nbytes])
     monkeypatch.setattr(clip_module, "WorkAhead", lambda: None)
     used.clear()
     serial = clipped("serial")
