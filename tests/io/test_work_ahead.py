@@ -132,7 +132,8 @@ def test_while_the_worker_serves_another_the_chunks_are_made_here(tmp_path, monk
 
 @pytest.mark.parametrize("ext", ["safetensors", "npz", "h5"])
 @pytest.mark.parametrize("mode,dtype", [("global-norm", np.float32), ("norm", np.float32),
-                                        ("global-norm", np.float16)])
+                                        ("global-norm", np.float16), ("value", np.float32),
+                                        ("value", np.float16)])
 def test_clip_writes_the_same_bytes_with_and_without_it(tmp_path, monkeypatch, ext, mode, dtype):
     """Tensors of several chunks (2.5 and 1 + 1 element), of one, and small ones: the output and the report
     are the serial path's, and the tensors of several chunks went through WorkAhead."""
@@ -170,3 +171,29 @@ def test_clip_writes_the_same_bytes_with_and_without_it(tmp_path, monkeypatch, e
     assert ahead == serial
     with open_dump(str(tmp_path / f"ahead.{ext}")) as r:
         assert r.read("big").dtype == dtype and r.read("big").shape == t["big"].shape
+
+
+@pytest.mark.parametrize("policy", ["error", "propagate"])
+def test_a_chunk_found_nonfinite_while_clipped_ahead_is_refused_under_error(tmp_path, monkeypatch, policy):
+    """(The tensor measured finite before it is clipped: NaN found then means the file changed since.)"""
+    from gradtool.core import kernels
+    from gradtool.errors import NonFiniteError
+
+    if kernels.compiled_clip_values is None:
+        pytest.skip("the clipping that WorkAhead carries is the compiled kernel's")
+    real = clip_module._fused_clip_values
+
+    def seeing_nan(*a):
+        kernel = real(*a)
+        return lambda chunk, out: (kernel(chunk, out)[0], 1)
+
+    monkeypatch.setattr(clip_module, "_fused_clip_values", seeing_nan)
+    src = tmp_path / "src.safetensors"
+    save_dump(str(src), {"big": np.linspace(-3, 3, 2 * STREAM_CHUNK + 5, dtype=np.float32)})
+    with open_dump(str(src)) as r, make_writer(str(tmp_path / "out.safetensors"), "safetensors", r.metadata) as w:
+        if policy == "error":
+            with pytest.raises(NonFiniteError, match="big.*nothing written"):
+                clip_dump(r, w, ClipSpec("value", max=1.0, nonfinite=policy))
+        else:
+            rep = clip_dump(r, w, ClipSpec("value", max=1.0, nonfinite=policy))
+            assert rep.tensors[0].clipped_elements == int(np.sum(np.abs(r.read("big")) > 1))
