@@ -307,7 +307,7 @@ _MOUNTINFO = """\
 def test_the_filesystem_of_a_device_is_read_from_mountinfo(tmp_path, device, expected):
     """Optional fields (shared:, master:) before the "-", escaped mount points; a line without the "-"
     and a device not listed give None."""
-    from gradtool.io.base import _mounted_filesystem
+    from gradtool.io.atomic import _mounted_filesystem
 
     p = tmp_path / "mountinfo"
     p.write_text(_MOUNTINFO)
@@ -320,10 +320,12 @@ def test_the_filesystem_of_a_device_is_read_from_mountinfo(tmp_path, device, exp
 def test_kernel_copy_pays_but_on_filesystems_that_copy_pages(tmp_path, monkeypatch, kind, pays):
     """By the type of the filesystem the output's device is mounted from, looked up once a device."""
     import gradtool.io.base as base
+    from gradtool.io import atomic
 
     seen = []
-    monkeypatch.setattr(base, "_filesystem_of_device", {})
-    monkeypatch.setattr(base, "_mounted_filesystem", lambda device: seen.append(device) or kind)
+    monkeypatch.setattr(atomic.sys, "platform", "linux")
+    monkeypatch.setattr(atomic, "_filesystem_of_device", {})
+    monkeypatch.setattr(atomic, "_mounted_filesystem", lambda device: seen.append(device) or kind)
     fd = os.open(tmp_path / "out.bin", os.O_RDWR | os.O_CREAT)
     try:
         assert [base.kernel_copy_pays(fd) for _ in range(3)] == [pays] * 3

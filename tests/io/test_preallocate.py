@@ -17,9 +17,24 @@ from gradtool.io.dump import make_writer
 BLOCK = 4096
 
 
-def _reservations(monkeypatch) -> list[tuple[str, int, int]]:
-    """Every reservation made from now on, as (file path, start, bytes), and none skipped for its size."""
+def _anywhere(monkeypatch) -> None:
+    """Reservations of any size, on any filesystem (the tests' temporary directory may be a tmpfs)."""
     monkeypatch.setattr(atomic, "PREALLOCATE_MIN", 0)
+    monkeypatch.setattr(atomic, "PREALLOCATING_FILESYSTEMS", _EVERY_FILESYSTEM)
+
+
+class _Every:
+    def __contains__(self, kind):
+        return True
+
+
+_EVERY_FILESYSTEM = _Every()
+
+
+def _reservations(monkeypatch) -> list[tuple[str, int, int]]:
+    """Every reservation made from now on, as (file path, start, bytes), and none skipped for its size or
+    filesystem."""
+    _anywhere(monkeypatch)
     seen: list[tuple[str, int, int]] = []
     real = atomic.preallocate
 
@@ -35,12 +50,11 @@ def _reservations(monkeypatch) -> list[tuple[str, int, int]]:
 def _filesystem_reserves(tmp_path) -> bool:
     """Whether fallocate reserves blocks here (Linux, and a filesystem that has it)."""
     fd = os.open(tmp_path / "probe", os.O_RDWR | os.O_CREAT)
-    old = atomic.PREALLOCATE_MIN
-    atomic.PREALLOCATE_MIN = 0
     try:
-        return preallocate(fd, 0, 1 << 20)
+        with pytest.MonkeyPatch.context() as mp:
+            _anywhere(mp)
+            return preallocate(fd, 0, 1 << 20)
     finally:
-        atomic.PREALLOCATE_MIN = old
         os.close(fd)
         os.remove(tmp_path / "probe")
 
@@ -53,7 +67,7 @@ def _no_blocks_past_the_end(path) -> None:
 
 
 def test_reserves_blocks_without_changing_the_size(tmp_path, monkeypatch):
-    monkeypatch.setattr(atomic, "PREALLOCATE_MIN", 0)
+    _anywhere(monkeypatch)
     p = tmp_path / "f.bin"
     fd = os.open(p, os.O_RDWR | os.O_CREAT)
     try:
@@ -74,6 +88,7 @@ def test_reserves_blocks_without_changing_the_size(tmp_path, monkeypatch):
 def test_nothing_is_reserved_under_the_minimum_or_where_the_call_is_refused(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(atomic, "_fallocate", lambda: lambda *a: calls.append(a) or 0)
+    monkeypatch.setattr(atomic, "filesystem_of", lambda fd: "ext4")
     fd = os.open(tmp_path / "f.bin", os.O_RDWR | os.O_CREAT)
     try:
         assert not preallocate(fd, 0, atomic.PREALLOCATE_MIN - 1) and not calls
@@ -83,7 +98,7 @@ def test_nothing_is_reserved_under_the_minimum_or_where_the_call_is_refused(tmp_
     finally:
         os.close(fd)
     monkeypatch.undo()
-    monkeypatch.setattr(atomic, "PREALLOCATE_MIN", 0)
+    _anywhere(monkeypatch)
     r, w = os.pipe()
     try:
         assert not preallocate(w, 0, 1 << 20)  # refused (ESPIPE): no error
@@ -151,7 +166,7 @@ def test_the_hdf5_writer_frees_what_its_file_did_not_reach(tmp_path, monkeypatch
 
     if not _filesystem_reserves(tmp_path):
         pytest.skip("this filesystem (or OS) does not reserve blocks")
-    monkeypatch.setattr(atomic, "PREALLOCATE_MIN", 0)
+    _anywhere(monkeypatch)
     a = np.ones(1000, np.float32)
     p = tmp_path / "d.h5"
     w = Hdf5Writer(str(p))
@@ -176,3 +191,13 @@ def test_an_hdf5_writer_into_a_file_it_does_not_own_reserves_nothing(tmp_path, m
         w.plan([TensorInfo("a", (1 << 20,), np.dtype(np.float32))])
         w.close()
     assert seen == []
+
+
+@pytest.mark.parametrize("kind,reserved", [("ext4", True), ("tmpfs", False), ("xfs", False), (None, False)])
+def test_blocks_are_reserved_on_ext4_only(tmp_path, monkeypatch, kind, reserved):
+    """(Measured to pay there; on tmpfs a reserved page is a zeroed page of memory: slower.)"""
+    calls = []
+    monkeypatch.setattr(atomic, "_fallocate", lambda: lambda *a: calls.append(a) or 0)
+    monkeypatch.setattr(atomic, "filesystem_of", lambda fd: kind)
+    assert preallocate(5, 0, atomic.PREALLOCATE_MIN) is reserved
+    assert len(calls) == reserved
