@@ -1,5 +1,7 @@
 """Reading tensors in chunks (bounded memory) gives exactly the bytes of a whole read, in every layout."""
 
+import os
+
 import h5py
 import numpy as np
 import pytest
@@ -283,7 +285,8 @@ def test_clip_norm_pass_on_two_threads_equals_one(tmp_path, monkeypatch, ext, no
     tensors = {"a": rng.standard_normal((700, 1000)).astype(np.float32),
                "b": (rng.standard_normal(123_457) * 1e-3).astype(np.float32),
                "ints": np.arange(10), "c": rng.standard_normal(3000), "empty": np.zeros((0, 4), np.float32),
-               "be": rng.standard_normal(5000).astype(">f4"), "half": rng.standard_normal(5000).astype(np.float16)}
+               "be": rng.standard_normal(5000).astype(">f4"), "half": rng.standard_normal(5000).astype(np.float16),
+               "big_half": (rng.standard_normal(600_001) * 1e-3).astype(np.float16)}  # (chunks and pieces)
     if ext == "safetensors":
         del tensors["be"]  # little-endian only
     if nonfinite == "propagate":
@@ -741,3 +744,38 @@ def test_runs_keep_each_tensors_bounds(tmp_path, monkeypatch, spec):
     from gradtool.core import kernels
 
     assert runs or kernels.compiled_clip_values is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.sampled_from([1, 7, 4096, 262_144, 262_145, 600_000]), min_size=1, max_size=5),
+       scale=st.sampled_from([6e-8, 1e-4, 1.0, 300.0, 6e4]), special=st.sampled_from([None, 0.0, np.nan, np.inf]),
+       seed=st.integers(0, 2**32 - 1))
+def test_float16_norms_of_the_parallel_pass_have_the_serial_bits(tmp_path_factory, sizes, scale, special, seed):
+    """clip's first pass takes float16 tensors' norms by the statistics path on two cores (and small ones
+    many to a kernel call): the bits of the serial chunk-by-chunk pass, subnormals, overflow to inf, zeros
+    and NaN included (float16's range has no chunk the two send to float64 by different rules)."""
+    import struct
+
+    import gradtool.clip_dump as clip_module
+    import gradtool.summarize as summarize
+
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for k, n in enumerate(sizes):
+        with np.errstate(over="ignore"):
+            a = (rng.standard_normal(n) * scale).astype(np.float16)
+        if special is not None:
+            a[rng.integers(0, n)] = special
+        tensors[f"t{k}"] = a
+    src = str(tmp_path_factory.mktemp("f16") / "in.safetensors")
+    save_dump(src, tensors)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(summarize, "PARALLEL_MIN_BYTES", 0 if seed % 2 else 1 << 40)  # two cores, or small batches
+        mp.setattr(summarize, "PIECE_BYTES", 1 << 19)
+        with open_dump(src) as r:
+            fast = clip_module._norms_in_parallel(r, list(tensors), 2.0, "propagate", None, None)
+            serial = {i.name: clip_module._norm_of(r, i, 2.0, "propagate", None) for i in r.tensors}
+    if seed % 2 and (os.cpu_count() or 1) >= 2:
+        assert set(fast) == set(tensors)  # every float16 tensor went that way
+    for name, norm in fast.items():
+        assert struct.pack("<d", norm) == struct.pack("<d", serial[name]) or (np.isnan(norm) and np.isnan(serial[name]))
