@@ -345,7 +345,10 @@ def _refusal(reader: DumpReader, bad: list[str]) -> NonFiniteError:
 def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite: str, xp: ModuleType | None,
                        on_tensor: Callable[[int], None] | None) -> dict[str, float]:
     """The L2 norms of pass 1 for the float32 and float16 tensors, on two cores, from the statistics path
-    (the same per-chunk kernel sums, so the same bits as :func:`_norm_of`); in a dump too small for two
+    (the same per-chunk kernel sums, so the same bits as :func:`_norm_of`, but for a float32 chunk that
+    one of the two sends to float64 and the other not: the statistics path when its max |x| is over 1e18
+    or under 1e-18, :class:`NormAccumulator` when its Σx² is under 1e-25; a known difference in the last
+    bits, tests/io/test_chunks.py's xfail); in a dump too small for two
     cores, those of its small tensors many to a kernel call, as ``stats`` takes them
     (:func:`small_tensor_batches`: a dump of 20,000 tensors of 64 elements was read a tensor at a time,
     ~25 us each). Missing where that path does not apply (the caller streams those tensors): other norms,

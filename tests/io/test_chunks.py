@@ -779,3 +779,30 @@ def test_float16_norms_of_the_parallel_pass_have_the_serial_bits(tmp_path_factor
         assert set(fast) == set(tensors)  # every float16 tensor went that way
     for name, norm in fast.items():
         assert struct.pack("<d", norm) == struct.pack("<d", serial[name]) or (np.isnan(norm) and np.isnan(serial[name]))
+
+
+@pytest.mark.xfail(strict=True, reason="known: the statistics path sends a float32 chunk to float64 by its max "
+                   "|x| (over 1e18, under 1e-18), NormAccumulator by its sum of squares (under 1e-25); so a "
+                   "norm's last bits at those ends depend on which pass 1 a dump takes (by its size)")
+@pytest.mark.parametrize("case", ["one tiny value", "a value over 1e18"])
+def test_float32_norms_of_the_parallel_pass_at_the_ends_of_the_range(tmp_path, monkeypatch, case):
+    import struct
+
+    import gradtool.clip_dump as clip_module
+    import gradtool.summarize as summarize
+
+    monkeypatch.setattr(summarize, "PARALLEL_MIN_BYTES", 0)
+    a = np.zeros(600_000, np.float32)
+    if case == "one tiny value":
+        a[12_345] = 1.234567e-13  # max |x| within the statistics path's range, Σx² under 1e-25
+    else:
+        a[:] = np.random.default_rng(0).standard_normal(a.size) * 1e17
+        a[5] = 1.5e18  # max |x| over 1e18, Σx² finite in float32
+    src = str(tmp_path / "in.safetensors")
+    save_dump(src, {"a": a})
+    with open_dump(src) as r:
+        if (os.cpu_count() or 1) < 2:
+            pytest.skip("one core: pass 1 is the serial one")
+        fast = clip_module._norms_in_parallel(r, ["a"], 2.0, "propagate", None, None)["a"]
+        serial = clip_module._norm_of(r, r.info("a"), 2.0, "propagate", None)
+    assert struct.pack("<d", fast) == struct.pack("<d", serial)
