@@ -345,15 +345,14 @@ def _refusal(reader: DumpReader, bad: list[str]) -> NonFiniteError:
 def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite: str, xp: ModuleType | None,
                        on_tensor: Callable[[int], None] | None) -> dict[str, float]:
     """The L2 norms of pass 1 for the float32 and float16 tensors, on two cores, from the statistics path
-    (the same per-chunk kernel sums, so the same bits as :func:`_norm_of`, but for a float32 chunk that
-    one of the two sends to float64 and the other not: the statistics path when its max |x| is over 1e18
-    or under 1e-18, :class:`NormAccumulator` when its Σx² is under 1e-25; a known difference in the last
-    bits, tests/io/test_chunks.py's xfail); in a dump too small for two
+    (the same per-chunk kernel sums, taken by the same rule, so the same bits as :func:`_norm_of`: until
+    the forty-first session the statistics path sent a chunk to float64 by its max |x|, and the last bits
+    at the ends of float32's range differed); in a dump too small for two
     cores, those of its small tensors many to a kernel call, as ``stats`` takes them
     (:func:`small_tensor_batches`: a dump of 20,000 tensors of 64 elements was read a tensor at a time,
     ~25 us each). Missing where that path does not apply (the caller streams those tensors): other norms,
-    other dtypes (bfloat16 and float64 chunks near the ends of their range go to the exact float64 sums
-    by other rules there: other last bits; float16's range has no such ends), the "zero" policy (zeroing
+    other dtypes (float64: the statistics path sums its squares by ``np.dot``, the serial pass by a sum of
+    products, other last bits; bfloat16 not measured yet), the "zero" policy (zeroing
     comes first), device backends, tensors whose summary does not decide (NaN/inf). Float16 went one
     tensor at a time until the forty-first session: the float16 GPT-2 set's pass 1 0.051 -> 0.025 s from
     the second dump of a process on (the first starts the threads: about even), peak RSS 39 -> 35 MB."""

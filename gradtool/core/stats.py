@@ -252,14 +252,21 @@ class StatsAccumulator:
     def _accept(self, n: int, summary: tuple[float, float, float, float, int] | None,
                 chunk: Callable[[], np.ndarray]) -> bool:
         """Take the (min, max, Σx, Σx², #zeros) of a float32 chunk of n elements; False sends it to the exact
-        path. ``chunk()`` gives its data, read only in the rare cases that need it."""
+        path. ``chunk()`` gives its data, read only in the rare cases that need it. The sum of squares is
+        taken by :class:`NormAccumulator`'s rule, so that a norm has the bits ``tensor_norm`` (and
+        ``clip``'s serial pass) gives it: Σx² as the kernel took it unless it is under 1e-25 (and the
+        chunk not all zeros), then in float64; the rest (extremes, moments) goes to the exact path when
+        max |x| is over 1e18 or under 1e-18 (float32 squares overflow or lose their digits there)."""
         if summary is None:
             return False  # NaN or ±inf somewhere
         lo, hi, s1, s2, zeros = summary  # s2: the same bits as tensor_norm's chunk_sum_sq
         amax = max(-lo, hi)
-        if amax > 1e18 or (0.0 < amax < 1e-18):
-            return False  # float32 squares would overflow or underflow: exact path
-        self.sumsq.parts.append((1.0, s2))
+        if amax > 1e18 or (0.0 < amax < 1e-18):  # float32 squares would overflow or underflow: exact path
+            with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                self._generic_chunk(chunk(), np, sumsq=False)
+            self._add_sum_sq(s2, lo, hi, chunk)
+            return True
+        self._add_sum_sq(s2, lo, hi, chunk)
         self.zeros += zeros
         self.lo, self.hi, self.amax = min(self.lo, lo), max(self.hi, hi), max(self.amax, amax)
         mean = s1 / n
@@ -271,6 +278,14 @@ class StatsAccumulator:
         if self.p == 1.0:
             self.l1.append(float(np.abs(chunk()).sum(dtype=np.float64)))
         return True
+
+    def _add_sum_sq(self, s2: float, lo: float, hi: float, chunk: Callable[[], np.ndarray]) -> None:
+        """A finite float32 chunk's part of the norm, as ``NormAccumulator.update`` takes it (see
+        :meth:`_accept`)."""
+        if s2 > 1e-25 or lo == hi == 0.0:
+            self.sumsq.parts.append((1.0, s2))
+        else:
+            self.sumsq._exact(chunk(), np)
 
     def _numpy_float64(self, c: np.ndarray) -> bool:
         lo, hi = float(c.min()), float(c.max())
@@ -292,7 +307,8 @@ class StatsAccumulator:
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             self._generic_chunk(c, xp)
 
-    def _generic_chunk(self, c: Any, xp: ModuleType) -> None:
+    def _generic_chunk(self, c: Any, xp: ModuleType, sumsq: bool = True) -> None:
+        """(``sumsq`` False: the chunk's part of the norm is the caller's to add.)"""
         self.moduli |= is_complex_dtype(c.dtype, xp)
         c64 = as_float64(c, xp)  # complex: the moduli, NaN where a part is NaN
         isnan = xp.isnan(c64)
@@ -313,7 +329,8 @@ class StatsAccumulator:
             self.hi = max(self.hi, float(xp.max(xp.where(finite, c64, xp.full_like(c64, -math.inf)))))
             amax = float(xp.max(xp.abs(fin)))
             self.amax = max(self.amax, amax)
-            self.sumsq._exact(fin, xp)
+            if sumsq:
+                self.sumsq._exact(fin, xp)
             self.moments = _combine(self.moments, chunk_moments(fin, count, amax, xp, finite))
             if self.p == 1.0:
                 self.l1.append(float(xp.sum(xp.abs(fin))))
