@@ -281,8 +281,8 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
                 logical = None
                 if shared is not None and info.name in shared.tensor_norms:
                     logical = (shared.tensor_norms[info.name], shared.tensor_sizes[info.name])
-                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical, out_buffer,
-                                    ahead)
+                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical,
+                                    out_buffer, ahead)
             elif layout and (by_slice := _clip_slices(reader, writer, info, spec, norms_before, layout)):
                 tc = by_slice
             elif shared is not None:
@@ -345,17 +345,14 @@ def _refusal(reader: DumpReader, bad: list[str]) -> NonFiniteError:
 def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite: str, xp: ModuleType | None,
                        on_tensor: Callable[[int], None] | None) -> dict[str, float]:
     """The L2 norms of pass 1 for the float32 and float16 tensors, on two cores, from the statistics path
-    (the same per-chunk kernel sums, taken by the same rule, so the same bits as :func:`_norm_of`: until
-    the forty-first session the statistics path sent a chunk to float64 by its max |x|, and the last bits
-    at the ends of float32's range differed); in a dump too small for two
-    cores, those of its small tensors many to a kernel call, as ``stats`` takes them
-    (:func:`small_tensor_batches`: a dump of 20,000 tensors of 64 elements was read a tensor at a time,
-    ~25 us each). Missing where that path does not apply (the caller streams those tensors): other norms,
-    other dtypes (float64: the statistics path sums its squares by ``np.dot``, the serial pass by a sum of
-    products, other last bits; bfloat16 not measured yet), the "zero" policy (zeroing
-    comes first), device backends, tensors whose summary does not decide (NaN/inf). Float16 went one
-    tensor at a time until the forty-first session: the float16 GPT-2 set's pass 1 0.051 -> 0.025 s from
-    the second dump of a process on (the first starts the threads: about even), peak RSS 39 -> 35 MB."""
+    (the same per-chunk kernel sums, sent to float64 by the same rule, so the same bits as
+    :func:`_norm_of`); in a dump too small for two cores, those of its small tensors many to a kernel
+    call, as ``stats`` takes them (:func:`small_tensor_batches`: a dump of 20,000 tensors of 64 elements
+    was read a tensor at a time, ~25 us each). The float16 GPT-2 set's pass 0.051 -> 0.025 s from a
+    process's second dump on (the first starts the threads). Missing where that path does not apply (the
+    caller streams those tensors): other norms, other dtypes (float64: the statistics path sums its
+    squares by ``np.dot``, the serial pass by a sum of products; bfloat16 not measured), the "zero"
+    policy (zeroing comes first), device backends, tensors whose summary does not decide (NaN/inf)."""
     if xp is not None or p != 2.0 or nonfinite == "zero":
         return {}
     from .summarize import batch_stats, small_tensor_batches, stats_in_parallel
@@ -450,7 +447,8 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
                     return n_changed, part, nonfinite
 
                 phase = buffer_phase(reads=[location[1]], writes=[] if where is None else [where])
-                changed += yield from _changed_ahead(reader, info, location, phase, clipped, acc, ahead, policy)
+                changed += yield from _changed_ahead(reader, info, location, phase, clipped, acc, ahead,
+                                                     policy)
                 return
         # the output buffer, placed in a page where the write out of it runs at full speed (buffer_phase:
         # up to 2.1x faster)
@@ -802,9 +800,12 @@ def _write_or_drain(writer: DumpWriter | None, info: TensorInfo, chunks: Iterato
 # 0.9 s at 2^18 elements a call, ~0.15 s at 2^13 (measured on 20,000 rows of 768: 108 against 19 ms)
 NORM_ROWS_ELEMENTS = 1 << 13
 NORM_ROWS_WIDENED = 1 << 15  # (_column_norms, into a reused buffer: 256 KiB)
+
+
 def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,
                      scale: float, fused: Callable[..., tuple[float, int]], acc: NormAccumulator,
-                     buffer: PhasedBuffer | None, ahead: WorkAhead | None = None) -> Generator[np.ndarray, None, int]:
+                     buffer: PhasedBuffer | None,
+                     ahead: WorkAhead | None = None) -> Generator[np.ndarray, None, int]:
     """A float32 (or float16/bfloat16) tensor at ``location`` (descriptor, byte offset) of the input, scaled
     for the writer, which puts it at byte ``where`` of the output: each chunk read with ``pread`` into a
     buffer (placed for both offsets, see :func:`buffer_phase`), scaled and measured there by the compiled

@@ -715,7 +715,8 @@ def copy_range(source: tuple[int, int], dest_fd: int, dest_offset: int, nbytes: 
     # the buffers in a page where neither the read into them nor the write out of them is slow
     phase = buffer_phase(reads=[offset + done], writes=[dest_offset + done])
     if nbytes - done > COPY_CHUNK:  # the next chunks read on a worker thread while one is written
-        chunks: Iterator[tuple[np.ndarray, Any]] = _copy_ahead().chunks(fill, nbytes - done, COPY_CHUNK, phase)
+        chunks: Iterator[tuple[np.ndarray, Any]] = _copy_ahead().chunks(fill, nbytes - done, COPY_CHUNK,
+                                                                         phase)
     else:
         buf = PhasedBuffer().get(nbytes - done, phase)
         fill(memoryview(buf), 0)
