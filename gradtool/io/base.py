@@ -93,6 +93,17 @@ def pread_at(fd: int, offset: int) -> Callable[[memoryview, int], int]:
     return lambda view, pos: os.preadv(fd, [view], offset + pos)
 
 
+def fill_view(view: memoryview, read_into: Callable[[memoryview, int], int], what: str) -> None:
+    """Fill ``view`` by ``read_into(rest_of_view, position)`` calls, which return the bytes they read (0 at
+    a premature end: a truncated file, "WHAT is truncated")."""
+    pos = 0
+    while pos < len(view):
+        n = read_into(view[pos:], pos)
+        if not n or n < 0:
+            raise InputError(f"{what} is truncated")
+        pos += n
+
+
 def address(a: np.ndarray) -> int:
     """The address of an array's first byte (without importing ctypes, as ``a.ctypes.data`` does)."""
     return int(a.__array_interface__["data"][0])
@@ -378,14 +389,8 @@ class DumpReader:
             pass
 
     def _fill(self, view: memoryview, read_into: Any, info: TensorInfo) -> None:
-        """Fill ``view`` by ``read_into(rest_of_view, position)`` calls, which return the bytes they read
-        (0 at a premature end: a truncated file)."""
-        pos = 0
-        while pos < len(view):
-            n = read_into(view[pos:], pos)
-            if not n or n < 0:
-                raise InputError(f"{self.display_path}: tensor {info.name!r} is truncated")
-            pos += n
+        """:func:`fill_view` naming this file and the tensor when it ends early."""
+        fill_view(view, read_into, f"{self.display_path}: tensor {info.name!r}")
 
     def _read_at(self, fd: int, offset: int, info: TensorInfo, shape: tuple[int, ...]) -> np.ndarray:
         """A new array of ``shape`` filled by ``pread`` from ``offset`` of ``fd``, placed where that copy runs
@@ -705,12 +710,7 @@ def copy_range(source: tuple[int, int], dest_fd: int, dest_offset: int, nbytes: 
     first = done
 
     def fill(view: memoryview, at: int) -> None:
-        pos = 0
-        while pos < len(view):
-            n = os.preadv(fd, [view[pos:]], offset + first + at + pos)
-            if n == 0:
-                raise InputError(f"{what} is truncated")
-            pos += n
+        fill_view(view, pread_at(fd, offset + first + at), what)
 
     # the buffers in a page where neither the read into them nor the write out of them is slow
     phase = buffer_phase(reads=[offset + done], writes=[dest_offset + done])
