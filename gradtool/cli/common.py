@@ -75,10 +75,10 @@ def progress(total: int, description: str) -> Iterator[Callable[[int], None]]:
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .render import console
+    from .render import rich_console
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console(stderr=True), transient=True) as bar:
+                  console=rich_console(sys.stderr, None), transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n=1: bar.advance(task, n)
 
@@ -90,9 +90,9 @@ def status(description: str) -> Iterator[None]:
     if not sys.stderr.isatty():
         yield
         return
-    from .render import console
+    from .render import rich_console
 
-    with console(stderr=True).status(description, spinner="dots"):
+    with rich_console(sys.stderr, None).status(description, spinner="dots"):
         yield
 
 

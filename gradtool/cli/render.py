@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 FORMATS = ("table", "json", "jsonl", "csv", "tsv")
 SPARK = "▁▂▃▄▅▆▇█"
+NARROW_SYMBOLS = frozenset(SPARK + "•─┤τ")  # the non-ASCII characters gradtool draws: one cell each (tested)
 
 
 def strict(value: Any) -> Any:
@@ -330,21 +331,103 @@ def human(value: Any) -> str:
     return str(value)
 
 
+PIPED_WIDTH = 200  # the width of a table or a line written to a file or a pipe (rich's default 80 would fold it)
+
+
 def console(stderr: bool = False) -> Any:
+    """Where a command's table or lines go: stdout (or stderr). To a terminal (or one that rich is told
+    is a terminal: ``FORCE_COLOR``, ``TTY_COMPATIBLE=1``), rich's Console at the terminal's width; to a
+    file or a pipe, a :class:`PlainConsole` of :data:`PIPED_WIDTH` columns, which writes what rich would
+    without importing it."""
+    stream = sys.stderr if stderr else sys.stdout
+    if not stream.isatty() and not _terminal_by_environment():
+        return PlainConsole(stream, PIPED_WIDTH)
+    return rich_console(stream, None if stream.isatty() else PIPED_WIDTH)
+
+
+def rich_console(stream: TextIO, width: int | None) -> Any:
+    """rich's Console on ``stream`` with markup, highlighting and emoji codes off (user data prints as
+    itself), ``width`` columns (None: the terminal's)."""
     from rich.console import Console
 
-    stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 200
     return Console(file=stream, markup=False, highlight=False, emoji=False, width=width, soft_wrap=False)
+
+
+def _terminal_by_environment() -> bool:
+    """Whether rich would take a stream that is not a terminal for one, by its environment variables:
+    ``TTY_COMPATIBLE=1``, or ``FORCE_COLOR`` set and not empty (and ``TTY_COMPATIBLE`` not 0)."""
+    import os
+
+    compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if compatible in ("0", "1"):
+        return compatible == "1"
+    return os.environ.get("FORCE_COLOR", "") != ""
+
+
+class PlainConsole:
+    """rich's Console writing to a file or a pipe, for what gradtool prints there, without rich: plain
+    lines and table headings as they are (the ~15 ms of importing rich were 5 % of a 500 MB ``clip`` and
+    more of a small ``stats``). A line rich would lay out its own way (wider than ``width``, which rich
+    wraps; a tab, which it expands; a control or non-ASCII character, which it measures by cells) and
+    any rich object are left to rich's Console, made when first needed: the output is rich's either way
+    (property-tested)."""
+
+    is_terminal = False
+    color_system = None
+
+    def __init__(self, file: TextIO, width: int) -> None:
+        self.file, self.width = file, width
+        self._rich: Any = None
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        """rich's ``Console.print``: an empty line for no objects, else rich's rendering of them."""
+        if not objects and not options:
+            self.file.write("\n")
+            return
+        self.rich().print(*objects, **options)
+
+    def print_text(self, text: str, style: str | None = None, soft_wrap: bool = False) -> None:
+        """``print(Text(text, style=style), soft_wrap=soft_wrap)``: plain text, unstyled off a terminal,
+        written as it is when rich would write it so."""
+        if _plain(text) and (soft_wrap or len(text) <= self.width):
+            self.file.write(text + "\n")
+            return
+        from rich.text import Text
+
+        self.rich().print(Text(text, style=style), soft_wrap=soft_wrap)
+
+    def rich(self) -> Any:
+        """rich's Console on the same file and width."""
+        if self._rich is None:
+            self._rich = rich_console(self.file, self.width)
+        return self._rich
+
+
+def _plain(text: str) -> bool:
+    """Whether ``text`` is one cell a character and nothing rich lays out its own way: printable ASCII
+    (no tab) and the symbols of gradtool's charts."""
+    return (text.isascii() and text.isprintable()) or all(c in NARROW_SYMBOLS or " " <= c <= "~" for c in text)
 
 
 def console_like(out: Any, file: TextIO) -> Any:
     """A console that writes to ``file`` what ``out`` (a :func:`console`) would print: the same width,
     colours and terminal styles."""
+    if isinstance(out, PlainConsole):
+        return PlainConsole(file, out.width)
     from rich.console import Console
 
     return Console(file=file, markup=False, highlight=False, emoji=False, width=out.width, soft_wrap=False,
                    force_terminal=out.is_terminal, color_system=out.color_system)
+
+
+def _print_text(out: Any, text: str, style: str | None = None, soft_wrap: bool = False) -> None:
+    """``text`` (in ``style``) on ``out``, a rich Console or a :class:`PlainConsole`."""
+    if isinstance(out, PlainConsole):
+        out.print_text(text, style, soft_wrap)
+        return
+    from rich.text import Text
+
+    out.print(Text(text, style=style), soft_wrap=soft_wrap)
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,
@@ -360,21 +443,21 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     (``less -S`` chops them), where rich would fold every cell into its share of the width, numbers
     broken across lines ("float3" over "2"), at 3 s for 592 rows on 80 columns. A cell holding a control
     or zero-width character leaves the whole table to rich."""
-    from rich.text import Text
-
     out = out or console()
     if title:
-        out.print(Text(title, style="bold"))
+        _print_text(out, title, "bold")
     cells = [[human(v) for v in r] for r in rows]
     justify = ["right" if c in right else "left" for c in columns]
     widths = _natural_widths(columns, cells)
     if widths is None:
         out.print(_rich_table(columns, justify, cells))
         return
-    if sum(widths) + 2 * len(widths) - 2 <= out.width:
-        out.print(_rich_table(columns, justify, [], widths))
+    if sum(widths) + 2 * len(widths) - 2 > out.width:
+        _print_text(out, _padded_row(columns, widths, justify)[:-1], "bold", soft_wrap=True)
+    elif isinstance(out, PlainConsole):
+        out.file.write(_padded_row(columns, widths, justify))  # rich's heading of these widths (tested)
     else:
-        out.print(Text(_padded_row(columns, widths, justify)[:-1], style="bold"), soft_wrap=True)
+        out.print(_rich_table(columns, justify, [], widths))
     if cells:
         out.file.write("".join(_padded_row(r, widths, justify) for r in cells))
 
@@ -400,43 +483,52 @@ def _natural_widths(columns: Sequence[str], cells: list[list[str]]) -> list[int]
     """Each column's width in terminal cells (its widest cell or heading); None when a cell or a heading
     holds a control character, or a character of no width (combining, zero-width: rich crops the cell's
     trailing whitespace by its count of characters, not of cells): rich draws those its own way."""
-    from rich.cells import cell_len
-
-    widths = [cell_len(c) for c in columns]
-    if any(n < len(c) or _CONTROL.search(c) for n, c in zip(widths, columns)):
-        return None
+    widths = []
+    for c in columns:
+        n = _cells(c)
+        if n is None:
+            return None
+        widths.append(n)
     for r in cells:
         for i, v in enumerate(r):
-            if v.isascii() and v.isprintable():  # a cell a character (numbers, names): no rich call (20,000
-                n = len(v)  # rows of a clip report: 0.16 -> 0.03 s)
-            else:
-                n = cell_len(v)
-                if n < len(v) or _CONTROL.search(v):
-                    return None
+            n = _cells(v)
+            if n is None:
+                return None
             if n > widths[i]:
                 widths[i] = n
     return widths
+
+
+def _cells(text: str) -> int | None:
+    """``text``'s width in terminal cells; None when it holds a control or zero-width character."""
+    n = _cell_len(text)
+    return None if n < len(text) or _CONTROL.search(text) else n
+
+
+def _cell_len(text: str) -> int:
+    """``text``'s width in terminal cells, as rich counts them."""
+    if text.isascii() and text.isprintable():  # a cell a character (numbers, names): no rich call (20,000
+        return len(text)  # rows of a clip report: 0.16 -> 0.03 s)
+    from rich.cells import cell_len
+
+    return cell_len(text)
 
 
 def _padded_row(row: Sequence[str], widths: Sequence[int], justify: Sequence[str]) -> str:
     """One table line as rich draws it: each cell padded to its column's width, left justified as it is,
     right justified without its trailing whitespace (rich's Lines.justify strips it), columns two spaces
     apart, none at the edges (pad_edge=False), the line's trailing spaces kept."""
-    from rich.cells import cell_len
-
     parts = []
     for v, w, j in zip(row, widths, justify):
         if j == "right":
             v = v.rstrip()
-        n = len(v) if v.isascii() and v.isprintable() else cell_len(v)  # (see _natural_widths)
+        n = _cell_len(v)
         parts.append(" " * (w - n) + v if j == "right" else v + " " * (w - n))
     return "  ".join(parts) + "\n"
 
 
 def print_line(text: str, out: Any = None) -> None:
-    from rich.text import Text
-
-    (out or console()).print(Text(text))
+    _print_text(out or console(), text)
 
 
 def sparkline(values: Sequence[float], *, width: int = 80, log: bool = True) -> str:

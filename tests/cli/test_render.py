@@ -128,7 +128,7 @@ def test_a_table_is_padded_here_whatever_its_width(monkeypatch):
 
 
 @pytest.mark.parametrize("rows,right", [([["\xa0", ""]], ["0"]), ([["", "0\u0300\u2000"]], []),
-                                        ([["a ", "b\u3000"]], ["0", "00"])])
+                                        ([["a ", "b\u3000"]], ["0", "00"]), ([["0\u200b\u3000", ""]], ["0"])])
 def test_trailing_whitespace_and_zero_width_characters_as_rich_draws_them(rows, right):
     """Found by the property test: rich strips a right-justified cell's trailing whitespace, and crops a
     cell's by its count of characters (so where a combining character makes that exceed the width)."""
@@ -147,3 +147,104 @@ def test_a_heading_with_a_control_or_zero_width_character_is_drawn_by_rich(headi
     render.print_table(None, [heading], [[""]], right=[heading] if right else [], out=fast)
     _rich_reference(None, [heading], [[""]], [heading] if right else [], reference)
     assert fast.file.getvalue() == reference.file.getvalue()
+
+
+# Off a terminal, PlainConsole writes what rich's Console would, without importing rich.
+_line_text = st.one_of(
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12),
+    st.text(st.sampled_from(" a~\t\x1b\x7f\u3000\u0301" + "".join(sorted(render.NARROW_SYMBOLS))), max_size=30),
+    st.integers(0, 260).map(lambda n: ("ab c" * 70)[:n]))  # around the width: rich wraps past it
+
+
+def _plain_and_rich(width):
+    import io
+
+    return render.PlainConsole(io.StringIO(), width), _console(width, False)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(text=_line_text, width=st.sampled_from([8, 80, 200]), soft_wrap=st.booleans(),
+       style=st.sampled_from([None, "bold"]))
+def test_plain_console_prints_a_line_as_rich_does(text, width, soft_wrap, style):
+    """Any line (wider than the console, tabs, control, wide and combining characters, the charts'
+    symbols), wrapped or not, styled or not: PlainConsole's output is rich's non-terminal output."""
+    from rich.text import Text
+
+    plain, rich = _plain_and_rich(width)
+    render._print_text(plain, text, style, soft_wrap)
+    rich.print(Text(text, style=style), soft_wrap=soft_wrap)
+    assert plain.file.getvalue() == rich.file.getvalue()
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.data(), ncols=st.integers(1, 4), nrows=st.integers(0, 4), width=st.sampled_from([20, 200]),
+       title=st.sampled_from([None, "a title", "a\ttitle", "τ•"]))
+def test_plain_console_prints_a_table_as_rich_does(data, ncols, nrows, width, title):
+    """print_table on a PlainConsole gives rich's non-terminal console's text, whatever the cells (the
+    heading written here when it fits, by rich when a cell holds what only rich lays out)."""
+    heading = st.one_of(st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=6),
+                        st.text(st.sampled_from("a •─┤τ\t"), min_size=1, max_size=6))
+    columns = data.draw(st.lists(heading, min_size=ncols, max_size=ncols, unique=True))
+    rows = data.draw(st.lists(st.lists(_table_values, min_size=ncols, max_size=ncols), min_size=nrows,
+                              max_size=nrows))
+    right = data.draw(st.lists(st.sampled_from(columns), max_size=ncols))
+    plain, rich = _plain_and_rich(width)
+    render.print_table(title, columns, rows, right=right, out=plain)
+    render.print_table(title, columns, rows, right=right, out=rich)
+    assert plain.file.getvalue() == rich.file.getvalue()
+
+
+def test_plain_console_empty_line_and_rich_objects():
+    from rich.table import Table
+
+    plain, rich = _plain_and_rich(80)
+    for out in (plain, rich):
+        out.print()
+        out.print(end="")
+        table = Table("a", "b")
+        table.add_row("1", "2")
+        out.print(table)
+    assert plain.file.getvalue() == rich.file.getvalue()
+    assert plain.file.getvalue().startswith("\n")
+    copy = render.console_like(plain, plain.file)
+    assert isinstance(copy, render.PlainConsole) and copy.width == 80
+
+
+def test_the_charts_symbols_are_one_cell_each_for_rich():
+    from rich.cells import cell_len
+
+    assert {c: cell_len(c) for c in render.NARROW_SYMBOLS} == {c: 1 for c in render.NARROW_SYMBOLS}
+
+
+class _Stream:
+    def __init__(self, tty):
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("tty,env,plain", [
+    (False, {}, True), (True, {}, False), (False, {"FORCE_COLOR": "1"}, False), (False, {"FORCE_COLOR": ""}, True),
+    (False, {"TTY_COMPATIBLE": "1"}, False), (False, {"TTY_COMPATIBLE": "0", "FORCE_COLOR": "1"}, True),
+    (False, {"TTY_COMPATIBLE": "x", "FORCE_COLOR": "1"}, False)])
+def test_console_is_plain_exactly_where_rich_would_not_see_a_terminal(monkeypatch, tty, env, plain):
+    """rich's own rule (its Console.is_terminal): TTY_COMPATIBLE 0 or 1 decides, else FORCE_COLOR set and
+    not empty, else the stream's isatty."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    stream = _Stream(tty)
+    monkeypatch.setattr("sys.stdout", stream)
+    out = render.console()
+    assert isinstance(out, render.PlainConsole) == plain
+    if not tty:
+        assert out.width == render.PIPED_WIDTH
+        assert out.is_terminal == render.rich_console(stream, render.PIPED_WIDTH).is_terminal
