@@ -171,9 +171,19 @@ def main(argv: list[str] | None = None) -> None:
     thresholds = gc.get_threshold()
     gc.set_threshold(max(thresholds[0], GC_FIRST_GENERATION), *thresholds[1:])
     reader_left = False
+    stdout, stderr = sys.stdout, sys.stderr
     try:
         cli.main(args=argv, prog_name="gradtool", standalone_mode=False)
         code = 0
+    except SystemExit:
+        if sys.stdout is stdout:  # (shell completion's exit, say: as it is)
+            raise
+        # click's own, standalone or not, after a write met EPIPE: sys.exit(1) with stdout and stderr wrapped
+        # to ignore EPIPE on flush, not on their close at exit ("Exception ignored ... BrokenPipeError" on
+        # Python 3.13 under PYTHONUNBUFFERED=1, every time)
+        sys.stdout, sys.stderr = stdout, stderr
+        code = ExitCode.INPUT
+        reader_left = True
     except GradtoolError as exc:
         _error(exc.message)
         code = int(exc.exit_code)
@@ -200,8 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         reader_left = True
     if reader_left:
         # `gradtool stats x.npz | head -1`: whatever a stream still holds for the pipe goes nowhere, so that
-        # the flushes at exit print no "Exception ignored ... BrokenPipeError" (seen on Python 3.13 once in
-        # ~50 runs where this redirect followed only a failed flush here)
+        # the flushes at exit print no "Exception ignored ... BrokenPipeError"
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except (OSError, ValueError):  # (a stdout with no descriptor: main called in-process)
