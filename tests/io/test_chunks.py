@@ -754,6 +754,21 @@ def test_float16_norms_of_the_parallel_pass_have_the_serial_bits(tmp_path_factor
     """clip's first pass takes float16 tensors' norms by the statistics path on two cores (and small ones
     many to a kernel call): the bits of the serial chunk-by-chunk pass, subnormals, overflow to inf, zeros
     and NaN included (float16's range has no chunk the two send to float64 by different rules)."""
+    _check_parallel_pass_bits(tmp_path_factory, np.float16, sizes, scale, special, seed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.sampled_from([1, 7, 4096, 262_144, 262_145, 600_000]), min_size=1, max_size=5),
+       scale=st.sampled_from([1e-38, 1e-20, 1e-13, 1e-4, 1.0, 3e4, 1e18, 1e20, 1e36]),
+       special=st.sampled_from([None, 0.0, np.nan, np.inf, 1e-40, 3e38]), seed=st.integers(0, 2**32 - 1))
+def test_bfloat16_norms_of_the_parallel_pass_have_the_serial_bits(tmp_path_factory, sizes, scale, special, seed):
+    """As float16's, across bfloat16's range, float32's: chunks whose squares overflow float32 or whose
+    sum is tiny (sent to float64 by NormAccumulator's rule on both paths), subnormals, NaN, inf."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    _check_parallel_pass_bits(tmp_path_factory, ml_dtypes.bfloat16, sizes, scale, special, seed)
+
+
+def _check_parallel_pass_bits(tmp_path_factory, dtype, sizes, scale, special, seed):
     import struct
 
     import gradtool.clip_dump as clip_module
@@ -763,7 +778,7 @@ def test_float16_norms_of_the_parallel_pass_have_the_serial_bits(tmp_path_factor
     tensors = {}
     for k, n in enumerate(sizes):
         with np.errstate(over="ignore"):
-            a = (rng.standard_normal(n) * scale).astype(np.float16)
+            a = (rng.standard_normal(n) * scale).astype(dtype)
         if special is not None:
             a[rng.integers(0, n)] = special
         tensors[f"t{k}"] = a
