@@ -197,6 +197,39 @@ def test_start_up_imports_stay_lazy(tmp_path):
     assert not stats_modules & heavy, stats_modules & heavy
 
 
+@pytest.mark.parametrize("env,expected", [({}, "1"), ({"OPENBLAS_NUM_THREADS": "2"}, "2"),
+                                          ({"OMP_NUM_THREADS": "2"}, None), ({"OPENBLAS_NUM_THREADS": ""}, "1")])
+def test_the_command_line_asks_openblas_for_no_threads_of_its_own(tmp_path, env, expected):
+    """OpenBLAS's threads, started at NumPy's import, spun through a run's first ~0.1 s and took a core
+    from gradtool's own two (clip of 500 MB 0.264 -> 0.234 s): the command line sets
+    OPENBLAS_NUM_THREADS=1 before NumPy is imported, unless the user chose a number (OpenBLAS's variables:
+    OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS). Then NumPy's import starts no thread (Linux:
+    the process's threads counted)."""
+    from gradtool import save_dump
+
+    path = str(tmp_path / "d.safetensors")
+    save_dump(path, {"w": np.ones(10, np.float32)})
+    probe = ("import io, os, sys, contextlib\n"
+             "from gradtool.cli.main import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    try:\n"
+             "        main(sys.argv[1:])\n"
+             "    except SystemExit as e:\n"
+             "        assert e.code in (0, None), e.code\n"
+             "assert 'numpy' in sys.modules\n"
+             "tasks = len(os.listdir('/proc/self/task')) if os.path.isdir('/proc/self/task') else 1\n"
+             "print(os.environ.get('OPENBLAS_NUM_THREADS'), tasks)\n")
+    environ = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                                                                  "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", probe, "stats", path, "--format", "json"], capture_output=True,
+                         text=True, timeout=120, env={**environ, **env})
+    assert out.returncode == 0, out.stderr
+    value, tasks = out.stdout.split()
+    assert (None if value == "None" else value) == expected
+    if expected == "1":
+        assert tasks == "1"  # (the stats of a tiny dump start no thread of gradtool's either)
+
+
 def test_tables_off_a_terminal_need_no_rich(tmp_path):
     """A table written to a file or a pipe is plain text, written without importing rich (its ~15 ms were
     5 % of a 500 MB clip); told by FORCE_COLOR that the pipe is a terminal, rich draws it (bold, colour)."""
