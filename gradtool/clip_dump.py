@@ -134,6 +134,8 @@ def _changed(before: Any, after: Any, xp: ModuleType, may_nan: bool = True) -> i
         diff = before != after
         if may_nan:
             diff = diff & ~(xp.isnan(before) & xp.isnan(after))
+    if type(diff) is np.ndarray:  # (no int64 copy of the mask)
+        return int(np.count_nonzero(diff))
     return int(xp.sum(xp.astype(diff, xp.int64)))
 
 

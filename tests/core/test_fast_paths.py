@@ -93,3 +93,60 @@ def test_float64_mean_and_std_over_the_whole_range(segments, chunk, split, nonfi
             continue
         assert abs(s.mean - mean) <= 1e-12 * amax + 1e-323, (s.mean, mean)
         assert abs(s.std - std) <= 1e-9 * std + 1e-12 * amax + 1e-323, (s.std, std)
+
+
+def _float64_parts_as_before(c):
+    """NormAccumulator's float64 chunk as it was taken before its fast path: a float64 copy, |c|, its max,
+    and NumPy's sum of c·c (of c/m, scaled, outside 1e-150..1e150)."""
+    a = np.abs(c.astype(np.float64))
+    m = float(np.max(a))
+    if math.isnan(m) or math.isinf(m) or not m > 0:
+        return m, []
+    if 1e-150 < m < 1e150:
+        return m, [(1.0, float(np.sum(c * c)))]
+    scaled = c / m
+    return m, [(m, float(np.sum(scaled * scaled)))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.sampled_from([1, 5, 4095, 4096, 100_003, 1 << 18]),
+       scale=st.sampled_from([1e-310, 1e-200, 1e-151, 1e-30, 1.0, 1e30, 1e149, 1e151, 1e300]),
+       special=st.sampled_from([None, 0.0, -0.0, np.nan, np.inf, -np.inf, 5e-324, 1.7e308]),
+       zeros=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_float64_chunks_have_the_bits_of_the_copying_path(n, scale, special, zeros, seed):
+    """NormAccumulator takes a float64 chunk's max |x| from its max and min and its Σx² over c·c in a
+    reused buffer: the same parts, extremes and flags as the copies it made before (subnormals, the
+    scaled range's edges, ±0, NaN, ±inf, all zeros; a chunk after a longer one reuses its buffer)."""
+    rng = np.random.default_rng(seed)
+    c = np.zeros(n) if zeros else rng.standard_normal(n) * scale
+    if special is not None:
+        c[rng.integers(0, n)] = special
+    acc = NormAccumulator(2)
+    acc.update(rng.standard_normal(2 * n + 1))  # a longer chunk first: the buffer is reused, not fresh
+    before, amax = list(acc.parts), acc.amax
+    acc.update(c)
+    m, parts = _float64_parts_as_before(c)
+    assert (acc.nan, acc.inf) == (math.isnan(m), math.isinf(m))
+    if math.isfinite(m):
+        assert acc.parts == before + parts and acc.amax == max(amax, m)
+    assert c.dtype == np.float64  # (the input is left as it was: its own max, not the buffer's)
+    assert float(np.max(np.abs(c))) == m or math.isnan(m)
+    alone = NormAccumulator(2)
+    alone.update(c)
+    expected = math.nan if math.isnan(m) else math.inf if math.isinf(m) else _result_of(parts)
+    assert alone.result() == expected or (math.isnan(expected) and math.isnan(alone.result()))
+    if math.isfinite(m) and m > 0:  # against an independent float64 reference
+        assert math.isclose(alone.result(), ref_l2(c), rel_tol=1e-12)
+
+
+def test_an_empty_float64_chunk_adds_nothing():
+    acc = NormAccumulator(2)
+    acc.update(np.zeros(0))
+    assert (acc.parts, acc.amax, acc.nan, acc.inf, acc.result()) == ([], 0.0, False, False, 0.0)
+
+
+def _result_of(parts):
+    """The norm NormAccumulator.result gives for one chunk's parts taken as before."""
+    acc = NormAccumulator(2)
+    acc.parts = list(parts)
+    return acc.result()
