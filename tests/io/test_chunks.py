@@ -768,7 +768,23 @@ def test_bfloat16_norms_of_the_parallel_pass_have_the_serial_bits(tmp_path_facto
     _check_parallel_pass_bits(tmp_path_factory, ml_dtypes.bfloat16, sizes, scale, special, seed)
 
 
-def _check_parallel_pass_bits(tmp_path_factory, dtype, sizes, scale, special, seed):
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.sampled_from([1, 7, 4096, 262_144, 262_145, 600_000]), min_size=1, max_size=5),
+       scale=st.sampled_from([1e-310, 1e-160, 1e-20, 1.0, 1e20, 1e160, 1e300]),
+       special=st.sampled_from([None, 0.0, np.nan, np.inf, 5e-324, 1.7e308]), seed=st.integers(0, 2**32 - 1),
+       ext=st.sampled_from(["safetensors", "npz", "h5"]))
+def test_float64_norms_of_the_parallel_pass_have_the_serial_bits(tmp_path_factory, sizes, scale, special, seed,
+                                                                ext):
+    """float64 tensors' norms taken on two cores, a piece of one chunk a task (so a tensor of several chunks
+    is several tasks, merged): the serial pass's bits, in safetensors, npz (np.savez's members lie at
+    unaligned offsets: read with pread) and HDF5, across float64's range (the scaled sums of chunks whose
+    max |x| is outside 1e-150..1e150), NaN, inf."""
+    _check_parallel_pass_bits(tmp_path_factory, np.float64, sizes, scale, special, seed, ext=ext,
+                              float64_piece_chunks=1)
+
+
+def _check_parallel_pass_bits(tmp_path_factory, dtype, sizes, scale, special, seed, ext="safetensors",
+                              float64_piece_chunks=None):
     import struct
 
     import gradtool.clip_dump as clip_module
@@ -782,16 +798,21 @@ def _check_parallel_pass_bits(tmp_path_factory, dtype, sizes, scale, special, se
         if special is not None:
             a[rng.integers(0, n)] = special
         tensors[f"t{k}"] = a
-    src = str(tmp_path_factory.mktemp("f16") / "in.safetensors")
-    save_dump(src, tensors)
+    src = str(tmp_path_factory.mktemp("f16") / f"in.{ext}")
+    if ext == "npz":
+        np.savez(src, **tensors)
+    else:
+        save_dump(src, tensors)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(summarize, "PARALLEL_MIN_BYTES", 0 if seed % 2 else 1 << 40)  # two cores, or small batches
         mp.setattr(summarize, "PIECE_BYTES", 1 << 19)
+        if float64_piece_chunks is not None:
+            mp.setattr(clip_module, "FLOAT64_PIECE_CHUNKS", float64_piece_chunks)
         with open_dump(src) as r:
             fast = clip_module._norms_in_parallel(r, list(tensors), 2.0, "propagate", None, None)
             serial = {i.name: clip_module._norm_of(r, i, 2.0, "propagate", None) for i in r.tensors}
     if seed % 2 and (os.cpu_count() or 1) >= 2:
-        assert set(fast) == set(tensors)  # every float16 tensor went that way
+        assert set(fast) == set(tensors)  # every tensor went that way
     for name, norm in fast.items():
         assert struct.pack("<d", norm) == struct.pack("<d", serial[name]) or (np.isnan(norm) and np.isnan(serial[name]))
 
