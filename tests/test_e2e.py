@@ -159,25 +159,31 @@ def test_sample_data_is_what_the_script_documents():
     assert sizes < 8 * 1024 * 1024
 
 
-def _modules_after(args: list[str], cwd: str, env: dict[str, str] | None = None) -> set[str]:
-    """The modules a fresh interpreter has imported after running ``gradtool ARGS`` (the entry point's
-    own code path; its output, not a terminal, is discarded), with ``env`` added to the environment
-    and rich's FORCE_COLOR and TTY_COMPATIBLE taken out of it."""
-    import os
-
-    environ = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
-    probe = ("import io, sys, contextlib\n"
+def _after_command(args: list[str], cwd: str, report: str, env: dict[str, str] | None = None,
+                   unset: tuple[str, ...] = ()) -> str:
+    """What ``report`` (a Python expression) says in a fresh interpreter after it ran ``gradtool ARGS``
+    successfully (the entry point's own code path; its output, not a terminal, is discarded), with the
+    variables ``unset`` taken out of the environment and ``env`` added to it."""
+    environ = {k: v for k, v in os.environ.items() if k not in unset}
+    probe = ("import io, os, sys, contextlib\n"
              "from gradtool.cli.main import main\n"
              "with contextlib.redirect_stdout(io.StringIO()):\n"
              "    try:\n"
              "        main(sys.argv[1:])\n"
              "    except SystemExit as e:\n"
              "        assert e.code in (0, None), e.code\n"
-             "sys.__stdout__.write(' '.join(sorted(sys.modules)))\n")
+             f"sys.__stdout__.write(str({report}))\n")
     out = subprocess.run([sys.executable, "-c", probe, *args], cwd=cwd, capture_output=True, text=True,
                          timeout=120, env={**environ, **(env or {})})
     assert out.returncode == 0, out.stderr
-    return set(out.stdout.split())
+    return out.stdout
+
+
+def _modules_after(args: list[str], cwd: str, env: dict[str, str] | None = None) -> set[str]:
+    """The modules imported after ``gradtool ARGS`` (:func:`_after_command`), rich's FORCE_COLOR and
+    TTY_COMPATIBLE taken out of the environment."""
+    report = "' '.join(sorted(sys.modules))"
+    return set(_after_command(args, cwd, report, env, ("FORCE_COLOR", "TTY_COMPATIBLE")).split())
 
 
 def test_start_up_imports_stay_lazy(tmp_path):
@@ -209,25 +215,17 @@ def test_the_command_line_asks_openblas_for_no_threads_of_its_own(tmp_path, env,
 
     path = str(tmp_path / "d.safetensors")
     save_dump(path, {"w": np.ones(10, np.float32)})
-    probe = ("import io, os, sys, contextlib\n"
-             "from gradtool.cli.main import main\n"
-             "with contextlib.redirect_stdout(io.StringIO()):\n"
-             "    try:\n"
-             "        main(sys.argv[1:])\n"
-             "    except SystemExit as e:\n"
-             "        assert e.code in (0, None), e.code\n"
-             "assert 'numpy' in sys.modules\n"
-             "tasks = len(os.listdir('/proc/self/task')) if os.path.isdir('/proc/self/task') else 1\n"
-             "print(os.environ.get('OPENBLAS_NUM_THREADS'), tasks)\n")
-    environ = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
-                                                                  "OMP_NUM_THREADS")}
-    out = subprocess.run([sys.executable, "-c", probe, "stats", path, "--format", "json"], capture_output=True,
-                         text=True, timeout=120, env={**environ, **env})
-    assert out.returncode == 0, out.stderr
-    value, tasks = out.stdout.split()
-    assert (None if value == "None" else value) == expected
+    report = ("(os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules, "
+              "len(os.listdir('/proc/self/task')) if os.path.isdir('/proc/self/task') else 1)")
+    got = _after_command(["stats", path, "--format", "json"], str(tmp_path), report, env,
+                         ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"))
+    import ast
+
+    value, numpy_imported, tasks = ast.literal_eval(got)
+    assert numpy_imported
+    assert value == expected
     if expected == "1":
-        assert tasks == "1"  # (the stats of a tiny dump start no thread of gradtool's either)
+        assert tasks == 1  # (the stats of a tiny dump start no thread of gradtool's either)
 
 
 def test_tables_off_a_terminal_need_no_rich(tmp_path):

@@ -149,13 +149,8 @@ class NormAccumulator:
             c64 = as_float64(c, xp)
             a = xp.abs(c64)
             m = float(xp.max(a))
-            if math.isnan(m):
-                self.nan = True
+            if not self._took_max(m):
                 return
-            if math.isinf(m):
-                self.inf = True
-                return
-            self.amax = max(self.amax, m)
             if self.p == 1.0:
                 self.l1.append(float(xp.sum(a)))
             elif self.p == 2.0 and m > 0:
@@ -164,6 +159,18 @@ class NormAccumulator:
                 else:
                     scaled = c64 / m
                     self.parts.append((m, float(xp.sum(scaled * scaled))))
+
+    def _took_max(self, m: float) -> bool:
+        """A chunk's max |x|: NaN or ±inf flagged (False: the chunk adds nothing more), else kept in the
+        running max (True)."""
+        if math.isnan(m):
+            self.nan = True
+            return False
+        if math.isinf(m):
+            self.inf = True
+            return False
+        self.amax = max(self.amax, m)
+        return True
 
     def _float64_sum_sq(self, c: np.ndarray) -> None:
         """:meth:`_exact` of a NumPy float64 chunk for the L2 norm, the same bits without its copies: max |c|
@@ -175,14 +182,7 @@ class NormAccumulator:
             return
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             m = max(float(c.max()), -float(c.min()))
-            if math.isnan(m):
-                self.nan = True
-                return
-            if math.isinf(m):
-                self.inf = True
-                return
-            self.amax = max(self.amax, m)
-            if not m > 0:
+            if not self._took_max(m) or not m > 0:
                 return
             if 1e-150 < m < 1e150:
                 self.parts.append((1.0, float(np.add.reduce(np.multiply(c, c, out=_float64_scratch(c.size))))))
