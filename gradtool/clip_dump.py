@@ -390,9 +390,11 @@ def _float64_norms_in_parallel(reader: DumpReader, names: list[str],
     import os
     import threading
 
-    from .core.norms import _pool
+    from .core.norms import _in_pool, _pool
     from .summarize import PARALLEL_MIN_BYTES
 
+    if _in_pool():  # (a task of the pool must not wait on it)
+        return {}
     tensors = []
     for info in map(reader.info, names):
         if info.dtype == np.float64 and not info.fortran and info.size:  # (native: ">f8" is not float64)

@@ -843,3 +843,21 @@ def test_float32_norms_of_the_parallel_pass_at_the_ends_of_the_range(tmp_path, m
         fast = clip_module._norms_in_parallel(r, ["a"], 2.0, "propagate", None, None)["a"]
         serial = clip_module._norm_of(r, r.info("a"), 2.0, "propagate", None)
     assert struct.pack("<d", fast) == struct.pack("<d", serial)
+
+
+def test_float64_norms_are_taken_serially_on_a_task_of_the_norm_pool(tmp_path, monkeypatch):
+    """A caller that is itself a task of the norm pool gets nothing from the parallel float64 pass (its
+    tensors are then streamed): waiting on the pool from inside it could deadlock."""
+    import gradtool.clip_dump as clip_module
+    import gradtool.summarize as summarize
+    from gradtool.core.norms import _pool
+
+    monkeypatch.setattr(summarize, "PARALLEL_MIN_BYTES", 0)
+    src = str(tmp_path / "in.safetensors")
+    save_dump(src, {"a": np.arange(600_000, dtype=np.float64)})
+    with open_dump(src) as r:
+        here = clip_module._float64_norms_in_parallel(r, ["a"], None)
+        inside = _pool().submit(clip_module._float64_norms_in_parallel, r, ["a"], None).result(timeout=60)
+    if (os.cpu_count() or 1) >= 2:
+        assert set(here) == {"a"}
+    assert inside == {}
