@@ -114,6 +114,7 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
             raise UsageError(f"{output} is a directory, and {stream_name(stream)} (a stream) has no file "
                              f"name to write into it: give -o {os.path.join(output, 'NAME.npz')}"
                              + (f" and clip {stream} on its own" if many else ""))
+        _check_directory_name(output, "a directory of dumps" if len(sources) == 1 else "more than one dump")
         makedirs(output)
         outs = {s: os.path.join(output, os.path.basename(s)) for s in sources}
         names = list(outs.values())
@@ -122,6 +123,21 @@ def _plan_outputs(sources: list[str], output: str | None, dry_run: bool, many: b
             raise UsageError(f"several inputs share the output name {sorted(dup)[0]}; clip them separately")
         return outs
     return {sources[0]: output}
+
+
+def _check_directory_name(output: str, what: str) -> None:
+    """A UsageError when ``output``, the directory the clipped dumps of ``what`` (the inputs, said in the
+    message) are written into, does not exist and is named as a dump file is (``-o clipped.h5``): a user
+    who wrote that wanted one file, and found a directory of that name (a directory that exists is written
+    into, whatever its name)."""
+    from ..errors import UsageError
+    from ..io.detect import format_from_extension
+
+    if not os.path.isdir(output) and format_from_extension(output) is not None:
+        stem = os.path.splitext(output)[0] or "clipped"
+        raise UsageError(f"{output}: {what} is written into a directory, one file per dump, and {output} is "
+                         f"named as a file: give a directory (-o {stem}{os.sep}), or make {output} first to "
+                         "write into a directory of that name")
 
 
 @click.command("clip", epilog=EXAMPLES, short_help="Apply value / norm / average-norm / global-norm clipping.")
@@ -394,6 +410,8 @@ def _clip_sharded(refs: list[Any], output: str | None, spec: Any, force: bool, d
         raise UsageError("give either sharded steps or one-file dumps, not both")
     if output == "-" or (output is None and not dry_run):
         raise UsageError("sharded steps are written to a directory: give -o DIR (or --dry-run)")
+    if output is not None and not dry_run:
+        _check_directory_name(output, "a sharded step" if len(refs) == 1 else "more than one sharded step")
     all_inputs = [s for r in refs for s in r.shards]
     plan = []
     for ref in refs:

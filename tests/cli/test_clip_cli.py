@@ -224,6 +224,34 @@ def test_several_inputs_into_a_directory(run, history, tmp_path):
     assert title.endswith(f"-> {tmp_path / 'again'}{os.sep}"), title
 
 
+def test_several_inputs_and_an_output_named_as_a_file(run, history, dump, tmp_path):
+    """-o clipped.h5 with several inputs made a directory named clipped.h5 (each dump a file in it): now a
+    usage error that writes nothing, unless that directory exists (then it is written into)."""
+    files = sorted(str(p) for p in (tmp_path / "hist").iterdir())
+    for args in ([history], files[:2], [str(tmp_path / "hist")]):
+        for name in ("clipped.h5", "clipped.NPZ", "clipped.safetensors"):
+            r = run("clip", *args, "-o", str(tmp_path / name), "--mode", "norm", "--max", "1")
+            assert r.exit_code == 2 and r.stdout == "", r.stderr
+            assert f"-o {tmp_path / 'clipped'}{os.sep}" in r.stderr and r.stderr.count("\n") == 1
+            assert not (tmp_path / name).exists()
+    r = run("clip", dump, "-o", str(tmp_path / "one.h5"), "--mode", "norm", "--max", "1")  # one input: a file
+    assert r.exit_code == 0 and (tmp_path / "one.h5").is_file()
+    made = tmp_path / "made.h5"
+    made.mkdir()
+    r = run("clip", history, "-o", str(made), "--mode", "norm", "--max", "1")
+    assert r.exit_code == 0 and sorted(os.listdir(made)) == sorted(os.listdir(history))
+    step = tmp_path / "sharded" / "step_00000003"
+    step.mkdir(parents=True)
+    for rank in (0, 1):
+        save_dump(str(step / f"rank{rank}.npz"), {"w": np.full(3, rank + 1.0)})
+    r = run("clip", str(step), "--sharded", "-o", str(tmp_path / "shards.npz"), "--mode", "global-norm", "--max", "1")
+    assert r.exit_code == 2 and "a sharded step is written into a directory" in r.stderr
+    assert not (tmp_path / "shards.npz").exists()
+    r = run("clip", str(step), "--sharded", "-o", str(tmp_path / "shards"), "--mode", "global-norm", "--max", "1")
+    assert r.exit_code == 0 and sorted(os.listdir(tmp_path / "shards" / "step_00000003")) == ["rank0.npz",
+                                                                                           "rank1.npz"]
+
+
 def test_multistep_h5_roundtrip(run, tmp_path):
     from gradtool import Recorder
 
