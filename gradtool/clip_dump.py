@@ -962,8 +962,8 @@ def _fused_clip_values(info: TensorInfo, lo: Any,
                        hi: Any) -> Callable[[np.ndarray, np.ndarray], tuple[int, int]] | None:
     """``(chunk, out) -> (elements changed, NaN and ±inf in chunk)``, ``clipping.clip_by_value(chunk, lo,
     hi)`` into ``out`` by the compiled ``clip_values`` in one pass (NumPy's comparisons, two ``where`` and
-    the checks took the GPT-2 set's ``clip --mode value`` 1.8 s, 2.9 s in float16), for a float32, float16
-    or bfloat16 tensor and the usual bounds (Python floats, neither NaN, lo <= hi: clip_by_value refuses the
+    the checks took the GPT-2 set's ``clip --mode value`` 1.8 s, 2.9 s in float16), for a float32, float64,
+    float16 or bfloat16 tensor and the usual bounds (Python floats, neither NaN, lo <= hi: clip_by_value refuses the
     others, and says why); the bounds rounded to the tensor's dtype as NumPy rounds them. None otherwise."""
     from .core import kernels
 
@@ -971,8 +971,9 @@ def _fused_clip_values(info: TensorInfo, lo: Any,
     if (kernel is None or type(lo) is not float or type(hi) is not float or math.isnan(lo) or math.isnan(hi)
             or lo > hi):
         return None
-    if info.dtype == np.float32:
-        return lambda chunk, out: kernel(chunk, lo, hi, out, -1)
+    if info.dtype == np.float32 or info.dtype == np.float64:
+        kind = -1 if info.dtype == np.float32 else -2
+        return lambda chunk, out: kernel(chunk, lo, hi, out, kind)
     kind = half_kind(info.dtype)
     if kind is None:
         return None

@@ -17,7 +17,7 @@ float16/bfloat16 (multiplied in float32, rounded once, as ``clipping.scale_tenso
 ``compiled_half_scale_slices(src_u16, scales_f32, out_u16, kind, by_row) -> #changed`` the same with a
 scale per column of rows of ``len(scales)`` elements, or per row (``by_row``) of ``len(src) / len(scales)``
 (negative: the slice kept, bits and all); ``compiled_clip_values(src, lo, hi, out, kind) -> (#changed,
-#non-finite)`` ``clipping.clip_by_value`` of float32 (kind -1) or float16/bfloat16 values in one pass. Each
+#non-finite)`` ``clipping.clip_by_value`` of float32 (kind -1), float64 (kind -2) or float16/bfloat16 values in one pass. Each
 is None
 when the extension was not built (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the
 callers in :mod:`.norms`, :mod:`.stats` and :mod:`gradtool.clip_dump` then use NumPy passes. They look it up here at call time, so tests can switch it off.

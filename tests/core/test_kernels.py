@@ -680,18 +680,23 @@ _bounds = st.sampled_from(_BOUNDS)
 
 @needs_kernel
 @settings(max_examples=200, deadline=None)
-@given(half_chunks(), st.booleans(), _bounds)
-def test_clip_values_equals_clip_by_value_and_its_counts(case, as_f32, bounds):
+@given(half_chunks(), st.sampled_from([None, np.float32, np.float64]), _bounds, st.integers(0, 2**32 - 1))
+def test_clip_values_equals_clip_by_value_and_its_counts(case, widened, bounds, seed):
     """clip_values gives ``clipping.clip_by_value``'s values bit for bit (the bounds rounded to the
     dtype as NumPy rounds them, NaN kept with its payload, ±inf clipped), the count ``_changed`` takes
-    (NaN to NaN unchanged) and the NaN and ±inf count the "error" policy looks for; float32, float16 and
-    bfloat16, bounds that round to zero, to each other, past float16's range."""
+    (NaN to NaN unchanged) and the NaN and ±inf count the "error" policy looks for; float32, float64,
+    float16 and bfloat16, bounds that round to zero, to each other, past float16's range (float64: the
+    half values, every other one with noise in its low bits, so that values fall between bounds float32
+    would merge)."""
     from gradtool.clip_dump import _fused_clip_values
     from gradtool.core.clipping import clip_by_value
     from gradtool.io.base import TensorInfo
 
     kind, a, _ = case
-    x = a.astype(np.float32) if as_f32 else a
+    x = a if widened is None else a.astype(widened)
+    if widened is np.float64:
+        x[1::2] *= 1 + np.random.default_rng(seed).uniform(-1e-12, 1e-12, x[1::2].shape)  # (the others:
+        # values equal to a bound stay there)
     lo, hi = (float(b) for b in bounds)
     with np.errstate(all="ignore"):
         want = clip_by_value(x, lo, hi, nonfinite="propagate", xp=np)
@@ -699,9 +704,9 @@ def test_clip_values_equals_clip_by_value_and_its_counts(case, as_f32, bounds):
     clip = _fused_clip_values(TensorInfo("t", x.shape, x.dtype), lo, hi)
     out = np.full_like(x, 7)
     got, odd = clip(x, out)
-    assert np.array_equal(out.view(np.uint32 if as_f32 else np.uint16), np.asarray(want).view(out.view(
-        np.uint32 if as_f32 else np.uint16).dtype))
-    assert got == changed and odd == int(np.count_nonzero(~np.isfinite(x.astype(np.float32))))
+    bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[x.itemsize]
+    assert np.array_equal(out.view(bits), np.asarray(want).view(bits))
+    assert got == changed and odd == int(np.count_nonzero(~np.isfinite(x)))
 
 
 @needs_kernel
@@ -730,7 +735,8 @@ def test_clip_values_of_every_half_value(kind, dtype, bounds):
 
 @needs_kernel
 def test_clip_values_declines_what_clip_by_value_refuses_or_does_not_take():
-    """NaN bounds, lo > hi, array bounds, other dtypes: no kernel (clip_by_value's path, and its error)."""
+    """NaN bounds, lo > hi, array bounds, other dtypes (big-endian floats too): no kernel (clip_by_value's
+    path, and its error); a buffer of another type than its kind says: a TypeError, nothing written."""
     from gradtool.clip_dump import _fused_clip_values
     from gradtool.io.base import TensorInfo
 
@@ -738,10 +744,16 @@ def test_clip_values_declines_what_clip_by_value_refuses_or_does_not_take():
     assert _fused_clip_values(f32, -1.0, 1.0) is not None
     for lo, hi in ((float("nan"), 1.0), (-1.0, float("nan")), (1.0, -1.0), (np.float64(-1), 1.0)):
         assert _fused_clip_values(f32, lo, hi) is None
-    for dtype in (np.float64, np.int32):
+    for dtype in (np.int32, ">f4", ">f8", np.complex64):
         assert _fused_clip_values(TensorInfo("t", (3,), np.dtype(dtype)), -1.0, 1.0) is None
     with pytest.raises(ValueError, match="size"):
         kernels.compiled_clip_values(np.ones(3, np.float32), -1.0, 1.0, np.empty(4, np.float32), -1)
+    for kind, wrong in ((-1, np.ones(3, np.float64)), (-2, np.ones(3, np.float32)), (-2, np.ones(3, ">f8")),
+                        (-2, np.ones(6, np.float32))):  # (the last: float64's 24 bytes, not float64)
+        with pytest.raises(TypeError, match="float"):
+            kernels.compiled_clip_values(wrong, -1.0, 1.0, np.empty_like(wrong), kind)
+    with pytest.raises(ValueError, match="kind"):
+        kernels.compiled_clip_values(np.ones(3, np.float32), -1.0, 1.0, np.empty(3, np.float32), -3)
 
 
 def test_disabled_turns_off_every_entry_point():
