@@ -17,7 +17,11 @@ from typing import Any
 from ..errors import InputError, UsageError
 from .logs import NormHistory, _clip_words, _find_norm_key, _noted, _read_text, from_records
 
-_UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # 1,234 at the end of a value
+# 1,234 at the end of a value, matched possessively: the first form has one way to match where it does
+# (fewer digits leave a digit where a "," is wanted, fewer groups a "," where a space is), so giving up its
+# backtracking changes no match and spares the steps back of every number without commas (a torchtitan
+# line by its template 1.8 -> 1.6 us)
+_UNSIGNED = r"(?:\d{1,3}+(?:,\d{3})++(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"
 _NUMBER = rf"[-+]?{_UNSIGNED}"
 _IS = r"[\"']?\s*[:=]?\s*(?:tensor\()?"  # between a name and its value: grad norm: 1.2, grad_norm=1.2,
 # "grad_norm": 1.2, and a PyTorch tensor printed with print(), str() or %s: tensor(1.2345, device='cuda:0')

@@ -2104,6 +2104,28 @@ def test_the_compiled_template_reads_thousands_commas_as_its_pattern(values, tai
                 or len(m.group(1)) > 18)
 
 
+_BACKTRACKING_UNSIGNED = r"(?:\d{1,3}(?:,\d{3})+(?=\s|$)|\d+\.?\d*(?:[eE][-+]?\d+)?)"  # before it was possessive
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(["1", "12", "123", "1234", "0", ",", ",123", ",456", ",12", ",1234", ".", ".5",
+                                  " ", "\n", "\t", "e-", "e+7", "x"]), max_size=14).map("".join), st.sampled_from([
+    "({})", "({})(,\\d+)?x", "a?({}),", "({})\\s*(\\d*),?(\\d+)", "(?:{}|,)+$", "({})(?=,\\d)", "({}).*?(\\d+)$"]))
+@example("1,234,5678 x", "({})(,\\d+)?x")
+@example("12,345,678\n", "({})(,\\d+)?x")
+def test_thousands_commas_matched_possessively_match_as_before(text, shape):
+    """The number pattern's first form (1,234 before a space or the end) matched possessively finds, in
+    any pattern around it and from every place, the matches it found backtracking: it has only one way to
+    match where it does."""
+    from gradtool.io.text_logs import _UNSIGNED
+
+    now, before = (re.compile(shape.format(u)) for u in (_UNSIGNED, _BACKTRACKING_UNSIGNED))
+    assert [m.groups() for m in now.finditer(text)] == [m.groups() for m in before.finditer(text)]
+    for at in range(len(text) + 1):
+        a, b = now.match(text, at), before.match(text, at)
+        assert (a and (a.span(), a.groups())) == (b and (b.span(), b.groups()))
+
+
 @pytest.mark.parametrize("first, line", [
     ("step 1 loss 2.0x grad norm: 1.5 tps: 1,234", "step 2 loss 1,234x grad norm: 1.5 tps: 1,234"),  # no
     ("step 1 loss 2.0 grad norm: -1.5 tps: 1,234", "step 2 loss 2.0 grad norm: -1,234 tps: 1,234"),  # space
