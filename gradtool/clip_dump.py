@@ -942,12 +942,21 @@ def _copied(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo) -> 
 
 def _fused_scale(info: TensorInfo, scale: float | None, p: float) -> Callable[..., tuple[float, int]] | None:
     """The compiled scale-and-measure kernel when it gives exactly what the NumPy steps would: a float32
-    tensor scaled by a factor ≠ 1 that is normal in float32 (else scale_tensor goes through float64), or a
+    tensor scaled by a factor ≠ 1 that is normal in float32 (else scale_tensor goes through float64), a
+    float64 one (its measure (max |out|, Σout²), for ``NormAccumulator.update_sum_sq``), or a
     float16/bfloat16 one (multiplied in float32 and rounded once, both ways), L2."""
     from .core import kernels
 
     if scale is None or scale == 1.0 or p != 2.0:
         return None
+    if info.dtype == np.float64:
+        if (f64_scale := kernels.compiled_f64_scale) is None:
+            return None
+
+        def scaled(src: np.ndarray, s: float, out: np.ndarray) -> tuple[Any, int]:
+            amax, sum_sq, changed = f64_scale(src, s, out)
+            return (amax, sum_sq), changed
+        return scaled
     kind = half_kind(info.dtype)
     if kind is not None and kernels.compiled_half_scale is not None:
         half_scale = kernels.compiled_half_scale

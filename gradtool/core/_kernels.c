@@ -692,6 +692,85 @@ static PyObject *clip_values(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LL)", changed, nonfinite);
 }
 
+/* The float64 L2 pass over r = x[i] (y NULL) or r = fl(x[i] · s) written to y[i] (scaled; y may be x):
+ * max |r| (NaN when any r is NaN), Σr² in a fixed order (element i into running sum i mod F64_LANES, the
+ * sums combined pairwise at the end: the same bits from every build, -ffp-contract=off; error ~n/8 ulp
+ * of the sum), and, scaled, how many r differ from x[i] (NaN to NaN not). Σout² of a scaling is therefore
+ * f64_summary(out)'s, bit for bit. */
+#define F64_LANES 8
+static void f64_pass(const double *x, double *y, Py_ssize_t n, double s, double *amax, double *sumsq,
+                     long long *changed) {
+    double q[F64_LANES] = {0}, m[F64_LANES] = {0};
+    long long c[F64_LANES] = {0}, bad[F64_LANES] = {0};
+    Py_ssize_t full = n - n % F64_LANES;
+#define F64_STEP(i, j)                                                                                       \
+    do {                                                                                                     \
+        double v = x[i], r = y != NULL ? v * s : v, a = fabs(r);                                             \
+        if (y != NULL) {                                                                                     \
+            y[i] = r;                                                                                        \
+            c[j] += (r != v) & !((r != r) & (v != v));                                                       \
+        }                                                                                                    \
+        m[j] = a > m[j] ? a : m[j];                                                                          \
+        q[j] += r * r;                                                                                       \
+        bad[j] |= r != r;                                                                                    \
+    } while (0)
+    if (y != NULL) {
+        for (Py_ssize_t i = 0; i < full; i += F64_LANES)
+            for (int j = 0; j < F64_LANES; j++) F64_STEP(i + j, j);
+    } else {
+        for (Py_ssize_t i = 0; i < full; i += F64_LANES)
+            for (int j = 0; j < F64_LANES; j++) {
+                double v = x[i + j], a = fabs(v);
+                m[j] = a > m[j] ? a : m[j];
+                q[j] += v * v;
+                bad[j] |= v != v;
+            }
+    }
+    for (Py_ssize_t i = full; i < n; i++) F64_STEP(i, (int)(i - full));
+#undef F64_STEP
+    double top = 0;
+    long long any_bad = 0, count = 0;
+    for (int j = 0; j < F64_LANES; j++) {
+        top = m[j] > top ? m[j] : top;
+        any_bad |= bad[j];
+        count += c[j];
+    }
+    *amax = any_bad ? NAN : top;
+    *sumsq = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+    *changed = count;
+}
+
+/* f64_summary(src) -> (max |x|, Σx²) of C-contiguous float64 values (f64_pass), GIL released. */
+static PyObject *f64_summary(PyObject *self, PyObject *arg) {
+    Py_buffer src;
+    if (take_f64(arg, &src, "f64_summary") < 0) return NULL;
+    double amax, sumsq;
+    long long unused;
+    Py_BEGIN_ALLOW_THREADS
+    f64_pass((const double *)src.buf, NULL, src.len / 8, 1.0, &amax, &sumsq, &unused);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    return Py_BuildValue("(dd)", amax, sumsq);
+}
+
+/* f64_scale(src, scale, out) -> (max |out|, Σout², changed): out = fl(src · scale) (out may be src), as
+ * NumPy multiplies float64 (clipping.scale_tensor), measured in the same pass (f64_pass), GIL released. */
+static PyObject *f64_scale(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *out_obj;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OdO", &src_obj, &scale, &out_obj)) return NULL;
+    Py_buffer src, out;
+    if (take_f64(src_obj, &src, "f64_scale") < 0 || take_out(out_obj, &out, &src, "f64_scale") < 0) return NULL;
+    double amax, sumsq;
+    long long changed;
+    Py_BEGIN_ALLOW_THREADS
+    f64_pass((const double *)src.buf, (double *)out.buf, src.len / 8, scale, &amax, &sumsq, &changed);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    return Py_BuildValue("(ddL)", amax, sumsq, changed);
+}
+
 #ifndef _WIN32
 #include <errno.h>
 #include <unistd.h>
@@ -1016,6 +1095,12 @@ static PyObject *half_to_f32_width(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"f64_summary", f64_summary, METH_O,
+     "f64_summary(src) -> (max |x| (NaN if any x is NaN), sum of squares) of C-contiguous float64 values,\n"
+     "in a fixed order (eight running sums), no GIL held."},
+    {"f64_scale", f64_scale, METH_VARARGS,
+     "f64_scale(src, scale, out) -> (max |out|, sum of squares of out, changed count): out = src * scale\n"
+     "in float64 (out may be src), measured as f64_summary(out) measures it, no GIL held."},
     {"widths_here", widths_here, METH_NOARGS,
      "widths_here() -> the native vector widths (float lanes) built and runnable here, widest (the one used) first."},
     {"f32_summary_width", f32_summary_width, METH_VARARGS,

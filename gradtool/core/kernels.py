@@ -17,10 +17,13 @@ float16/bfloat16 (multiplied in float32, rounded once, as ``clipping.scale_tenso
 ``compiled_half_scale_slices(src_u16, scales_f32, out_u16, kind, by_row) -> #changed`` the same with a
 scale per column of rows of ``len(scales)`` elements, or per row (``by_row``) of ``len(src) / len(scales)``
 (negative: the slice kept, bits and all); ``compiled_clip_values(src, lo, hi, out, kind) -> (#changed,
-#non-finite)`` ``clipping.clip_by_value`` of float32 (kind -1), float64 (kind -2) or float16/bfloat16 values in one pass. Each
-is None
-when the extension was not built (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the
-callers in :mod:`.norms`, :mod:`.stats` and :mod:`gradtool.clip_dump` then use NumPy passes. They look it up here at call time, so tests can switch it off.
+#non-finite)`` ``clipping.clip_by_value`` of float32 (kind -1), float64 (kind -2) or float16/bfloat16
+values in one pass; ``compiled_f64_summary(chunk) -> (max |x|, Σx²)`` of float64 values in a fixed order
+(max |x| NaN when one is NaN), and ``compiled_f64_scale(src, scale, out) -> (max |out|, Σout², #changed)``
+out = src · scale in float64, measured with ``compiled_f64_summary(out)``'s bits. Each is None when the
+extension was not built (no C compiler at install time) or when ``GRADTOOL_NO_KERNELS=1``; the callers in
+:mod:`.norms`, :mod:`.stats` and :mod:`gradtool.clip_dump` then use NumPy passes. They look it up here at
+call time, so tests can switch it off.
 """
 
 from __future__ import annotations
@@ -61,6 +64,13 @@ try:
     from ._kernels import half_summaries as compiled_half_summaries
 except ImportError:
     compiled_half_summaries = compiled_half_scale = compiled_half_scale_slices = compiled_clip_values = None
+compiled_f64_summary: Callable[[Any], tuple[float, float]] | None
+compiled_f64_scale: Callable[[Any, float, Any], tuple[float, float, int]] | None
+try:
+    from ._kernels import f64_scale as compiled_f64_scale
+    from ._kernels import f64_summary as compiled_f64_summary
+except ImportError:
+    compiled_f64_summary = compiled_f64_scale = None
 HALF_F16, HALF_BF16 = 0, 1  # the kernels' ``kind`` argument
 compiled_tensor_summaries_fd: Callable[[int, Any, Any], int] | None
 try:  # not on Windows (no pread)
@@ -73,7 +83,7 @@ except ImportError:
     compiled_tensor_summaries_fd = None
 COMPILED = ("compiled_f32_summary", "compiled_f32_summaries", "compiled_f32_summaries_fd",
             "compiled_f32_sumsq_each", "compiled_f32_scale", "compiled_half_summaries", "compiled_half_scale",
-            "compiled_half_scale_slices", "compiled_clip_values",
+            "compiled_half_scale_slices", "compiled_clip_values", "compiled_f64_summary", "compiled_f64_scale",
             "compiled_tensor_summaries_fd")  # every entry point above, None without the kernel
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     globals().update(dict.fromkeys(COMPILED))

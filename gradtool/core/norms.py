@@ -133,20 +133,27 @@ class NormAccumulator:
                 return
         self._exact(c, xp or (_NUMPY_XP or _numpy_xp() if type(c) is np.ndarray else namespace_of(c)))
 
-    def update_sum_sq(self, total: float, c: np.ndarray) -> None:
-        """Add a float32 chunk whose Σc² the caller already took from the compiled kernel (the arithmetic
-        :meth:`update` would use): the same result as ``update(c)``, one pass fewer."""
+    def update_sum_sq(self, total: Any, c: np.ndarray) -> None:
+        """Add a chunk whose Σc² the caller already took from the compiled kernel (the arithmetic
+        :meth:`update` would use): the same result as ``update(c)``, one pass fewer. ``total``: Σc² of a
+        float32, float16 or bfloat16 chunk; (max |c|, Σc²) of a float64 one (``compiled_f64_scale``'s)."""
+        if c.dtype == _F64 and self.p == 2.0:
+            self._float64_sum_sq(c, total)
+            return
         if self.p == 2.0 and math.isfinite(total) and total > 1e-25:
             self.parts.append((1.0, total))
         else:
             self.update(c)
 
     def _exact(self, c: Any, xp: ModuleType) -> None:
-        if self.p == 2.0 and type(c) is np.ndarray and c.dtype == _F64 and c.ndim == 1:
-            self._float64_sum_sq(c)
-            return
+        """The chunk's part in float64: a NumPy chunk's L2 part by :meth:`_float64_sum_sq` (float64 itself,
+        or the float64 values of complex moduli, integers, float32 beyond the fast sum's range: one
+        arithmetic for all), the others from a float64 copy."""
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            c64 = as_float64(c, xp)
+            c64 = c if type(c) is np.ndarray and c.dtype == _F64 else as_float64(c, xp)
+            if self.p == 2.0 and type(c64) is np.ndarray and c64.ndim == 1:
+                self._float64_sum_sq(c64)
+                return
             a = xp.abs(c64)
             m = float(xp.max(a))
             if not self._took_max(m):
@@ -172,20 +179,28 @@ class NormAccumulator:
         self.amax = max(self.amax, m)
         return True
 
-    def _float64_sum_sq(self, c: np.ndarray) -> None:
-        """:meth:`_exact` of a NumPy float64 chunk for the L2 norm, the same bits without its copies: max |c|
-        as max(max c, -min c) (NaN when any is NaN), and Σc² summed by NumPy over c·c in a buffer kept by
-        the thread (the same array as ``c * c``, so the same pairwise sum). The float64 copy, |c| and c·c
-        were three new arrays a chunk, ~1 ms for 2 MiB (``clip --mode global-norm`` of 420 MB of float64,
-        two norm passes: 1.28 -> 0.38 s with the changed elements counted by ``count_nonzero``)."""
+    def _float64_sum_sq(self, c: np.ndarray, measured: tuple[float, float] | None = None) -> None:
+        """The L2 part of a NumPy float64 chunk: max |c| and, when it lies in (1e-150, 1e150) (no square
+        overflows, none that matters underflows), Σc² as it is; else Σ(c/max)², rescaled. Both from the
+        compiled ``f64_summary`` where built (one pass, a fixed order of eight running sums; ``measured``:
+        what ``f64_scale`` gave for ``c``, the same bits), else from NumPy without :meth:`_exact`'s copies:
+        max |c| as max(max c, -min c) (NaN when any is NaN), and Σc² summed by NumPy over c·c in a buffer
+        kept by the thread (the same pairwise sum as ``c * c``'s). The rescaled sum is NumPy's either way.
+        (The float64 copy, |c| and c·c were three new arrays a chunk, ~1 ms for 2 MiB: ``clip --mode
+        global-norm`` of 420 MB of float64, two norm passes: 1.28 -> 0.38 s with the changed elements
+        counted by ``count_nonzero``.)"""
         if c.size == 0:
             return
+        kernel = kernels.compiled_f64_summary
+        if measured is None and kernel is not None and c.flags.c_contiguous:
+            measured = kernel(c)
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            m = max(float(c.max()), -float(c.min()))
+            m = max(float(c.max()), -float(c.min())) if measured is None else measured[0]
             if not self._took_max(m) or not m > 0:
                 return
             if 1e-150 < m < 1e150:
-                self.parts.append((1.0, float(np.add.reduce(np.multiply(c, c, out=_float64_scratch(c.size))))))
+                self.parts.append((1.0, measured[1] if measured is not None else
+                                   float(np.add.reduce(np.multiply(c, c, out=_float64_scratch(c.size))))))
             else:
                 scaled = np.divide(c, m, out=_float64_scratch(c.size))
                 self.parts.append((m, float(np.add.reduce(np.multiply(scaled, scaled, out=scaled)))))

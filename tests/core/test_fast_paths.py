@@ -1,5 +1,6 @@
 """The fast paths give the answers of the simple ones (hypothesis, across chunk and row boundaries)."""
 
+import contextlib
 import math
 
 import numpy as np
@@ -7,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradtool import global_norm, tensor_norm, tensor_stats
+from gradtool.core import kernels
 from gradtool.core.norms import ROW, NormAccumulator, combine_norms
 from gradtool.core.stats import StatsAccumulator
 from tests.reference import ref_l2, ref_mean_std
@@ -95,15 +97,16 @@ def test_float64_mean_and_std_over_the_whole_range(segments, chunk, split, nonfi
         assert abs(s.std - std) <= 1e-9 * std + 1e-12 * amax + 1e-323, (s.std, std)
 
 
-def _float64_parts_as_before(c):
+def _float64_parts_as_before(c, compiled=False):
     """NormAccumulator's float64 chunk as it was taken before its fast path: a float64 copy, |c|, its max,
-    and NumPy's sum of c·c (of c/m, scaled, outside 1e-150..1e150)."""
+    and NumPy's sum of c·c (of c/m, scaled, outside 1e-150..1e150); ``compiled``: the sum of c·c the
+    compiled ``f64_summary``'s (in the unscaled range)."""
     a = np.abs(c.astype(np.float64))
     m = float(np.max(a))
     if math.isnan(m) or math.isinf(m) or not m > 0:
         return m, []
     if 1e-150 < m < 1e150:
-        return m, [(1.0, float(np.sum(c * c)))]
+        return m, [(1.0, kernels.compiled_f64_summary(c)[1] if compiled else float(np.sum(c * c)))]
     scaled = c / m
     return m, [(m, float(np.sum(scaled * scaled)))]
 
@@ -112,11 +115,19 @@ def _float64_parts_as_before(c):
 @given(n=st.sampled_from([1, 5, 4095, 4096, 100_003, 1 << 18]),
        scale=st.sampled_from([1e-310, 1e-200, 1e-151, 1e-30, 1.0, 1e30, 1e149, 1e151, 1e300]),
        special=st.sampled_from([None, 0.0, -0.0, np.nan, np.inf, -np.inf, 5e-324, 1.7e308]),
-       zeros=st.booleans(), seed=st.integers(0, 2**32 - 1))
-def test_float64_chunks_have_the_bits_of_the_copying_path(n, scale, special, zeros, seed):
+       zeros=st.booleans(), seed=st.integers(0, 2**32 - 1), compiled=st.booleans())
+def test_float64_chunks_have_the_bits_of_the_copying_path(n, scale, special, zeros, seed, compiled):
     """NormAccumulator takes a float64 chunk's max |x| from its max and min and its Σx² over c·c in a
-    reused buffer: the same parts, extremes and flags as the copies it made before (subnormals, the
-    scaled range's edges, ±0, NaN, ±inf, all zeros; a chunk after a longer one reuses its buffer)."""
+    reused buffer, or both from the compiled ``f64_summary``: the same parts, extremes and flags as the
+    copies it made before, Σx² the kernel's where it is used (subnormals, the scaled range's edges, ±0,
+    NaN, ±inf, all zeros; a chunk after a longer one reuses its buffer)."""
+    if compiled and kernels.compiled_f64_summary is None:
+        compiled = False  # (the NumPy path, as without the kernel)
+    with contextlib.nullcontext() if compiled else kernels.disabled():
+        _check_float64_chunk(n, scale, special, zeros, seed, compiled)
+
+
+def _check_float64_chunk(n, scale, special, zeros, seed, compiled):
     rng = np.random.default_rng(seed)
     c = np.zeros(n) if zeros else rng.standard_normal(n) * scale
     if special is not None:
@@ -125,7 +136,7 @@ def test_float64_chunks_have_the_bits_of_the_copying_path(n, scale, special, zer
     acc.update(rng.standard_normal(2 * n + 1))  # a longer chunk first: the buffer is reused, not fresh
     before, amax = list(acc.parts), acc.amax
     acc.update(c)
-    m, parts = _float64_parts_as_before(c)
+    m, parts = _float64_parts_as_before(c, compiled)
     assert (acc.nan, acc.inf) == (math.isnan(m), math.isinf(m))
     if math.isfinite(m):
         assert acc.parts == before + parts and acc.amax == max(amax, m)

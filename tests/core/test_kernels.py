@@ -756,6 +756,81 @@ def test_clip_values_declines_what_clip_by_value_refuses_or_does_not_take():
         kernels.compiled_clip_values(np.ones(3, np.float32), -1.0, 1.0, np.empty(3, np.float32), -3)
 
 
+def _f64_sum_sq_in_lanes(x):
+    """Σx² in the order f64_summary states: element i into running sum i mod 8, each added up one element
+    after another (np.cumsum adds in order), the eight sums combined ((q0+q1)+(q2+q3))+((q4+q5)+(q6+q7))."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = [float(np.cumsum(x[j::8] * x[j::8])[-1]) if x[j::8].size else 0.0 for j in range(8)]
+    return ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]))
+
+
+_f64_specials = st.sampled_from([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 5e-324, 1.7e308, -1e-300])
+
+
+@needs_kernel
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 70), st.sampled_from([0, 1, 4096, 100_003]), st.sampled_from([1e-200, 1e-5, 1.0, 1e150]),
+       st.lists(_f64_specials, max_size=3), st.integers(0, 2**32 - 1))
+def test_f64_summary_is_its_stated_sum_and_max(short, long, scale, specials, seed):
+    """f64_summary gives max |x| (NaN when an element is NaN, 0 for none) and Σx² in its stated order, bit
+    for bit (lengths around the eight lanes, a tail of each length), within ~1e-13 of the exact sum."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(short + long) * scale
+    for v in specials:
+        if x.size:
+            x[rng.integers(0, x.size)] = v
+    amax, total = kernels.compiled_f64_summary(x)
+    want_max = float(np.max(np.abs(x))) if x.size else 0.0
+    assert repr(amax) == repr(want_max) or (math.isnan(amax) and math.isnan(want_max))
+    want = _f64_sum_sq_in_lanes(x)
+    assert repr(total) == repr(want) or (math.isnan(total) and math.isnan(want))
+    exact = math.fsum(float(v) ** 2 for v in x.tolist()) if np.all(np.abs(x) < 1e150) else None
+    if exact is not None and exact > 1e-280:
+        assert math.isclose(total, exact, rel_tol=1e-13)
+
+
+@needs_kernel
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 5000), st.sampled_from([0.5, 1e-3, 3.0, 1e-310, 0.0, -0.25, 1e300, np.nan]),
+       st.lists(_f64_specials, max_size=3), st.booleans(), st.integers(0, 2**32 - 1))
+def test_f64_scale_is_numpys_product_measured_as_f64_summary(n, scale, specials, in_place, seed):
+    """f64_scale writes NumPy's float64 product, bit for bit (in place too), counts the elements that
+    changed as clip counts them (NaN to NaN unchanged, -0 == 0), and measures the output with
+    f64_summary's bits."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n) * 10.0 ** rng.integers(-300, 300, n)
+    for v in specials:
+        if n:
+            x[rng.integers(0, n)] = v
+    x[rng.random(n) < 0.1] = 0.0
+    with np.errstate(all="ignore"):
+        want = x * np.float64(scale)
+        changed = int(np.count_nonzero((x != want) & ~(np.isnan(x) & np.isnan(want))))
+    src = x.copy()
+    out = src if in_place else np.full_like(x, 7.0)
+    amax, total, got = kernels.compiled_f64_scale(src, scale, out)
+    assert out.view(np.uint64).tolist() == want.view(np.uint64).tolist() and got == changed
+    assert repr((amax, total)) == repr(kernels.compiled_f64_summary(want))
+    assert in_place or src.view(np.uint64).tolist() == x.view(np.uint64).tolist()  # the input untouched
+
+
+@needs_kernel
+def test_f64_kernels_refuse_what_they_do_not_take():
+    """Buffers of another type or byte order, not contiguous, of another size, not writable: an error,
+    nothing read or written."""
+    for bad in (np.ones(3, np.float32), np.ones(3, ">f8"), np.ones((4, 4))[:, 0], np.ones(3, np.int64)):
+        with pytest.raises((TypeError, BufferError, ValueError), match="float64|C-contiguous|buffer"):
+            kernels.compiled_f64_summary(bad)
+        out = np.full(bad.size, 7.0)
+        with pytest.raises((TypeError, BufferError, ValueError), match="float64|C-contiguous|buffer"):
+            kernels.compiled_f64_scale(bad, 0.5, out)
+        assert np.all(out == 7.0)
+    with pytest.raises(ValueError, match="size"):
+        kernels.compiled_f64_scale(np.ones(3), 0.5, np.empty(4))
+    with pytest.raises(BufferError):
+        kernels.compiled_f64_scale(np.ones(3), 0.5, np.empty(3).tobytes())  # not writable
+
+
 def test_disabled_turns_off_every_entry_point():
     """``kernels.disabled()`` (and GRADTOOL_NO_KERNELS) set every ``compiled_*`` entry point to None, so a
     test of a NumPy path cannot reach the kernel through one that was forgotten; all come back after."""

@@ -199,8 +199,9 @@ def test_hdf5_writer_streams_rows_from_odd_chunks(tmp_path):
 @pytest.mark.parametrize("nonfinite", ["propagate", "zero"])
 @pytest.mark.parametrize("ext", ["npz", "safetensors", "h5", "numpy.npz"])
 def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, mode, max_, nonfinite, ext):
-    """The compiled scale-count-measure pass gives the same output bytes and the same report (norms after
-    to the bit, changed-element counts) as the NumPy multiply, compare and norm steps: scaling chunks in
+    """The compiled scale-count-measure pass (float32, and float64's own) gives the same output bytes and
+    the same report (norms after to the bit, changed-element counts) as the NumPy multiply, compare and
+    norm steps: scaling chunks in
     place in the read buffer (tensors at a file offset) as well as from a memory map into a second one,
     across chunk boundaries and short tails, at aligned and unaligned (``np.savez``) offsets."""
     import dataclasses
@@ -219,7 +220,8 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
     big[rng.random(big.size) < 0.1] = 0.0
     tensors = {"big": big, "small": rng.standard_normal(100).astype(np.float32),
                "tail": rng.standard_normal(2 * STREAM_CHUNK + 1000).astype(np.float32),  # a rest under ROW
-               "f64": rng.standard_normal(5000), "be": rng.standard_normal(9000).astype(">f4")}
+               "f64": rng.standard_normal(5000), "be": rng.standard_normal(9000).astype(">f4"),
+               "wide": rng.standard_normal(STREAM_CHUNK + 333)}  # float64 of two chunks
     if ext == "safetensors":
         del tensors["be"]  # little-endian only
     src = str(tmp_path / f"in.{ext}")
@@ -227,10 +229,12 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
         np.savez(src, **tensors)  # members at unaligned offsets
     else:
         save_dump(src, tensors)
-    calls, in_place, lengths = [], [], []
-    real = kernels.compiled_f32_scale
+    calls, in_place, lengths, wide = [], [], [], []
+    real, real64 = kernels.compiled_f32_scale, kernels.compiled_f64_scale
     monkeypatch.setattr(kernels, "compiled_f32_scale",
                         lambda *a: calls.append(a[0] is a[2]) or lengths.append(len(a[0])) or real(*a))
+    if real64 is not None:
+        monkeypatch.setattr(kernels, "compiled_f64_scale", lambda *a: wide.append(len(a[0])) or real64(*a))
     chunks_into = DumpReader.chunks_into
     monkeypatch.setattr(DumpReader, "chunks_into", lambda self, location, info, *a: in_place.append(info.name)
                         or chunks_into(self, location, info, *a))
@@ -240,6 +244,7 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
         out = str(tmp_path / f"out_{fused}.{ext.split('.')[-1]}")
         if not fused:  # only the fused pass off: the norms' own kernel stays, so norms compare to the bit
             monkeypatch.setattr(kernels, "compiled_f32_scale", None)
+            monkeypatch.setattr(kernels, "compiled_f64_scale", None)
         with open_dump(src) as r:
             with make_writer(out, fmt, r.metadata) as w:
                 rep = clip_dump(r, w, ClipSpec(mode=mode, max=max_, nonfinite=nonfinite))
@@ -252,6 +257,8 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
     assert repr(rep_a) == repr(rep_b) and repr(after_a) == repr(after_b)  # repr: NaN == NaN
     # the fused pass ran wherever something was scaled (a NaN global norm scales by NaN, as TF does)
     assert bool(calls) == (max_ < 1e30 or (mode == "global-norm" and nonfinite == "propagate"))
+    # float64 tensors too, a tensor of two chunks among them (its NaN and ±inf: tests/core/test_kernels.py)
+    assert real64 is None or (bool(wide) == bool(calls) and (not wide or max(wide) > 5000))
     # in place (source and output the same buffer), read at the tensors' file offsets; under "zero" the
     # chunks are zeroed first, from the memory map into a second buffer
     if nonfinite == "zero":
