@@ -949,8 +949,8 @@ def _fused_scale(info: TensorInfo, scale: float | None, p: float) -> Callable[..
 
     if scale is None or scale == 1.0 or p != 2.0:
         return None
-    if info.dtype == np.float64:
-        if (f64_scale := kernels.compiled_f64_scale) is None:
+    if info.dtype == np.float64:  # (not by a NaN scale: which of two NaN operands a product keeps is the
+        if (f64_scale := kernels.compiled_f64_scale) is None or math.isnan(scale):  # compiler's choice)
             return None
 
         def scaled(src: np.ndarray, s: float, out: np.ndarray) -> tuple[Any, int]:
