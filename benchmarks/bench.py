@@ -843,8 +843,10 @@ def main() -> None:
             add(f"clip {' '.join(how[:-2])}, GPT-2 set {label} safetensors, --no-fsync (vs global-norm, "
                 "same file)", t_mode, t_global, "clip --mode global-norm")
         # ... and a float64 dump (every other tensor of the set: ~1 GB) against a copy of it: its norms by
-        # NumPy in float64, no kernel (three new arrays a chunk until the forty-second session: 1.28 s for
-        # 420 MB, now 0.34)
+        # NumPy in float64 (three new arrays a chunk until the forty-second session: 1.28 s for 420 MB,
+        # then 0.34), by the compiled f64_summary and f64_scale since the forty-third (0.30 s); and its
+        # clipping by value against global-norm on the same file (NumPy's comparisons and where until the
+        # forty-third session: 0.88 s for 420 MB, now 0.29)
         f64 = os.path.join(tmp, "gpt2_f64.safetensors")
         half = dict(list(big.items())[::2])
         gradtool.save_dump(f64, {k: v.astype(np.float64) for k, v in half.items()})
@@ -854,6 +856,11 @@ def main() -> None:
                                   lambda: timed_cp(f64, dst64, False), rep)
         add(f"clip global-norm, {os.path.getsize(f64) / 1e6:.0f} MB of float64 safetensors --no-fsync (vs cp)",
             t_f64, t_cp64, "cp")
+        t_value64, t_global64 = alternate(lambda: clip_mode(f64, out, "--mode", "value", "--max", "1e-3"),
+                                          lambda: clip_mode(f64, out, "--mode", "global-norm", "--max", "1e-3"),
+                                          rep)
+        add("clip --mode value, the float64 set, --no-fsync (vs global-norm, same file)", t_value64, t_global64,
+            "clip --mode global-norm")
         for f in (out, f16, f64, dst64):
             if os.path.exists(f):
                 os.remove(f)
