@@ -662,7 +662,11 @@ static PyObject *clip_values(PyObject *self, PyObject *args) {
     PyObject *src_obj, *lo_obj, *hi_obj, *out_obj;
     int kind;
     if (!PyArg_ParseTuple(args, "OOOOi", &src_obj, &lo_obj, &hi_obj, &out_obj, &kind)) return NULL;
-    if (kind != -1 && kind != -2 && half_kind(kind) < 0) return NULL;
+    if (kind < -2 || kind > HALF_BF16) {
+        PyErr_SetString(PyExc_ValueError, "clip_values' kind must be -1 (float32), -2 (float64), 0 (float16) or "
+                                          "1 (bfloat16)");
+        return NULL;
+    }
     double lo_d = 0, hi_d = 0;
     unsigned long lo_bits = 0, hi_bits = 0;
     if (kind < 0) {
