@@ -248,27 +248,21 @@ static int native_float(const char *fmt, const char *code) {
 
 static int native_float32(const char *fmt) { return native_float(fmt, "f"); }
 
-/* Take `obj`'s buffer into `view` if it is C-contiguous native float32; else set TypeError and return -1. */
-static int take_f32(PyObject *obj, Py_buffer *view, const char *who) {
+/* Take `obj`'s buffer into `view` if it is C-contiguous native float32 (code "f", 4 bytes) or float64 ("d",
+ * 8 bytes), as asked; else set TypeError and return -1. */
+static int take_float(PyObject *obj, Py_buffer *view, const char *who, const char *code) {
+    Py_ssize_t itemsize = code[0] == 'd' ? 8 : 4;
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (view->itemsize != 4 || !native_float32(view->format)) {
+    if (view->itemsize != itemsize || !native_float(view->format, code)) {
         PyBuffer_Release(view);
-        PyErr_Format(PyExc_TypeError, "%s needs C-contiguous float32 buffers", who);
+        PyErr_Format(PyExc_TypeError, "%s needs C-contiguous %s buffers", who, itemsize == 8 ? "float64" : "float32");
         return -1;
     }
     return 0;
 }
 
-/* take_f32 for native float64 buffers. */
-static int take_f64(PyObject *obj, Py_buffer *view, const char *who) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (view->itemsize != 8 || !native_float(view->format, "d")) {
-        PyBuffer_Release(view);
-        PyErr_Format(PyExc_TypeError, "%s needs C-contiguous float64 buffers", who);
-        return -1;
-    }
-    return 0;
-}
+static int take_f32(PyObject *obj, Py_buffer *view, const char *who) { return take_float(obj, view, who, "f"); }
+static int take_f64(PyObject *obj, Py_buffer *view, const char *who) { return take_float(obj, view, who, "d"); }
 
 static PyObject *summary_with(PyObject *arg, const width_t *width) {
     Py_buffer view;
@@ -655,9 +649,8 @@ static void clip_f64(const char *x, char *y, Py_ssize_t n, double lo, double hi,
  * NumPy's astype rounds a double; kind -2: float64 src and out, lo and hi as they are (clip_f64); kind 0
  * or 1: float16 or bfloat16 (uint16 views), compared as their values are (by the order of their bits),
  * with lo and hi given as the bits of the bounds in that type (rounded by the caller, as NumPy rounds a
- * double to it) and hi <= lo never (the caller checks). NumPy's passes (the
- * comparisons, two where, the checks) took clip --mode value of the GPT-2 set 1.8 s, 2.9 s in float16,
- * where a scale takes 0.4 s. */
+ * double to it) and hi <= lo never (the caller checks). NumPy's passes (the comparisons, two where, the
+ * checks) took clip --mode value of the GPT-2 set 1.8 s, 2.9 s in float16, where a scale takes 0.4 s. */
 static PyObject *clip_values(PyObject *self, PyObject *args) {
     PyObject *src_obj, *lo_obj, *hi_obj, *out_obj;
     int kind;
