@@ -6,9 +6,10 @@ faster on this project's benchmark, releasing the GIL as zlib does. It only ever
 when it reports an error, the same bytes are inflated again by ``zlib``, whose verdict and message
 stand, so a corrupt file is judged exactly as without the extra. Deflate decoding is deterministic,
 so the inflated bytes are the same either way (tests run both). :class:`InflateStream` reads a raw
-deflate stream (a compressed npz member) front to back into caller buffers, a piece at a time. Its CRC-32 gives zlib's values, 6x
-faster: :func:`fast_zipfile_crc` lets the standard zipfile module use it for the npz members it writes
-and reads.
+deflate stream (a compressed npz member) front to back into caller buffers, a piece at a time. The
+CRC-32 of npz members (:func:`fast_crc32`) is isal's, else the compiled log reader's, else zlib's, all
+with zlib's values: :func:`fast_zipfile_crc` lets the standard zipfile module use it for the npz
+members it writes and reads.
 """
 
 from __future__ import annotations
@@ -34,6 +35,20 @@ def fast_zlib() -> ModuleType:
             return zlib
         return isal_zlib
     return zlib
+
+
+def fast_crc32() -> Callable[..., int]:
+    """``zlib.crc32(data, value=0)``'s values by the fastest function at hand: python-isal's (ISA-L, ~9
+    GB/s where zlib's took 1.7-3), else the compiled log reader's (``gradtool/io/_logscan.c``: carry-less
+    multiplication where the CPU has PCLMULQDQ, ~6 GB/s; tested against zlib's), else zlib's. All three
+    let go of the GIL over large buffers, so a CRC runs beside the other thread's reads."""
+    mod = fast_zlib()
+    if mod is not zlib:
+        return mod.crc32
+    from .compiled import log_readers
+
+    readers = log_readers()
+    return zlib.crc32 if readers is None else readers.crc32
 
 
 def judged_by_zlib(work: Callable[[ModuleType], T]) -> T:
@@ -66,12 +81,12 @@ def decompress_exactly(data: bytes, size: int, wbits: int = zlib.MAX_WBITS) -> b
 
 
 def fast_zipfile_crc() -> None:
-    """Let the standard ``zipfile`` module take its CRC-32 from :func:`fast_zlib`: zipfile calls its module
+    """Let the standard ``zipfile`` module take its CRC-32 from :func:`fast_crc32`: zipfile calls its module
     global ``zipfile.crc32`` for every byte of every member it writes or reads (zlib's took 0.2 s of a
-    0.45-0.55 s in-process clip of a 500 MB npz; with isal's the clip takes 0.34-0.39 s). isal's crc32
-    returns zlib's value for every input (property-tested), so this changes only speed, for the whole
-    process; with isal switched off (or absent) zlib's is put back."""
-    zipfile.crc32 = fast_zlib().crc32
+    0.45-0.55 s in-process clip of a 500 MB npz; with isal's the clip takes 0.34-0.39 s). Each returns
+    zlib's value for every input (property-tested), so this changes only speed, for the whole process;
+    with isal and the compiled reader switched off (or absent) zlib's is put back."""
+    zipfile.crc32 = fast_crc32()
 
 
 class InflateStream:
@@ -92,7 +107,7 @@ class InflateStream:
         self._restart(fast_zlib())
 
     def _restart(self, mod: ModuleType) -> None:
-        self._mod, self._inflater = mod, mod.decompressobj(-15)
+        self._mod, self._inflater, self._crc32 = mod, mod.decompressobj(-15), fast_crc32()
         self._consumed = 0  # compressed bytes read
         self._tail = b""  # compressed bytes read but not yet inflated (zlib's unconsumed_tail)
         self._flushed = False
@@ -119,7 +134,7 @@ class InflateStream:
             if data:
                 if self.produced + len(data) > self.expected:
                     raise ValueError("corrupt (inflates to more than its size)")
-                self.crc = self._mod.crc32(data, self.crc)
+                self.crc = self._crc32(data, self.crc)
                 self.produced += len(data)
                 return data
 

@@ -106,9 +106,39 @@ def test_isal_crc32_is_zlibs(data, start):
     assert isal_zlib.crc32(data, start) == zlib.crc32(data, start)
 
 
-def test_npz_written_with_isal_crc_passes_zlibs_check(tmp_path, use_isal, monkeypatch):
-    """The npz writer lets zipfile take CRC-32 from isal (when on); the members' CRCs, checked again with
-    zlib's crc32, are right, and switching isal off puts zlib's back."""
+def _compiled_crc32():
+    """The compiled log reader's crc32, or None (not built, or GRADTOOL_NO_KERNELS)."""
+    from gradtool.io.compiled import log_readers
+
+    readers = log_readers()
+    return None if readers is None else readers.crc32
+
+
+def test_fast_crc32_is_isals_then_the_compiled_readers_then_zlibs(monkeypatch):
+    monkeypatch.setattr(inflate, "USE_ISAL", True)
+    assert inflate.fast_crc32() is isal_zlib.crc32
+    monkeypatch.setattr(inflate, "USE_ISAL", False)
+    assert inflate.fast_crc32() is (_compiled_crc32() or zlib.crc32)
+    monkeypatch.setenv("GRADTOOL_NO_KERNELS", "1")
+    assert inflate.fast_crc32() is zlib.crc32
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(0, 300_000), start=st.integers(0, 2**32 - 1), offset=st.integers(0, 15))
+def test_fast_crc32_is_zlibs_on_array_views_either_side_of_the_gil_release(n, start, offset):
+    """What zipfile hands it: a memoryview of an array's bytes, from any alignment, below and above the
+    64 KiB from which the compiled one lets go of the GIL."""
+    data = np.random.default_rng(n).integers(0, 256, n + offset, dtype=np.uint8)[offset:]
+    view = memoryview(data)
+    for flag in (True, False):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(inflate, "USE_ISAL", flag)
+            assert inflate.fast_crc32()(view, start) == zlib.crc32(data.tobytes(), start)
+
+
+def test_npz_written_with_fast_crc_passes_zlibs_check(tmp_path, use_isal, monkeypatch):
+    """The npz writer lets zipfile take CRC-32 from isal (when on), else from the compiled reader; the
+    members' CRCs, checked again with zlib's crc32, are right, and switching both off puts zlib's back."""
     import zipfile
 
     from gradtool import save_dump
@@ -118,7 +148,7 @@ def test_npz_written_with_isal_crc_passes_zlibs_check(tmp_path, use_isal, monkey
     p = str(tmp_path / "d.npz")
     t = {"w": np.random.default_rng(0).standard_normal((300, 70)).astype(np.float32), "b": np.arange(5.0)}
     save_dump(p, t)
-    assert zipfile.crc32 is (isal_zlib.crc32 if use_isal else zlib.crc32)
+    assert zipfile.crc32 is (isal_zlib.crc32 if use_isal else _compiled_crc32() or zlib.crc32)
     zipfile.crc32 = zlib.crc32
     with zipfile.ZipFile(p) as z:
         assert z.testzip() is None  # every member's CRC-32 recomputed by zlib matches the stored one
