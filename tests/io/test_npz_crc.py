@@ -1,0 +1,188 @@
+"""A stored npz member whose bytes were damaged but whose sizes are right (a bit flipped on a disk or in a
+copy) is refused by its CRC-32, as ``np.load`` refuses it, on every path that reads it: the streamed and
+raw ones ``stats`` and ``clip`` take, not only a whole ``read``. Before, ``stats`` printed the damaged
+norms with exit 0 and ``clip`` wrote them into a new npz with a fresh, matching CRC."""
+
+import os
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gradtool import open_dump, save_dump
+from gradtool.errors import InputError
+from gradtool.io import inflate
+from gradtool.io.npz import NpzReader
+
+
+def _data_span(path, member):
+    """(first byte, end) of a stored member's bytes (.npy header and data) in the file."""
+    with zipfile.ZipFile(path) as z:
+        zi = z.getinfo(member)
+    with open(path, "rb") as f:
+        f.seek(zi.header_offset + 26)
+        name_len, extra_len = np.frombuffer(f.read(4), "<u2")
+    start = zi.header_offset + 30 + int(name_len) + int(extra_len)
+    return start, start + zi.file_size
+
+
+def _flip(path, position, bit=0x10):
+    data = bytearray(open(path, "rb").read())
+    data[position] ^= bit
+    open(path, "wb").write(bytes(data))
+
+
+@pytest.fixture
+def damaged(tmp_path):
+    """A two-tensor npz whose member 'w' has one bit flipped in its data; and the undamaged original."""
+    good = str(tmp_path / "good.npz")
+    save_dump(good, {"w": np.arange(100_000, dtype=np.float32), "b": np.ones(7)})
+    bad = str(tmp_path / "bad.npz")
+    open(bad, "wb").write(open(good, "rb").read())
+    start, end = _data_span(bad, "w.npy")
+    _flip(bad, (start + end) // 2)
+    return good, bad
+
+
+def test_np_load_refuses_the_damaged_file_too(damaged):
+    """The premise: numpy's own loader says the file is corrupt."""
+    with pytest.raises(zipfile.BadZipFile, match="Bad CRC-32"):
+        np.load(damaged[1])["w"]
+
+
+@pytest.mark.parametrize("how", ["read", "iter_chunks", "raw_location", "iter_chunks_ahead"])
+def test_every_read_path_refuses_the_damaged_member(damaged, how):
+    with open_dump(damaged[1]) as r:
+        np.testing.assert_array_equal(r.read("b"), np.ones(7))  # the undamaged member reads
+        with pytest.raises(InputError, match=r"bad.npz: member 'w.npy' is corrupt \(bad CRC-32\)"):
+            info = r.info("w")
+            if how == "read":
+                r.read("w")
+            elif how == "raw_location":
+                r.raw_location(info)
+            else:
+                list(getattr(r, how)(info, 4096))
+
+
+def test_stats_refuses_the_damaged_dump_in_one_line(run, damaged):
+    assert run("stats", damaged[0], "--format", "json").exit_code == 0
+    r = run("stats", damaged[1], "--format", "json")
+    assert r.exit_code == 1
+    assert r.stdout == ""
+    assert r.stderr.strip().splitlines() == [f"gradtool: error: {damaged[1]}: member 'w.npy' is corrupt (bad CRC-32)"]
+
+
+def test_clip_writes_nothing_from_the_damaged_dump_and_leaves_it_as_it_was(run, damaged, tmp_path):
+    before = open(damaged[1], "rb").read()
+    out = tmp_path / "out.npz"
+    for mode in (["--mode", "global-norm", "--max", "1"], ["--mode", "value", "--max", "1e30"]):
+        r = run("clip", damaged[1], "-o", str(out), *mode)
+        assert r.exit_code == 1, r.stderr
+        assert "member 'w.npy' is corrupt (bad CRC-32)" in r.stderr
+        assert not out.exists()
+        assert sorted(os.listdir(tmp_path)) == ["bad.npz", "good.npz"]  # no temporary file left either
+    assert open(damaged[1], "rb").read() == before
+
+
+def test_a_damaged_step_of_a_history_is_named(run, damaged, tmp_path):
+    hist = tmp_path / "hist"
+    hist.mkdir()
+    os.link(damaged[0], hist / "step_00001.npz")
+    os.link(damaged[1], hist / "step_00002.npz")
+    r = run("stats", str(hist), "--format", "json")
+    assert r.exit_code == 1
+    assert "step_00002.npz: member 'w.npy' is corrupt (bad CRC-32)" in r.stderr
+
+
+def test_each_member_is_checked_once(damaged, monkeypatch):
+    """Chunks asked for twice, and the raw location after them, cost one CRC pass a member."""
+    monkeypatch.setattr(NpzReader, "CRC_PIECE", 1 << 20)
+    calls = []
+    real = inflate.fast_crc32
+
+    def counting():
+        crc32 = real()
+
+        def counted(data, value=0):
+            calls.append(len(data))
+            return crc32(data, value)
+        return counted
+
+    monkeypatch.setattr(inflate, "fast_crc32", counting)
+    with zipfile.ZipFile(damaged[0]) as z:
+        sizes = sorted(zi.file_size for zi in z.infolist())
+    with open_dump(damaged[0]) as r:
+        for name in ("w", "b", "w"):
+            info = r.info(name)
+            for _ in range(2):
+                list(r.iter_chunks(info, 4096))
+            r.raw_location(info)
+    assert sorted(calls) == sizes  # each member's .npy header and data, once (both from one pread)
+
+
+def test_the_check_can_be_switched_off(damaged, monkeypatch):
+    monkeypatch.setattr(NpzReader, "VERIFY_CRC", False)
+    with open_dump(damaged[1]) as r:
+        assert sum(c.size for c in r.iter_chunks(r.info("w"), 4096)) == 100_000
+
+
+_dtypes = st.sampled_from(["<f4", "<f2", "<f8", "<i8", "|b1", "|u1", ">f4"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dtype=_dtypes, n=st.integers(0, 3000), piece=st.sampled_from([64, 1000, 4096, 1 << 20]),
+       task=st.sampled_from([1, 100, 4096, 8 << 20]), window=st.sampled_from([1, 5000, 64 << 20]),
+       where=st.floats(0, 1, exclude_max=True), bit=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]),
+       seed=st.integers(0, 2**16))
+def test_any_bit_flipped_in_a_member_is_caught_and_an_intact_one_passes(tmp_path, monkeypatch, dtype, n, piece,
+                                                                         task, window, where, bit, seed):
+    """A CRC-32 catches every single-bit error: a flip anywhere in a member's data (any dtype, any size,
+    checked from one pread or in tasks of any size on two threads, their CRCs combined, alone or with
+    the members after it) is refused; the intact file streams numpy's values, and its other members
+    pass."""
+    monkeypatch.setattr(NpzReader, "CRC_PIECE", piece)
+    monkeypatch.setattr(NpzReader, "CRC_TASK", task)
+    monkeypatch.setattr(NpzReader, "CRC_WINDOW", window)
+    a = (np.random.default_rng(seed).standard_normal(n) * 100).astype(dtype)
+    p = str(tmp_path / f"d{seed}.npz")
+    if os.path.exists(p):
+        os.remove(p)
+    np.savez(p, t=a, after=np.arange(n % 700, dtype=np.float32))
+    with open_dump(p) as r:
+        got = np.concatenate([c.copy() for c in r.iter_chunks(r.info("t"), 512)] or [np.zeros(0, a.dtype)])
+    assert got.tobytes() == a.astype(a.dtype.newbyteorder("=")).tobytes()
+    start, end = _data_span(p, "t.npy")
+    header = 128
+    if end - start == header:
+        return  # an empty tensor: nothing but the header to damage (a damaged header is refused as such)
+    _flip(p, start + header + int(where * (end - start - header)), bit)
+    with open_dump(p) as r:
+        with pytest.raises(InputError, match=r"member 't.npy' is corrupt \(bad CRC-32\)"):
+            list(r.iter_chunks(r.info("t"), 512))
+        assert r.raw_location(r.info("after")) is not None  # the member after it is intact
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.binary(max_size=3000), b=st.binary(max_size=3000), seed=st.integers(0, 2**32 - 1))
+def test_crc32_combine_is_the_crc_of_the_joined_bytes(a, b, seed):
+    """zlib's crc32_combine, which Python's zlib lacks: from the CRCs of two pieces and the second's
+    length, the CRC of both (a starting value carried through the first)."""
+    import zlib
+
+    from gradtool.io.inflate import crc32_combine
+
+    assert crc32_combine(zlib.crc32(a, seed), zlib.crc32(b), len(b)) == zlib.crc32(a + b, seed)
+
+
+def test_crc32_combine_over_long_lengths():
+    """Lengths of gigabytes: the CRC of 2^k zero bytes after a piece, against zlib's own over the bytes."""
+    import zlib
+
+    from gradtool.io.inflate import crc32_combine
+
+    head = b"gradient"
+    for n in (1, 4095, 1 << 20, (1 << 24) + 7):
+        zeros = bytes(n)
+        assert crc32_combine(zlib.crc32(head), zlib.crc32(zeros), n) == zlib.crc32(head + zeros)
