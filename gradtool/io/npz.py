@@ -302,9 +302,10 @@ class NpzReader(DumpReader):
         CRC call per member it holds a part of, a member's parts joined by :func:`crc32_combine`."""
         from .inflate import crc32_combine, fast_crc32
 
-        if self._stored_order is None:
-            self._stored_order = sorted(self._data_starts, key=self._data_starts.__getitem__)
-            self._stored_rank = {n: i for i, n in enumerate(self._stored_order)}
+        if self._stored_order is None:  # (the rank first: another thread may be here at the same moment)
+            order = sorted(self._data_starts, key=self._data_starts.__getitem__)
+            self._stored_rank = {n: i for i, n in enumerate(order)}
+            self._stored_order = order
         begin = self._data_starts[name]
         spans = []  # (member, start, end) in file order
         for other in self._stored_order[self._stored_rank[name]:]:

@@ -186,3 +186,29 @@ def test_crc32_combine_over_long_lengths():
     for n in (1, 4095, 1 << 20, (1 << 24) + 7):
         zeros = bytes(n)
         assert crc32_combine(zlib.crc32(head), zlib.crc32(zeros), n) == zlib.crc32(head + zeros)
+
+
+def test_threads_asking_for_members_at_once_each_get_the_verdict(tmp_path, monkeypatch):
+    """raw_location from several threads at once on one reader (clip's and stats' workers may ask): every
+    intact member is handed out, the damaged one refused, whichever thread checks which window."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(NpzReader, "CRC_WINDOW", 20_000)
+    monkeypatch.setattr(NpzReader, "CRC_PIECE", 2_000)
+    monkeypatch.setattr(NpzReader, "CRC_TASK", 3_000)
+    p = str(tmp_path / "many.npz")
+    save_dump(p, {f"t{i:03d}": np.full(500 + i, i, np.float32) for i in range(120)})
+    start, end = _data_span(p, "t077.npy")
+    _flip(p, end - 3)
+
+    def ask(name):
+        try:
+            return r.raw_location(r.info(name)) is not None
+        except InputError as exc:
+            return str(exc)
+
+    for _ in range(5):
+        with open_dump(p) as r, ThreadPoolExecutor(4) as pool:
+            got = dict(zip(r.names, pool.map(ask, r.names)))
+        assert got.pop("t077") == f"{p}: member 't077.npy' is corrupt (bad CRC-32)"
+        assert set(got.values()) == {True}
