@@ -363,7 +363,12 @@ class NpzReader(DumpReader):
         if os.fstat(fd).st_size < hi:
             raise InputError(f"{self.display_path}: truncated .npz archive (a member runs past the end of the file)")
         base = lo - lo % mmap.ALLOCATIONGRANULARITY
-        m = mmap.mmap(fd, hi - base, access=mmap.ACCESS_READ, offset=base)
+        try:
+            m = mmap.mmap(fd, hi - base, access=mmap.ACCESS_READ, offset=base)
+        except (OSError, ValueError):  # a file system that maps no files: the bytes by pread
+            view = memoryview(bytearray(hi - lo))
+            fill_view(view, pread_at(fd, lo), f"{self.display_path}: member {parts[0][0] + '.npy'!r}")
+            return [(n, crc32(view[a - lo: b - lo]), b - a) for n, a, b in parts]
         try:
             with memoryview(m) as view:
                 return [(n, crc32(view[a - base: b - base]), b - a) for n, a, b in parts]

@@ -212,3 +212,21 @@ def test_threads_asking_for_members_at_once_each_get_the_verdict(tmp_path, monke
             got = dict(zip(r.names, pool.map(ask, r.names)))
         assert got.pop("t077") == f"{p}: member 't077.npy' is corrupt (bad CRC-32)"
         assert set(got.values()) == {True}
+
+
+def test_where_files_cannot_be_mapped_the_members_are_read(damaged, monkeypatch):
+    """A file system that refuses mmap: the same verdicts, from pread (the check itself; the readers'
+    windows into aligned data still map them)."""
+    import mmap
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    monkeypatch.setattr(NpzReader, "CRC_PIECE", 100)
+    monkeypatch.setattr(NpzReader, "CRC_TASK", 50_000)
+    good, bad = damaged
+    with open_dump(good) as r:
+        assert r.raw_location(r.info("w")) is not None
+    with open_dump(bad) as r, pytest.raises(InputError, match=r"member 'w.npy' is corrupt \(bad CRC-32\)"):
+        r.raw_location(r.info("w"))
