@@ -316,9 +316,7 @@ class NpzReader(DumpReader):
         end = spans[-1][2]
         crc32 = fast_crc32()
         if end - begin <= self.CRC_PIECE:  # small members: one pread for them all
-            view = memoryview(bytearray(end - begin))
-            fill_view(view, pread_at(self._fd(), begin), f"{self.display_path}: member {name + '.npy'!r}")
-            parts = [[(n, crc32(view[a - begin: b - begin]), b - a)] for n, a, b in spans]
+            found = self._crcs_by_pread(spans, crc32)
         else:
             from bisect import bisect_right
 
@@ -341,16 +339,11 @@ class NpzReader(DumpReader):
 
             with ThreadPoolExecutor(2, thread_name_prefix="gradtool-crc") as pool:
                 found = [part for got in pool.map(task_crcs, tasks) for part in got]
-            by_member: dict[str, list[tuple[str, int, int]]] = {}
-            for part in found:
-                by_member.setdefault(part[0], []).append(part)
-            parts = [by_member.get(n, [(n, 0, 0)]) for n, _, _ in spans]
-        for member_parts in parts:  # (a set's add is atomic: threads may check a member twice, no more)
-            n = member_parts[0][0]
-            crc = member_parts[0][1]
-            for _, part_crc, length in member_parts[1:]:
-                crc = crc32_combine(crc, part_crc, length)
-            (self._crc_checked if crc == self._members[n][0].CRC else self._crc_bad).add(n)
+        crcs: dict[str, int] = {}
+        for n, crc, length in found:  # in file order: a member's parts joined
+            crcs[n] = crc32_combine(crcs[n], crc, length) if n in crcs else crc
+        for n, _, _ in spans:  # (a set's add is atomic: threads may check a member twice, no more)
+            (self._crc_checked if crcs[n] == self._members[n][0].CRC else self._crc_bad).add(n)
 
     def _crcs_in_map(self, parts: list[tuple[str, int, int]], crc32: Any) -> list[tuple[str, int, int]]:
         """(member, CRC-32, length) of each (member, start, end) range of the file, in order, through one
@@ -365,15 +358,20 @@ class NpzReader(DumpReader):
         base = lo - lo % mmap.ALLOCATIONGRANULARITY
         try:
             m = mmap.mmap(fd, hi - base, access=mmap.ACCESS_READ, offset=base)
-        except (OSError, ValueError):  # a file system that maps no files: the bytes by pread
-            view = memoryview(bytearray(hi - lo))
-            fill_view(view, pread_at(fd, lo), f"{self.display_path}: member {parts[0][0] + '.npy'!r}")
-            return [(n, crc32(view[a - lo: b - lo]), b - a) for n, a, b in parts]
+        except (OSError, ValueError):  # a file system that maps no files
+            return self._crcs_by_pread(parts, crc32)
         try:
             with memoryview(m) as view:
                 return [(n, crc32(view[a - base: b - base]), b - a) for n, a, b in parts]
         finally:
             m.close()
+
+    def _crcs_by_pread(self, parts: list[tuple[str, int, int]], crc32: Any) -> list[tuple[str, int, int]]:
+        """:meth:`_crcs_in_map`'s result from one ``pread`` of the ranges' span into a new buffer."""
+        lo, hi = parts[0][1], parts[-1][2]
+        view = memoryview(bytearray(hi - lo))
+        fill_view(view, pread_at(self._fd(), lo), f"{self.display_path}: member {parts[0][0] + '.npy'!r}")
+        return [(n, crc32(view[a - lo: b - lo]), b - a) for n, a, b in parts]
 
     def iter_chunks(self, info: TensorInfo, chunk_elements: int = 1 << 16) -> Iterator[np.ndarray]:
         zi, _ = self._members[info.name]
