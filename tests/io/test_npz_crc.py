@@ -3,6 +3,7 @@ copy) is refused by its CRC-32, as ``np.load`` refuses it, on every path that re
 raw ones ``stats`` and ``clip`` take, not only a whole ``read``. Before, ``stats`` printed the damaged
 norms with exit 0 and ``clip`` wrote them into a new npz with a fresh, matching CRC."""
 
+import json
 import os
 import zipfile
 
@@ -230,3 +231,12 @@ def test_where_files_cannot_be_mapped_the_members_are_read(damaged, monkeypatch)
         assert r.raw_location(r.info("w")) is not None
     with open_dump(bad) as r, pytest.raises(InputError, match=r"member 'w.npy' is corrupt \(bad CRC-32\)"):
         r.raw_location(r.info("w"))
+
+
+def test_stats_of_the_intact_members_of_a_damaged_dump_by_select(run, damaged):
+    """The damaged member is refused when asked for, not before: --select of the others still reads."""
+    r = run("stats", damaged[1], "--select", "b", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    (dump,) = json.loads(r.stdout)["dumps"]
+    assert [t["name"] for t in dump["tensors"]] == ["b"]
+    assert dump["global_norm"] == pytest.approx(7 ** 0.5)
