@@ -240,3 +240,37 @@ def test_stats_of_the_intact_members_of_a_damaged_dump_by_select(run, damaged):
     (dump,) = json.loads(r.stdout)["dumps"]
     assert [t["name"] for t in dump["tensors"]] == ["b"]
     assert dump["global_norm"] == pytest.approx(7 ** 0.5)
+
+
+def test_a_whole_read_and_the_streamed_paths_share_one_verdict(damaged, monkeypatch):
+    """A member read whole is not checked again when streamed after it, nor the other way round; a
+    damaged one stays refused by every path."""
+    calls = []
+    real = inflate.fast_crc32
+
+    def counting():
+        crc32 = real()
+
+        def counted(data, value=0):
+            calls.append(len(data))
+            return crc32(data, value)
+        return counted
+
+    monkeypatch.setattr(inflate, "fast_crc32", counting)
+    with open_dump(damaged[0]) as r:
+        r.read("b")
+        assert calls
+        done = len(calls)
+        list(r.iter_chunks(r.info("b"), 4096))
+        assert len(calls) == done  # 'b', read whole, is not checked again when streamed
+        r.raw_location(r.info("w"))
+        assert len(calls) > done
+        done = len(calls)
+        r.read("w")
+        assert len(calls) == done  # 'w', checked for its raw location, is not checked again read whole
+    with open_dump(damaged[1]) as r:
+        for _ in range(2):
+            with pytest.raises(InputError, match="bad CRC-32"):
+                r.read("w")
+        with pytest.raises(InputError, match="bad CRC-32"):
+            r.raw_location(r.info("w"))
