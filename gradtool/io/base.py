@@ -358,9 +358,9 @@ class DumpReader:
                      buffer: PhasedBuffer | None = None, copy: bool = False) -> Iterator[np.ndarray]:
         """Yields once: elements [start, stop) of a tensor at ``raw_location`` as one 1-D array, a view of
         a read-only memory map when the data is aligned, else (or with ``copy``: for a few KiB one ``pread``
-        costs less than a map) read with ``pread`` into ``buffer`` (a new one if None), at the phase of a
-        page where that read runs at full speed (:func:`buffer_phase`). The map is closed when the
-        generator resumes. Touches no shared state, so threads may call it concurrently on one reader."""
+        costs less than a map; or where the file system cannot map files) read with ``pread`` into
+        ``buffer`` (a new one if None), at the phase of a page where that read runs at full speed
+        (:func:`buffer_phase`). The map is closed when the generator resumes. Touches no shared state, so threads may call it concurrently on one reader."""
         import mmap
 
         fd, offset = location
@@ -369,13 +369,18 @@ class DumpReader:
         nbytes = (stop - start) * itemsize
         if nbytes <= 0:
             return
-        if copy or offset % itemsize:  # unaligned (np.savez members): NumPy is many times slower on those
+        m = None
+        base = byte_start - byte_start % mmap.ALLOCATIONGRANULARITY
+        if not (copy or offset % itemsize):  # unaligned (np.savez members): NumPy is many times slower on those
+            try:
+                m = mmap.mmap(fd, byte_start - base + nbytes, access=mmap.ACCESS_READ, offset=base)
+            except (OSError, ValueError):  # a file system that cannot map files: read them instead
+                m = None
+        if m is None:
             view = (buffer or PhasedBuffer()).get(nbytes, buffer_phase(reads=[byte_start]))
             self._fill(memoryview(view), pread_at(fd, byte_start), info)
             yield view.view(info.dtype)
             return
-        base = byte_start - byte_start % mmap.ALLOCATIONGRANULARITY
-        m = mmap.mmap(fd, byte_start - base + nbytes, access=mmap.ACCESS_READ, offset=base)
         try:
             m.madvise(mmap.MADV_SEQUENTIAL)
         except (AttributeError, OSError):
