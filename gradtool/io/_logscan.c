@@ -1121,6 +1121,9 @@ static PyObject *mlflow_metric_lines(PyObject *self, PyObject *arg) {
                      * reads it (commas: a template of numbers with thousands commas, _UNSIGNED's) */
 /* and a dict-line template's (dict_lines._DictTemplate.ops): its texts, and */
 #define OP_VALUE 3  /* (3,): a value, the longest run of [0-9A-Za-z_.+-] there */
+/* and a text log template's again: */
+#define OP_BAR 4    /* (4,): a progress bar's cells, the longest run (maybe none) of " #1-9" and the block
+                     * elements U+2580-U+259F (in UTF-8, e2 96 80-9f) there: text_logs._BAR_CELLS */
 
 typedef struct {
     int kind, captured, is_signed, words, step, commas;
@@ -1142,7 +1145,7 @@ static op_t *read_ops(PyObject *ops_obj, PyObject *out, unsigned allowed, int le
         PyObject *t = PyTuple_GET_ITEM(ops_obj, k);
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) goto bad_ops;
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
-        if (kind < 0 || kind > OP_VALUE || !(allowed >> kind & 1u)) goto bad_ops;
+        if (kind < 0 || kind > OP_BAR || !(allowed >> kind & 1u)) goto bad_ops;
         ops[k].kind = (int)kind;
         if (kind == OP_TEXT) {
             if (PyTuple_GET_SIZE(t) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(t, 1))) goto bad_ops;
@@ -1189,6 +1192,16 @@ static int match_ops(const op_t *ops, Py_ssize_t n_ops, const unsigned char *s, 
         } else if (op->kind == OP_SPACES) {
             if (pos >= n || s[pos] != ' ') return 0;
             while (pos < n && s[pos] == ' ') pos++;
+        } else if (op->kind == OP_BAR) {
+            for (;;) {
+                if (pos < n && (s[pos] == ' ' || s[pos] == '#' || (s[pos] >= '1' && s[pos] <= '9')))
+                    pos++;
+                else if (n - pos >= 3 && s[pos] == 0xe2 && s[pos + 1] == 0x96 && s[pos + 2] >= 0x80 &&
+                         s[pos + 2] <= 0x9f)
+                    pos += 3;
+                else
+                    break;
+            }
         } else {
             Py_ssize_t q = pos;
             int sign_ok = !op->is_signed || (q < n && (s[q] == '-' || s[q] == '+'));
@@ -1370,7 +1383,8 @@ static PyObject *template_text(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n = PyUnicode_GET_LENGTH(text);
     int captured;
-    op_t *ops = read_ops(ops_obj, out, 1u << OP_TEXT | 1u << OP_SPACES | 1u << OP_SLOT, 0, 64, "template_text",
+    op_t *ops = read_ops(ops_obj, out, 1u << OP_TEXT | 1u << OP_SPACES | 1u << OP_SLOT | 1u << OP_BAR, 0, 64,
+                         "template_text",
                          &captured);
     if (ops == NULL) return NULL;
     unsigned char *line = NULL;
@@ -2535,5 +2549,7 @@ PyMODINIT_FUNC PyInit__logscan(void) {
     __builtin_cpu_init();
     clmul_crc = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 #endif
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "TEMPLATE_BAR", OP_BAR) < 0) Py_CLEAR(m);
+    return m;
 }

@@ -271,8 +271,9 @@ def _template_text() -> Any:
     (see :mod:`~gradtool.io.compiled`)."""
     from .compiled import log_readers
 
-    readers = log_readers()
-    return None if readers is None else readers.template_text
+    readers = log_readers()  # (one built before the bar's op, (4,), is left unused: an editable install
+    # not built again)
+    return None if readers is None or not hasattr(readers, "TEMPLATE_BAR") else readers.template_text
 
 
 class _Run:
@@ -319,6 +320,14 @@ _TEMPLATE_FIELDS = ("step", "grad_norm", "loss", "learning_rate")
 _TEMPLATE_LINE_MAX = 4096  # longer lines make no template (its pattern compiled again and again, if a
 # hostile log's lines each differ: the patterns read them, as they read every line before templates)
 _WORDS_READ = {"grad_norm": "nan|inf(?:inity)?", "loss": "nan|inf"}  # as _TEXT_NORM and _TEXT_LOSS read them
+# A progress bar's cells between two "|": tqdm's eighths of a block (U+2588-U+258F; any block element,
+# U+2580-U+259F, is taken), its ascii=True cells " 123456789#", spaces. A template leaves them free
+# (``_BAR_CELLS``; the compiled reader's op (3,)): no pattern of the reader reads a word or a number there
+# (they have no letter, "0" nor "."), and a bar's every state made a template of its own, each a regular
+# expression to compile (a 10^6-line tqdm log: ~80 of them, 0.7 s of 3.1)
+_BAR_CELLS = "[ #1-9\u2580-\u259f]*+"
+_BAR = re.compile(f"(?<=\\|){_BAR_CELLS}(?=\\|)")  # (a bar: such a run with a "#" or a block)
+_BAR_FILLED = re.compile("[#\u2580-\u259f]")
 
 
 class _LineTemplate:
@@ -380,6 +389,10 @@ class _LineTemplate:
         slots = list(_SLOT.finditer(line))
         if None in read or not set(read) <= {t.span() for t in slots}:
             return None
+        bars = [b.span() for b in _BAR.finditer(line) if _BAR_FILLED.search(b.group())
+                and not any(b.start() <= a < b.end() for a, _ in read)] if "|" in line else []
+        if bars:  # its cells free; its ascii digits no slots (no value the reader reads lies in a bar)
+            slots = [t for t in slots if not any(a <= t.start() < b for a, b in bars)]
         pieces, fields, pos = [], [], 0
         ops: list[tuple[Any, ...]] = []
         # thousands commas: "1,234" split as two slots by ",", or one slot ("tps: 1,234" before a space)
@@ -387,8 +400,7 @@ class _LineTemplate:
         for t in slots:
             if t.start() == pos and pos:  # two numbers with nothing between
                 return None
-            pieces.append(_text_between(line[pos:t.start()], pos > 0, True))
-            ops.extend(_between_ops(line[pos:t.start()], pos > 0, True))
+            _add_between(pieces, ops, line, pos, t.start(), pos > 0, True, bars)
             name = read.get(t.span())
             sign = "[-+]" if t.group()[0] in "+-" else ""
             ops.append((2, bool(name), bool(sign) and name != "step", 2 if name == "grad_norm" else
@@ -404,8 +416,7 @@ class _LineTemplate:
             if name:
                 fields.append(name)
             pos = t.end()
-        pieces.append(_text_between(line[pos:], bool(slots), False))
-        ops.extend(_between_ops(line[pos:], bool(slots), False))
+        _add_between(pieces, ops, line, pos, len(line), bool(slots), False, bars)
         # one pattern for a line (fullmatch) and for a run of lines (match, up to the line's end): both
         # compiles were ~11 ms for a tqdm line, one template a bar state, ~80 of them in a 10^6-line log
         return cls(re.compile(rf"(?:{''.join(pieces)})(?:\n|\Z)"), tuple(fields), commas, tuple(ops))
@@ -565,6 +576,22 @@ class _LineTemplate:
         hist = _with_others(_noted(NormHistory(*fast[:4], path, "grad_norm", "text", fast[4]), fast[5]),
                             columns, "grad_norm")
         return hist if self.stepped else _in_line_order(hist, path, len(columns["grad_norm"]), 0)
+
+
+def _add_between(pieces: list[str], ops: list[tuple[Any, ...]], line: str, a: int, b: int, after_slot: bool,
+                 before_slot: bool, bars: list[tuple[int, int]]) -> None:
+    """The pattern (to ``pieces``) and operations (to ``ops``) of ``line[a:b]``, the fixed text between
+    two numbers (:func:`_text_between`, :func:`_between_ops`), but for the cells of the progress ``bars``
+    (spans) in it: :data:`_BAR_CELLS`, op (4,)."""
+    inside = [(c, d) for c, d in bars if a <= c and d <= b]
+    starts, stops = [a] + [d for _, d in inside], [c for c, _ in inside] + [b]
+    for k, (c, d) in enumerate(zip(starts, stops)):
+        if k:
+            pieces.append(_BAR_CELLS)
+            ops.append((4,))
+        first, last = k == 0, k == len(inside)
+        pieces.append(_text_between(line[c:d], after_slot and first, before_slot and last))
+        ops.extend(_between_ops(line[c:d], after_slot and first, before_slot and last))
 
 
 def _text_between(text: str, after_slot: bool, before_slot: bool) -> str:
