@@ -164,7 +164,15 @@ def _newline_lines(text: str) -> str:
     found by ``str.find`` (a pattern of the line breaks is 10x slower than the rest of the reader). The
     usual log, whose lines end in "\n" only, is given back as it is (six searches for the others); another
     is a copy per kind of break it holds (its lines split and joined again held them all: a 10^6-line log
-    with "\r\n" 1.07 GB)."""
+    with "\r\n" 1.07 GB). The compiled reader's ``newline_lines`` does it in two passes where built (a
+    10^6-line tqdm log, its updates after carriage returns, its bar's blocks: 0.61 -> 0.25 s)."""
+    from .compiled import log_readers
+
+    readers = log_readers()
+    if readers is not None and hasattr(readers, "newline_lines"):
+        done = readers.newline_lines(text)
+        if done is not None:
+            return done
     breaks = _OTHER_BREAKS if text.isascii() else _OTHER_BREAKS + "\x85\u2028\u2029"
     for c in breaks:
         if c in text:

@@ -2176,6 +2176,40 @@ def test_a_text_log_is_read_line_by_line_as_splitlines_splits_it(text):
     assert lines == text.lower().splitlines()
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(["a", " ", "\t", "\n", "\r", "\r\n", "\x0b", "\x0c", "\x1b", "\x1c", "\x1d",
+                                 "\x1e", "\x1f", "\x85", "\u2028", "\u2029", "\u2588", "\u0120", "\u8005",
+                                 "\U0001f680", "\xe9", "\x0a\x0d"]), max_size=60),
+       st.integers(0, 40), st.sampled_from(["", "\xe9", "\u2588", "\U0001f680"]))
+@example(["\r"] * 40, 0, "")
+@example(["\r\n"] * 9, 17, "\u2588")
+def test_the_compiled_newline_lines_gives_the_python_function_s_text(parts, pad, wide):
+    """_logscan.newline_lines (two passes, SSE2 compares 16 bytes at a time) gives the text
+    _newline_lines's Python gives, of the same kind of str (the same size), at any offset of a break in
+    a block, in texts of one-, two- and four-byte characters; the text itself when it has no break but
+    "\n"; None (left to the Python) when it holds U+0085, U+2028 or U+2029."""
+    import os
+    import sys
+
+    from gradtool.io import compiled, text_logs
+
+    readers = compiled.log_readers()
+    if readers is None:
+        pytest.skip("gradtool.io._logscan not built, or GRADTOOL_NO_KERNELS set")
+    text = "x" * pad + wide + "".join(parts)
+    got = readers.newline_lines(text)
+    os.environ["GRADTOOL_NO_KERNELS"] = "1"
+    try:
+        want = text_logs._newline_lines(text)
+    finally:
+        del os.environ["GRADTOOL_NO_KERNELS"]
+    if any(c in text for c in "\x85\u2028\u2029"):
+        assert got is None
+        return
+    assert got == want and sys.getsizeof(got) == sys.getsizeof(want)
+    assert (got is text) == (want is text)
+
+
 _SPLITLINES_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 
 
@@ -2554,28 +2588,30 @@ _NOT_A_CELL = st.sampled_from(["0", ".", "a", "\u257f", "\u25a0", "|", "\u2502",
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(_BAR_CELL, _BAR_CELL, _BAR_CELL, _NOT_A_CELL), max_size=14),
-       st.sampled_from(["\u2588\u258c   ", "###5  ", "#"]))
-@example([], "#")
-@example(list("\u2588" * 10), "\u2588\u258c   ")
-@example(["\u257f"], "#")
-def test_a_bar_s_cells_are_read_alike_by_the_pattern_and_the_compiled_template(cells, origin):
+       st.sampled_from(["\u2588\u258c   ", "###5  ", "#"]), st.sampled_from(["Epoch", "epoch", "EPOCH"]),
+       st.sampled_from(["2.5", "2.345678", "12.25"]))
+@example([], "#", "epoch", "2.5")
+@example(list("\u2588" * 10), "\u2588\u258c   ", "Epoch", "2.5")
+@example(["\u257f"], "#", "epoch", "2.5")
+def test_a_bar_s_cells_are_read_alike_by_the_pattern_and_the_compiled_template(cells, origin, word, loss):
     """A tqdm line's template leaves its bar's cells free (_BAR_CELLS, op (4,)): any run of " #1-9" and
     the block elements U+2580-U+259F between the bar's "|"s, none of anything else (a "0", a dot, a letter,
     a box-drawing line); the compiled reader (template_text), where built, reads a line exactly where the
-    pattern matches it, the same numbers."""
+    pattern matches it lowercased, the same numbers (capitals before and after the bar, at any offset of
+    the eight characters it lowers at once)."""
     from gradtool.io import text_logs
 
-    def update(bar, loss, norm):
-        return f"epoch 0:  45%|{bar}| 450/1000 [00:10<12:34,  9.87it/s, loss={loss}, grad_norm={norm}]"
+    def update(bar, loss, norm, word="epoch"):
+        return f"{word} 0:  45%|{bar}| 450/1000 [00:10<12:34,  9.87it/s, Loss={loss}, grad_norm={norm}]"
 
-    first = update(origin, "2.345", "1.234")
+    first = update(origin, "2.345", "1.234").lower()
     template = text_logs._LineTemplate.of(first, text_logs._text_norm(first))
     assert template is not None and (4,) in template.ops and [k for k, _ in template.order] == ["grad_norm", "loss"]
-    line = update("".join(cells), "2.5", "0.75")
-    m = template.pattern.fullmatch(line)
+    line = update("".join(cells), loss, "0.75", word)
+    m = template.pattern.fullmatch(line.lower())
     assert (m is not None) == all(c in " #123456789" or "\u2580" <= c <= "\u259f" for c in cells)
     if m is not None:
-        assert m.groups() == ("2.5", "0.75")
+        assert m.groups() == (loss, "0.75")
     scan = text_logs._template_text()
     if scan is None:  # (not built, or GRADTOOL_NO_KERNELS set)
         return
@@ -2585,7 +2621,7 @@ def test_a_bar_s_cells_are_read_alike_by_the_pattern_and_the_compiled_template(c
         assert rows == 0 and (stop, resume) == (0, 0)
     else:
         assert rows == 2 and (stop, resume) == (len(text), len(text))
-        assert [np.frombuffer(col, "<f8").tolist() for col in template.out] == [[2.5, 2.5], [0.75, 0.75]]
+        assert [np.frombuffer(col, "<f8").tolist() for col in template.out] == [[float(loss)] * 2, [0.75] * 2]
 
 
 @pytest.mark.parametrize("bar", ["\u2588", "#"])
