@@ -300,8 +300,8 @@ class NpzReader(DumpReader):
 
     def _check_crcs_from(self, name: str) -> None:
         """Check the CRC-32 of member ``name`` and of the stored members that follow it in the file within
-        CRC_WINDOW bytes (members are asked for in file order: 20,000 members of a few KiB, a ``pread``
-        and a CRC call each, took 0.5 s); each is put in ``_crc_checked`` or ``_crc_bad``, so a damaged
+        CRC_WINDOW bytes, up to the first already judged (members are asked for in file order: 20,000
+        members of a few KiB, a ``pread`` and a CRC call each, took 0.5 s); each is put in ``_crc_checked`` or ``_crc_bad``, so a damaged
         member is refused when it is asked for, not before. Up to CRC_PIECE bytes come from one
         ``pread``; more from one read-only map of them on two threads (:meth:`_crcs_in_map`), a
         member's parts joined by :func:`crc32_combine`."""
@@ -315,8 +315,9 @@ class NpzReader(DumpReader):
         spans = []  # (member, start, end) in file order
         for other in self._stored_order[self._stored_rank[name]:]:
             at = self._data_starts[other]
-            if spans and at + self._members[other][0].file_size - begin > self.CRC_WINDOW:
-                break
+            if spans and (at + self._members[other][0].file_size - begin > self.CRC_WINDOW
+                          or other in self._crc_checked or other in self._crc_bad):
+                break  # (the window ends at a member already judged: by a whole read of it)
             spans.append((other, at, at + self._members[other][0].file_size))
         end = spans[-1][2]
         crc32 = fast_crc32()

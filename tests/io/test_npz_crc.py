@@ -123,6 +123,38 @@ def test_each_member_is_checked_once(damaged, monkeypatch):
     assert sorted(calls) == sizes  # each member's .npy header and data, once (both from one pread)
 
 
+def test_a_window_of_members_ends_at_one_already_checked(tmp_path, monkeypatch):
+    """A member read whole first (its CRC checked by that read) is not checked again by the window of
+    members checked from an earlier one: the window ends before it, the members after it are checked
+    when asked for."""
+    p = str(tmp_path / "three.npz")
+    save_dump(p, {"a": np.arange(1000.0), "b": np.arange(2000.0), "c": np.arange(3000.0)})
+    calls = []
+    real = inflate.fast_crc32
+
+    def counting():
+        crc32 = real()
+
+        def counted(data, value=0):
+            calls.append(len(data))
+            return crc32(data, value)
+        return counted
+
+    monkeypatch.setattr(inflate, "fast_crc32", counting)
+    with zipfile.ZipFile(p) as z:
+        size = {zi.filename[:-4]: zi.file_size for zi in z.infolist()}
+    with open_dump(p) as r:
+        r.read("b")
+        assert sum(calls) == size["b"]  # (its header, then its data)
+        done = len(calls)
+        r.raw_location(r.info("a"))
+        assert calls[done:] == [size["a"]]  # 'a' alone: the window stops at 'b'
+        r.raw_location(r.info("b"))
+        assert len(calls) == done + 1
+        r.raw_location(r.info("c"))
+        assert calls[done + 1:] == [size["c"]]
+
+
 def test_the_check_can_be_switched_off(damaged, monkeypatch):
     monkeypatch.setattr(NpzReader, "VERIFY_CRC", False)
     with open_dump(damaged[1]) as r:
