@@ -35,6 +35,23 @@ def _flip(path, position, bit=0x10):
     open(path, "wb").write(bytes(data))
 
 
+def crc_calls(monkeypatch):
+    """The length of each piece of data the readers take a CRC-32 of from now on (a list that grows)."""
+    calls = []
+    real = inflate.fast_crc32
+
+    def counting():
+        crc32 = real()
+
+        def counted(data, value=0):
+            calls.append(len(data))
+            return crc32(data, value)
+        return counted
+
+    monkeypatch.setattr(inflate, "fast_crc32", counting)
+    return calls
+
+
 @pytest.fixture
 def damaged(tmp_path):
     """A two-tensor npz whose member 'w' has one bit flipped in its data; and the undamaged original."""
@@ -100,18 +117,7 @@ def test_a_damaged_step_of_a_history_is_named(run, damaged, tmp_path):
 def test_each_member_is_checked_once(damaged, monkeypatch):
     """Chunks asked for twice, and the raw location after them, cost one CRC pass a member."""
     monkeypatch.setattr(NpzReader, "CRC_PIECE", 1 << 20)
-    calls = []
-    real = inflate.fast_crc32
-
-    def counting():
-        crc32 = real()
-
-        def counted(data, value=0):
-            calls.append(len(data))
-            return crc32(data, value)
-        return counted
-
-    monkeypatch.setattr(inflate, "fast_crc32", counting)
+    calls = crc_calls(monkeypatch)
     with zipfile.ZipFile(damaged[0]) as z:
         sizes = sorted(zi.file_size for zi in z.infolist())
     with open_dump(damaged[0]) as r:
@@ -129,18 +135,7 @@ def test_a_window_of_members_ends_at_one_already_checked(tmp_path, monkeypatch):
     when asked for."""
     p = str(tmp_path / "three.npz")
     save_dump(p, {"a": np.arange(1000.0), "b": np.arange(2000.0), "c": np.arange(3000.0)})
-    calls = []
-    real = inflate.fast_crc32
-
-    def counting():
-        crc32 = real()
-
-        def counted(data, value=0):
-            calls.append(len(data))
-            return crc32(data, value)
-        return counted
-
-    monkeypatch.setattr(inflate, "fast_crc32", counting)
+    calls = crc_calls(monkeypatch)
     with zipfile.ZipFile(p) as z:
         size = {zi.filename[:-4]: zi.file_size for zi in z.infolist()}
     with open_dump(p) as r:
@@ -277,18 +272,7 @@ def test_stats_of_the_intact_members_of_a_damaged_dump_by_select(run, damaged):
 def test_a_whole_read_and_the_streamed_paths_share_one_verdict(damaged, monkeypatch):
     """A member read whole is not checked again when streamed after it, nor the other way round; a
     damaged one stays refused by every path."""
-    calls = []
-    real = inflate.fast_crc32
-
-    def counting():
-        crc32 = real()
-
-        def counted(data, value=0):
-            calls.append(len(data))
-            return crc32(data, value)
-        return counted
-
-    monkeypatch.setattr(inflate, "fast_crc32", counting)
+    calls = crc_calls(monkeypatch)
     with open_dump(damaged[0]) as r:
         r.read("b")
         assert calls
