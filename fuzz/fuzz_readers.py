@@ -90,6 +90,12 @@ def seeds(tmp: str) -> list[tuple[str, bytes]]:
                                 "train/global_step": 10 * i, "img": {"_type": "image"}}) for i in range(400)])
     out.append(("wandb", p.read_bytes()))
     out.append(("log", megatron.replace("\n", "\r\n").upper().encode()))  # CRLF and capitals
+    blocks = " \u258f\u258e\u258d\u258c\u258b\u258a\u2589\u2588"
+    for bar in (lambda i: ("\u2588" * (i // 8) + blocks[i % 8]).ljust(10)[:10],  # tqdm: its bar's cells free
+                lambda i: ("#" * (i // 8) + (str(i % 8) if i % 8 else "")).ljust(10)[:10]):  # ascii=True
+        out.append(("log", "".join(f"\rEpoch 0: {i:3d}%|{bar(i)}| {i}/80 [00:0{i % 10}<12:34,  9.87it/s, "
+                                   f"loss={2.5 - i / 100:.3f}, grad_norm={1 + i / 50:.3f}]" for i in range(80)
+                                   ).encode() + b"\n"))
     from tests.suggest.test_mlflow import T0, hf_metrics, sql_store  # SQLite: rows by C or by sqlite3
     from tests.suggest.test_trackio import _points, trackio_project
 
