@@ -1269,45 +1269,43 @@ static int holds_norm(const unsigned char *s, Py_ssize_t n) {
     return 0;
 }
 
-/* Where str.splitlines() ends an ASCII line: \n, \r (\r\n one break), \v, \f, \x1c, \x1d, \x1e. */
-static int is_break(Py_UCS4 c) {
-    return c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e);
-}
-
-/* Whether c is a line break str.splitlines() knows but "\n" (branch free: a loop of them vectorises). */
+/* Whether c is a line break str.splitlines() knows but "\n": \r (\r\n one break), \v, \f, \x1c-\x1e,
+ * U+0085, U+2028, U+2029 (branch free). */
 #define OTHER_BREAK(c)                                                                                         \
-    ((c) == '\r' | (c) == 0x0b | (c) == 0x0c | ((Py_UCS4)(c) - 0x1c < 3u) | (Py_UCS4)(c) == 0x85 |         \
-     (Py_UCS4)(c) == 0x2028 | (Py_UCS4)(c) == 0x2029)
+    (((c) == '\r') | ((c) == 0x0b) | ((c) == 0x0c) | ((Py_UCS4)(c) - 0x1c < 3u) | ((Py_UCS4)(c) == 0x85) |   \
+     ((Py_UCS4)(c) == 0x2028) | ((Py_UCS4)(c) == 0x2029))
 
-/* The offset of the first OTHER_BREAK of t[i:n] (n: none). With SSE2, 16 bytes at a time: a control
- * character but "\n" and "\t", U+0085, U+2028, U+2029 found by compares, each then tested exactly (the
- * loop of compares of a character at a time, even in blocks the compiler vectorised, ran at ~2 ns a
- * character, most of newline_lines' time). */
+/* The offset of the first OTHER_BREAK of t[i:n] (with `newline`, of a "\n" too; n: none). With SSE2, 16
+ * bytes at a time: a control character but "\t" (and "\n"), U+0085, U+2028, U+2029 found by compares, each
+ * then tested exactly (a compare of a character at a time, even in blocks the compiler vectorised, ran at
+ * ~2 ns a character, most of newline_lines' time). */
 #if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
 #define SSE2_BREAKS 1
 #endif
+#define IS_BREAK(c, newline) (((newline) && (c) == '\n') || OTHER_BREAK(c))
 
-static Py_ssize_t next_break_1(const Py_UCS1 *t, Py_ssize_t i, Py_ssize_t n) {
+static Py_ssize_t next_break_1(const Py_UCS1 *t, Py_ssize_t i, Py_ssize_t n, int newline) {
 #ifdef SSE2_BREAKS
-    const __m128i high = _mm_set1_epi8((char)0xe0), nl = _mm_set1_epi8('\n'), tab = _mm_set1_epi8('\t'),
-                  nel = _mm_set1_epi8((char)0x85), zero = _mm_setzero_si128();
+    const __m128i high = _mm_set1_epi8((char)0xe0), tab = _mm_set1_epi8('\t'), nel = _mm_set1_epi8((char)0x85),
+                  nl = newline ? tab : _mm_set1_epi8('\n'), zero = _mm_setzero_si128();
     for (; i + 16 <= n; i += 16) {
         __m128i v = _mm_loadu_si128((const __m128i *)(t + i));
         __m128i ctl = _mm_andnot_si128(_mm_or_si128(_mm_cmpeq_epi8(v, nl), _mm_cmpeq_epi8(v, tab)),
                                        _mm_cmpeq_epi8(_mm_and_si128(v, high), zero));
         unsigned m = (unsigned)_mm_movemask_epi8(_mm_or_si128(ctl, _mm_cmpeq_epi8(v, nel)));
         for (; m; m &= m - 1)
-            if (OTHER_BREAK(t[i + __builtin_ctz(m)])) return i + __builtin_ctz(m);
+            if (IS_BREAK(t[i + __builtin_ctz(m)], newline)) return i + __builtin_ctz(m);
     }
 #endif
-    while (i < n && !OTHER_BREAK(t[i])) i++;
+    while (i < n && !IS_BREAK(t[i], newline)) i++;
     return i;
 }
 
-static Py_ssize_t next_break_2(const Py_UCS2 *t, Py_ssize_t i, Py_ssize_t n) {
+static Py_ssize_t next_break_2(const Py_UCS2 *t, Py_ssize_t i, Py_ssize_t n, int newline) {
 #ifdef SSE2_BREAKS
-    const __m128i nl = _mm_set1_epi16('\n'), tab = _mm_set1_epi16('\t'), nel = _mm_set1_epi16(0x85),
-                  ls = _mm_set1_epi16(0x2028), ps = _mm_set1_epi16(0x2029), zero = _mm_setzero_si128();
+    const __m128i tab = _mm_set1_epi16('\t'), nl = newline ? tab : _mm_set1_epi16('\n'),
+                  nel = _mm_set1_epi16(0x85), ls = _mm_set1_epi16(0x2028), ps = _mm_set1_epi16(0x2029),
+                  zero = _mm_setzero_si128();
     for (; i + 8 <= n; i += 8) {
         __m128i v = _mm_loadu_si128((const __m128i *)(t + i));
         __m128i ctl = _mm_andnot_si128(_mm_or_si128(_mm_cmpeq_epi16(v, nl), _mm_cmpeq_epi16(v, tab)),
@@ -1316,36 +1314,15 @@ static Py_ssize_t next_break_2(const Py_UCS2 *t, Py_ssize_t i, Py_ssize_t n) {
                                                                           _mm_cmpeq_epi16(v, ps)));
         unsigned m = (unsigned)_mm_movemask_epi8(_mm_or_si128(ctl, odd)) & 0x5555u; /* a bit a character */
         for (; m; m &= m - 1)
-            if (OTHER_BREAK(t[i + __builtin_ctz(m) / 2])) return i + __builtin_ctz(m) / 2;
+            if (IS_BREAK(t[i + __builtin_ctz(m) / 2], newline)) return i + __builtin_ctz(m) / 2;
     }
 #endif
-    while (i < n && !OTHER_BREAK(t[i])) i++;
+    while (i < n && !IS_BREAK(t[i], newline)) i++;
     return i;
 }
 
-static Py_ssize_t next_break_4(const Py_UCS4 *t, Py_ssize_t i, Py_ssize_t n) {
-    while (i < n && !OTHER_BREAK(t[i])) i++;
-    return i;
-}
-
-/* The offset of the first line break of t[i:n] ("\n" or an OTHER_BREAK; n: none), as next_break_2. */
-static Py_ssize_t line_end_2(const Py_UCS2 *t, Py_ssize_t i, Py_ssize_t n) {
-#ifdef SSE2_BREAKS
-    const __m128i tab = _mm_set1_epi16('\t'), nel = _mm_set1_epi16(0x85), ls = _mm_set1_epi16(0x2028),
-                  ps = _mm_set1_epi16(0x2029), zero = _mm_setzero_si128();
-    for (; i + 8 <= n; i += 8) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(t + i));
-        __m128i ctl = _mm_andnot_si128(_mm_cmpeq_epi16(v, tab), _mm_cmpeq_epi16(_mm_srli_epi16(v, 5), zero));
-        __m128i odd = _mm_or_si128(_mm_cmpeq_epi16(v, nel), _mm_or_si128(_mm_cmpeq_epi16(v, ls),
-                                                                          _mm_cmpeq_epi16(v, ps)));
-        unsigned m = (unsigned)_mm_movemask_epi8(_mm_or_si128(ctl, odd)) & 0x5555u;
-        for (; m; m &= m - 1) {
-            Py_UCS2 c = t[i + __builtin_ctz(m) / 2];
-            if (c == '\n' || OTHER_BREAK(c)) return i + __builtin_ctz(m) / 2;
-        }
-    }
-#endif
-    while (i < n && !(t[i] == '\n' || OTHER_BREAK(t[i]))) i++;
+static Py_ssize_t next_break_4(const Py_UCS4 *t, Py_ssize_t i, Py_ssize_t n, int newline) {
+    while (i < n && !IS_BREAK(t[i], newline)) i++;
     return i;
 }
 
@@ -1402,14 +1379,10 @@ static int utf8_lowered(Py_UCS4 c, unsigned char *to) {
  * line (eight at a time in a text of two-byte characters, with SSE2) and the others by utf8_lowered, whose
  * last result is kept (a tqdm bar's few blocks). It was a PyUnicode_READ, a break test and a capacity test a
  * character: template_text over 8x10^5 tqdm lines with the bar's blocks 0.78-1.01 -> 0.45 s. */
-#define LOWERED_LINE(T)                                                                                        \
+#define LOWERED_LINE(T, next_break)                                                                            \
     do {                                                                                                       \
         const T *s = (const T *)data;                                                                          \
-        Py_ssize_t e = pos;                                                                                    \
-        if (sizeof(T) == 2)                                                                                    \
-            e = line_end_2((const Py_UCS2 *)data, pos, n);                                                     \
-        else                                                                                                   \
-            while (e < n && !(s[e] == '\n' || OTHER_BREAK(s[e]))) e++;                                         \
+        Py_ssize_t e = next_break(s, pos, n, 1);                                                               \
         if (4 * (e - pos) + 4 > *cap) {                                                                        \
             Py_ssize_t want = 4 * (e - pos) + 256;                                                             \
             unsigned char *grown = PyMem_Realloc(*buf, (size_t)want);                                          \
@@ -1466,23 +1439,18 @@ static Py_ssize_t lowered_line(int kind, const void *data, Py_ssize_t n, Py_ssiz
             *next = end < n ? end + 1 : n;
             return end - pos;
         }
-        LOWERED_LINE(Py_UCS1);
+        LOWERED_LINE(Py_UCS1, next_break_1);
     }
-    if (kind == PyUnicode_2BYTE_KIND) LOWERED_LINE(Py_UCS2);
-    LOWERED_LINE(Py_UCS4);
+    if (kind == PyUnicode_2BYTE_KIND) LOWERED_LINE(Py_UCS2, next_break_2);
+    LOWERED_LINE(Py_UCS4, next_break_4);
 }
 
-/* newline_lines(text) -> str | None: text_logs._newline_lines, in two passes over the text instead of a
- * search per kind of break (eight over a text that is not ASCII) and a copy per kind it holds: every line
- * break str.splitlines() knows made "\n" ("\r\n" one break); the text itself when it holds none but "\n";
- * None (the Python function's work) when it holds U+0085, U+2028 or U+2029, whose "\n" may make a str of
- * a narrower kind. */
 /* newline_lines's passes for characters of type T: count the breaks (and "\r\n" pairs) or, with out,
  * copy the text between them to out, a "\n" for each. */
 #define BREAK_PASSES(T, next_break)                                                                            \
     do {                                                                                                       \
         const T *t = (const T *)data;                                                                          \
-        for (Py_ssize_t i = 0, j; (j = next_break(t, i, n)) < n; i = j + 1) {                                  \
+        for (Py_ssize_t i = 0, j; (j = next_break(t, i, n, 0)) < n; i = j + 1) {                               \
             Py_UCS4 c = t[j];                                                                                  \
             if (c == 0x85 || c == 0x2028 || c == 0x2029) Py_RETURN_NONE;                                       \
             breaks++;                                                                                          \
@@ -1493,7 +1461,7 @@ static Py_ssize_t lowered_line(int kind, const void *data, Py_ssize_t n, Py_ssiz
         if (out == NULL) return NULL;                                                                          \
         T *o = (T *)PyUnicode_DATA(out);                                                                       \
         Py_ssize_t i = 0;                                                                                      \
-        for (Py_ssize_t j; (j = next_break(t, i, n)) < n; i = j + 1) {                                         \
+        for (Py_ssize_t j; (j = next_break(t, i, n, 0)) < n; i = j + 1) {                                      \
             memcpy(o, t + i, (size_t)(j - i) * sizeof(T));                                                     \
             o += j - i;                                                                                        \
             *o++ = '\n';                                                                                       \
@@ -1502,6 +1470,11 @@ static Py_ssize_t lowered_line(int kind, const void *data, Py_ssize_t n, Py_ssiz
         memcpy(o, t + i, (size_t)(n - i) * sizeof(T));                                                         \
     } while (0)
 
+/* newline_lines(text) -> str | None: text_logs._newline_lines, in two passes over the text instead of a
+ * search per kind of break (eight over a text that is not ASCII) and a copy per kind it holds: every line
+ * break str.splitlines() knows made "\n" ("\r\n" one break); the text itself when it holds none but "\n";
+ * None (the Python function's work) when it holds U+0085, U+2028 or U+2029, whose "\n" may make a str of
+ * a narrower kind. */
 static PyObject *newline_lines(PyObject *self, PyObject *text) {
     if (!PyUnicode_Check(text)) {
         PyErr_SetString(PyExc_TypeError, "newline_lines: a str is needed");
@@ -1551,8 +1524,7 @@ static PyObject *template_text(PyObject *self, PyObject *args) {
     Py_ssize_t n_ops = PyTuple_GET_SIZE(ops_obj), n = PyUnicode_GET_LENGTH(text);
     int captured;
     op_t *ops = read_ops(ops_obj, out, 1u << OP_TEXT | 1u << OP_SPACES | 1u << OP_SLOT | 1u << OP_BAR, 0, 64,
-                         "template_text",
-                         &captured);
+                         "template_text", &captured);
     if (ops == NULL) return NULL;
     unsigned char *line = NULL;
     int64_t *rows = NULL;
