@@ -360,7 +360,8 @@ class DumpReader:
         a read-only memory map when the data is aligned, else (or with ``copy``: for a few KiB one ``pread``
         costs less than a map; or where the file system cannot map files) read with ``pread`` into
         ``buffer`` (a new one if None), at the phase of a page where that read runs at full speed
-        (:func:`buffer_phase`). The map is closed when the generator resumes. Touches no shared state, so threads may call it concurrently on one reader."""
+        (:func:`buffer_phase`). The map is closed when the generator resumes. Touches no shared state, so
+        threads may call it concurrently on one reader."""
         import mmap
 
         fd, offset = location
@@ -371,7 +372,8 @@ class DumpReader:
             return
         m = None
         base = byte_start - byte_start % mmap.ALLOCATIONGRANULARITY
-        if not (copy or offset % itemsize):  # unaligned (np.savez members): NumPy is many times slower on those
+        if not (copy or offset % itemsize):  # (unaligned data, np.savez's members, is read: NumPy is many
+            # times slower on unaligned views)
             try:
                 m = mmap.mmap(fd, byte_start - base + nbytes, access=mmap.ACCESS_READ, offset=base)
             except (OSError, ValueError):  # a file system that cannot map files: read them instead

@@ -301,8 +301,8 @@ class NpzReader(DumpReader):
     def _check_crcs_from(self, name: str) -> None:
         """Check the CRC-32 of member ``name`` and of the stored members that follow it in the file within
         CRC_WINDOW bytes, up to the first already judged (members are asked for in file order: 20,000
-        members of a few KiB, a ``pread`` and a CRC call each, took 0.5 s); each is put in ``_crc_checked`` or ``_crc_bad``, so a damaged
-        member is refused when it is asked for, not before. Up to CRC_PIECE bytes come from one
+        members of a few KiB, a ``pread`` and a CRC call each, took 0.5 s); each is put in
+        ``_crc_checked`` or ``_crc_bad``, so a damaged member is refused when it is asked for, not before. Up to CRC_PIECE bytes come from one
         ``pread``; more from one read-only map of them on two threads (:meth:`_crcs_in_map`), a
         member's parts joined by :func:`crc32_combine`."""
         from .inflate import crc32_combine, fast_crc32

@@ -330,11 +330,11 @@ _TEMPLATE_LINE_MAX = 4096  # longer lines make no template (its pattern compiled
 _WORDS_READ = {"grad_norm": "nan|inf(?:inity)?", "loss": "nan|inf"}  # as _TEXT_NORM and _TEXT_LOSS read them
 # A progress bar's cells between two "|": tqdm's eighths of a block (U+2588-U+258F; any block element,
 # U+2580-U+259F, is taken), its ascii=True cells " 123456789#", spaces. A template leaves them free
-# (``_BAR_CELLS``; the compiled reader's op (3,)): no pattern of the reader reads a word or a number there
+# (``_BAR_CELLS``; the compiled reader's op (4,)): no pattern of the reader reads a word or a number there
 # (they have no letter, "0" nor "."), and a bar's every state made a template of its own, each a regular
 # expression to compile (a 10^6-line tqdm log: ~80 of them, 0.7 s of 3.1)
 _BAR_CELLS = "[ #1-9\u2580-\u259f]*+"
-_BAR = re.compile(f"(?<=\\|){_BAR_CELLS}(?=\\|)")  # (a bar: such a run with a "#" or a block)
+_BAR = re.compile(f"(?<=\\|){_BAR_CELLS}(?=\\|)")  # (a bar only if _BAR_FILLED finds a "#" or a block in it)
 _BAR_FILLED = re.compile("[#\u2580-\u259f]")
 
 
