@@ -10,14 +10,14 @@ setup(
         Extension(
             "gradtool.core._kernels",
             ["gradtool/core/_kernels.c"],
-            depends=["gradtool/core/_kernels_loops.h", "gradtool/core/_kernels_summary.h"],
+            depends=["gradtool/core/_kernels_loops.h", "gradtool/core/_kernels_summary.h", "gradtool/_crc32.h"],
             extra_compile_args=["-O3", "-ffp-contract=off"],  # the same bits from every SIMD build
             optional=True,
         ),
         Extension(
             "gradtool.io._logscan",
             ["gradtool/io/_logscan.c"],
-            depends=["gradtool/io/_logscan_pow10.h"],
+            depends=["gradtool/io/_logscan_pow10.h", "gradtool/_crc32.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

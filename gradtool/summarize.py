@@ -136,27 +136,36 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
         infos = [i for i in reader.tensors if name_selected(i.name, select, exclude)]
     if workers < 2 or sum(i.size * i.dtype.itemsize for i in infos) < PARALLEL_MIN_BYTES:
         return False
-    segments = []  # per tensor: the (reader, piece, location) runs of bytes that make it up, in order
-    for info in infos:
-        segs = reader.raw_segments(info)
-        if segs is None:
+    # per tensor: the (reader, piece, location) runs of bytes that make it up, in order. A run the kernel
+    # reads takes its stored CRC-32 (an npz member's) in the same pass: those are asked for first, so that
+    # the checks made for the others stop at them (see NpzReader.location_checked_by_caller)
+    fuse_crc = kernels.compiled_crc32_combine is not None
+    by_kernel = [fuse_crc and _read_in_kernel(p, info) for info in infos]
+    segments: list[Any] = [None] * len(infos)
+    for k in sorted(range(len(infos)), key=lambda k: not by_kernel[k]):
+        segments[k] = reader.raw_segments(infos[k], crc_by_caller=by_kernel[k])
+        if segments[k] is None:
             return False
-        segments.append(segs)
+    seeds = {(k, j): seed for k, segs in enumerate(segments) if by_kernel[k]
+             for j, (source, piece, _) in enumerate(segs) if (seed := source.crc_seed(piece)) is not None}
 
     def piece_elements(info: TensorInfo) -> int:
         return max(1, PIECE_BYTES // (STREAM_CHUNK * info.dtype.itemsize)) * STREAM_CHUNK
 
     batches = small_tensor_batches(reader, infos, p, segments)  # small tensors: many to a task, one kernel call
     batched = {k for batch in batches for k, *_ in batch}
+    owed = {k: (*segments[k][0][:2], seed) for (k, _), seed in seeds.items() if k in batched}
     pieces = [(k, j, start, min(start + piece_elements(seg[1]), seg[1].size))
               for k, segs in enumerate(segments) if k not in batched for j, seg in enumerate(segs)
               for start in range(0, seg[1].size, piece_elements(seg[1]))]
 
     local = threading.local()  # one read buffer per thread (for small or unaligned non-float32 data)
 
-    def work(piece: tuple[int, int, int, int]) -> StatsAccumulator:
+    def work(piece: tuple[int, int, int, int]) -> tuple[StatsAccumulator, int | None]:
         k, j, start, stop = piece
-        return _piece_accumulator(*segments[k][j], start, stop, p, local)
+        seed = seeds.get((k, j))  # a run's first piece continues the seed; the others start at 0, joined below
+        return _piece_accumulator(*segments[k][j], start, stop, p, local,
+                                  crc=None if seed is None else seed if start == 0 else 0)
 
     def inline(piece: tuple[int, int, int, int]) -> bool:  # see SMALL_PIECE_ELEMENTS
         return piece[3] - piece[2] < SMALL_PIECE_ELEMENTS
@@ -164,6 +173,7 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
     from concurrent.futures import ThreadPoolExecutor
 
     accs = {k: StatsAccumulator(p) for k in range(len(infos)) if k not in batched}
+    crcs: dict[tuple[int, int], int] = {}  # (tensor, run) -> the CRC-32 of its pieces so far, in order
     left = [0] * len(infos)
     for k, *_ in pieces:
         left[k] += 1
@@ -182,6 +192,9 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
                 got = batch_got[future] = future.result()
             stats = got[k] or streamed_stats(reader, info, p)
         else:
+            for j, (source, piece, _) in enumerate(segments[k]):  # (no statistics from bytes not yet checked)
+                if (k, j) in seeds:
+                    source.settle_crc(piece, crcs[k, j])
             stats = accumulated_stats(accs[k], info)
         summary.tensors.append((info.name, stats))
         if on_tensor:
@@ -190,12 +203,15 @@ def _summarize_parallel(reader: DumpReader, summary: DumpSummary, select: Sequen
     pool = ThreadPoolExecutor(workers, thread_name_prefix="gradtool-stats")
     try:
         for batch in batches:
-            future = pool.submit(batch_stats, reader, batch, p)
+            future = pool.submit(batch_stats, reader, batch, p, owed)
             batch_of.update((k, future) for k, *_ in batch)
         futures = iter([pool.submit(work, piece) for piece in pieces if not inline(piece)])
         for piece in pieces:  # in order: small pieces summarised here while the workers read the big ones
-            k = piece[0]
-            acc = work(piece) if inline(piece) else next(futures).result()
+            k, j, start, stop = piece
+            acc, crc = work(piece) if inline(piece) else next(futures).result()
+            if crc is not None:
+                crcs[k, j] = crc if start == 0 else kernels.compiled_crc32_combine(
+                    crcs[k, j], crc, (stop - start) * infos[k].dtype.itemsize)
             while done < k:  # empty tensors (no pieces) before this one
                 finish(done)
                 done += 1
@@ -226,16 +242,21 @@ def _read_in_kernel(p: float, info: TensorInfo) -> bool:
 
 
 def _summarise_in_kernel(acc: StatsAccumulator, source: DumpReader, info: TensorInfo,
-                         location: tuple[int, int], start: int, stop: int) -> None:
+                         location: tuple[int, int], start: int, stop: int, crc: int | None = None) -> int | None:
     """Float32 (or float16/bfloat16, widened to float32) elements [start, stop) of a run of a tensor's bytes
     into ``acc``: read and summarised chunk by chunk (STREAM_CHUNK elements from ``start``) in C through a
     cache-resident buffer, no GIL held, one call for the run (``f32_summaries_fd``); the same chunks, so the
-    same bits, as ``iter_chunks``."""
+    same bits, as ``iter_chunks``. With ``crc``: returns ``zlib.crc32(those bytes, crc)``, taken in the
+    same pass."""
     fd, offset = location
     kind = kernel_kind(info.dtype)
     try:
-        summaries = kernels.compiled_f32_summaries_fd(fd, offset + start * info.dtype.itemsize, stop - start,
-                                                      STREAM_CHUNK, kind)
+        if crc is None:
+            summaries = kernels.compiled_f32_summaries_fd(fd, offset + start * info.dtype.itemsize, stop - start,
+                                                          STREAM_CHUNK, kind)
+        else:
+            summaries, crc = kernels.compiled_f32_summaries_fd(fd, offset + start * info.dtype.itemsize,
+                                                               stop - start, STREAM_CHUNK, kind, crc)
     except EOFError:
         raise InputError(f"{source.display_path}: tensor {info.name!r} is truncated") from None
     except OSError as exc:
@@ -247,17 +268,20 @@ def _summarise_in_kernel(acc: StatsAccumulator, source: DumpReader, info: Tensor
         return np.array(next(source.range_window(location, info, a, min(a + STREAM_CHUNK, stop))))
 
     acc.update_summaries(summaries, STREAM_CHUNK, stop - start, chunk_at)
+    return crc
 
 
 def _piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int, int], start: int, stop: int,
-                       p: float, local: threading.local) -> StatsAccumulator:
-    """Elements [start, stop) of one run of a tensor's bytes, summarised. float32: by
-    :func:`_summarise_in_kernel`; other dtypes: one memory-map window (or a pread into this thread's
-    buffer, always for a piece under SMALL_PIECE_ELEMENTS) and ``update_window``."""
+                       p: float, local: threading.local, crc: int | None = None
+                       ) -> tuple[StatsAccumulator, int | None]:
+    """Elements [start, stop) of one run of a tensor's bytes, summarised, and with ``crc`` (a tensor read by
+    the kernel only) the CRC-32 of those bytes continued from it. float32: by :func:`_summarise_in_kernel`;
+    other dtypes: one memory-map window (or a pread into this thread's buffer, always for a piece under
+    SMALL_PIECE_ELEMENTS) and ``update_window``."""
     acc = StatsAccumulator(p)
     if _read_in_kernel(p, info):
-        _summarise_in_kernel(acc, source, info, location, start, stop)
-        return acc
+        return acc, _summarise_in_kernel(acc, source, info, location, start, stop, crc)
+    assert crc is None, "a CRC is taken by the kernel's reads only"
     small = stop - start < SMALL_PIECE_ELEMENTS
     buffer = getattr(local, "buffer", None)  # this thread's read buffer (it grows to the largest piece)
     if buffer is None:
@@ -265,7 +289,7 @@ def _piece_accumulator(source: DumpReader, info: TensorInfo, location: tuple[int
     for window in source.range_window(location, info, start, stop, buffer, copy=small):
         acc.update_window(window.view(np.int8) if info.dtype == np.bool_ else window, STREAM_CHUNK)
         del window
-    return acc
+    return acc, None
 
 
 BATCH_BYTES = 4 << 20  # the small tensors of one kernel call (tensor_summaries_fd): a 20,000-tensor dump in
@@ -300,17 +324,26 @@ def small_tensor_batches(reader: DumpReader, infos: Sequence[TensorInfo], p: flo
     return batches
 
 
-def batch_stats(reader: DumpReader, batch: Sequence[tuple[int, TensorInfo, int, int, int]], p: float
+def batch_stats(reader: DumpReader, batch: Sequence[tuple[int, TensorInfo, int, int, int]], p: float,
+                crc_owed: dict[int, tuple[DumpReader, TensorInfo, int]] | None = None
                 ) -> dict[int, TensorStats | None]:
     """Statistics of a batch of :func:`small_tensor_batches`, by index: read and summarised in one
     ``tensor_summaries_fd`` call (no GIL held), then :func:`~gradtool.core.stats.one_chunk_stats` for all
     of them at once; the same bits as streaming each. None where the summary does not decide (NaN/inf,
     extreme values, a dominating mean) or where the read failed: the caller streams those tensors, which
-    reads their data (or reports the error with the file named)."""
+    reads their data (or reports the error with the file named). ``crc_owed``: index -> (reader, piece,
+    CRC-32 seed) of the tensors whose stored CRC the caller took over (:meth:`DumpReader.crc_seed`): taken
+    in the same call and settled, before their statistics are made, for those read."""
     items = np.array([(offset, info.size, kind) for _, info, _, offset, kind in batch], np.int64)
     out = np.empty((len(batch), 5))
-    failed = kernels.compiled_tensor_summaries_fd(batch[0][2], items, out)
+    owed = [crc_owed.get(k) for k, *_ in batch] if crc_owed else []
+    crcs = np.array([0 if o is None else o[2] for o in owed], np.uint32) if any(owed) else None
+    failed = kernels.compiled_tensor_summaries_fd(batch[0][2], items, out, *([] if crcs is None else [crcs]))
     done = len(batch) if failed < 0 else failed
+    if crcs is not None:
+        for i in range(done):
+            if owed[i] is not None:
+                owed[i][0].settle_crc(owed[i][1], int(crcs[i]))
     stats = one_chunk_stats(out[:done], items[:done, 1].tolist(), [info.shape for _, info, *_ in batch[:done]],
                             [dtype_name(info.dtype) for _, info, *_ in batch[:done]], p)
     result: dict[int, TensorStats | None] = {k: None for k, *_ in batch}

@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_crc32.h" /* an npz member's CRC-32 taken in the pass that reads it (f32_summaries_fd's crc) */
+
 #define BLOCK 1024
 
 #define W 16 /* logical lanes: the arithmetic, and so the bits, of every build */
@@ -846,20 +848,34 @@ static char *phased(char *page_aligned, long long file_offset) {
     return page_aligned + ((file_offset & (PAGE_PHASE - 1)) & ~(long long)63);
 }
 
-/* f32_summaries_fd(fd, offset, count, chunk_elements[, kind]) -> list of f32_summary tuples for the `count`
- * float32 values at byte `offset` of file `fd`, one per chunk: each chunk is pread into a reused buffer
- * (cache-resident, 64-byte aligned, at the chunk's phase in a page: see phased) and summarised, all
+/* f32_summaries_fd(fd, offset, count, chunk_elements[, kind[, crc]]) -> list of f32_summary tuples for the
+ * `count` float32 values at byte `offset` of file `fd`, one per chunk: each chunk is pread into a reused
+ * buffer (cache-resident, 64-byte aligned, at the chunk's phase in a page: see phased) and summarised, all
  * without the GIL. With kind 0 (float16) or 1 (bfloat16) the values are 2-byte half-precision ones,
- * summarised as their float32 values (half_summaries' bits).
+ * summarised as their float32 values (half_summaries' bits). With `crc` (an int, not None) the result is
+ * (that list, zlib.crc32(the bytes read, crc)): the CRC is taken of each chunk while it is in the cache,
+ * where a pass of its own reads the file's pages from memory once more (an npz member's check).
  * A file that ends early raises EOFError; a read error raises OSError. */
 static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
     int fd, kind = -1;
     long long offset;
     Py_ssize_t count, chunk;
-    if (!PyArg_ParseTuple(args, "iLnn|i", &fd, &offset, &count, &chunk, &kind)) return NULL;
+    PyObject *crc_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "iLnn|iO", &fd, &offset, &count, &chunk, &kind, &crc_obj)) return NULL;
     if (chunk <= 0 || count < 0 || offset < 0) {
         PyErr_SetString(PyExc_ValueError, "bad offset, count or chunk_elements");
         return NULL;
+    }
+    int with_crc = crc_obj != Py_None;
+    uint32_t crc = 0;
+    if (with_crc) {
+        unsigned long seed = PyLong_AsUnsignedLong(crc_obj);
+        if (seed == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+        if (seed > 0xFFFFFFFFul) {
+            PyErr_SetString(PyExc_ValueError, "crc must be a CRC-32 (0 <= crc < 2**32)");
+            return NULL;
+        }
+        crc = (uint32_t)seed;
     }
     if (kind != -1 && half_kind(kind) < 0) return NULL;
     size_t item = kind == -1 ? sizeof(float) : 2;
@@ -893,6 +909,7 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
             got += (size_t)n;
         }
         if (err || eof) break;
+        if (with_crc) crc = crc32_with(crc, (const unsigned char *)buf, (Py_ssize_t)want, 1);
         summarize_kind(chosen, buf, len, kind, &out[c]);
     }
     Py_END_ALLOW_THREADS
@@ -906,7 +923,17 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_EOFError, "the file ends before the tensor does");
         return NULL;
     }
-    return summaries_to_list(out, nchunks);
+    PyObject *list = summaries_to_list(out, nchunks);
+    if (list == NULL || !with_crc) return list;
+    return Py_BuildValue("(Nk)", list, (unsigned long)crc);
+}
+
+/* Whether a buffer's struct format is a native-order 4-byte unsigned integer ("I", "=I", ...; "L" where a
+ * C long is 4 bytes): a NumPy uint32 array's. */
+static int native_uint32(const char *fmt) {
+    if (fmt == NULL) return 0;
+    if (fmt[0] == '@' || fmt[0] == '=' || fmt[0] == (PY_LITTLE_ENDIAN ? '<' : '>')) fmt++;
+    return (fmt[0] == 'I' || (fmt[0] == 'L' && sizeof(long) == 4)) && fmt[1] == 0;
 }
 
 /* Whether a buffer's struct format is one of the 8-byte native codes in `codes` ("l", "<q", "=d", ...). */
@@ -922,20 +949,29 @@ static int native_format(const char *fmt, const char *codes, int size) {
  * (float64, k x 5: min, max, sum, sumsq, zero count), read with pread into a reused buffer at the data's
  * phase in a page; all without the GIL. For a dump's many small tensors: one call instead of one per
  * tensor (each call costs its GIL round trip, a list and a tuple). Rows from the failed index on are left
- * unwritten; the caller reads those tensors again its usual way, which reports the error. */
+ * unwritten; the caller reads those tensors again its usual way, which reports the error. With `crcs` (a
+ * writable uint32 buffer of k entries, not None), crcs[i] becomes zlib.crc32(item i's bytes, crcs[i]): each
+ * item's CRC-32 continued from the seed the caller put there (f32_summaries_fd's crc). */
 static PyObject *tensor_summaries_fd(PyObject *self, PyObject *args) {
     int fd;
-    PyObject *items_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "iOO", &fd, &items_obj, &out_obj)) return NULL;
-    Py_buffer items, out;
+    PyObject *items_obj, *out_obj, *crcs_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "iOO|O", &fd, &items_obj, &out_obj, &crcs_obj)) return NULL;
+    Py_buffer items, out, crcs = {0};
     if (PyObject_GetBuffer(items_obj, &items, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&items);
         return NULL;
     }
+    int with_crcs = crcs_obj != Py_None;
+    if (with_crcs && PyObject_GetBuffer(crcs_obj, &crcs, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&items);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
     Py_ssize_t k = items.len / (3 * 8);
     int ok = native_format(items.format, "ql", 8) && items.itemsize == 8 && items.len == k * 3 * 8
-             && native_format(out.format, "d", 8) && out.itemsize == 8 && out.len == k * 5 * 8;
+             && native_format(out.format, "d", 8) && out.itemsize == 8 && out.len == k * 5 * 8
+             && (!with_crcs || (native_uint32(crcs.format) && crcs.itemsize == 4 && crcs.len == k * 4));
     const long long *it = (const long long *)items.buf;
     Py_ssize_t most = 1;
     for (Py_ssize_t i = 0; ok && i < k; i++) {
@@ -946,16 +982,20 @@ static PyObject *tensor_summaries_fd(PyObject *self, PyObject *args) {
     if (!ok) {
         PyBuffer_Release(&items);
         PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "tensor_summaries_fd needs int64 (offset, count > 0, kind) rows and a "
-                                          "float64 output of 5 columns, one row per item");
+        if (with_crcs) PyBuffer_Release(&crcs);
+        PyErr_SetString(PyExc_ValueError, "tensor_summaries_fd needs int64 (offset, count > 0, kind) rows, a "
+                                          "float64 output of 5 columns, one row per item, and crcs None or "
+                                          "uint32, one per item");
         return NULL;
     }
     char *block = PyMem_RawMalloc((size_t)most + PAGE_PHASE_SLACK);
     if (block == NULL) {
         PyBuffer_Release(&items);
         PyBuffer_Release(&out);
+        if (with_crcs) PyBuffer_Release(&crcs);
         return PyErr_NoMemory();
     }
+    uint32_t *crc_out = with_crcs ? (uint32_t *)crcs.buf : NULL;
     char *page = (char *)(((uintptr_t)block + PAGE_PHASE - 1) & ~(uintptr_t)(PAGE_PHASE - 1));
     double *o = (double *)out.buf;
     Py_ssize_t failed = -1;
@@ -975,6 +1015,7 @@ static PyObject *tensor_summaries_fd(PyObject *self, PyObject *args) {
             failed = i;
             break;
         }
+        if (crc_out != NULL) crc_out[i] = crc32_with(crc_out[i], (const unsigned char *)buf, (Py_ssize_t)want, 1);
         summary_t one;
         summarize_kind(chosen, buf, len, (int)kind, &one);
         double *row = o + 5 * i;
@@ -988,6 +1029,7 @@ static PyObject *tensor_summaries_fd(PyObject *self, PyObject *args) {
     PyMem_RawFree(block);
     PyBuffer_Release(&items);
     PyBuffer_Release(&out);
+    if (with_crcs) PyBuffer_Release(&crcs);
     return PyLong_FromSsize_t(failed);
 }
 #endif
@@ -1152,7 +1194,23 @@ static PyObject *half_to_f32_width(PyObject *self, PyObject *args) {
     return width == NULL ? NULL : half_widen_with(src_obj, out_obj, kind, width);
 }
 
+/* crc32_combine(crc1, crc2, len2) -> zlib's crc32_combine: zlib.crc32(a + b) from crc1 = zlib.crc32(a),
+ * crc2 = zlib.crc32(b) and len2 = len(b) (the CRCs of an npz member's pieces, read on two threads). */
+static PyObject *crc32_combine_py(PyObject *self, PyObject *args) {
+    unsigned long crc1, crc2;
+    unsigned long long len2;
+    if (!PyArg_ParseTuple(args, "kkK", &crc1, &crc2, &len2)) return NULL;
+    if (crc1 > 0xFFFFFFFFul || crc2 > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "crc32_combine: a CRC-32 is 0 <= crc < 2**32");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(crc32_combine((uint32_t)crc1, (uint32_t)crc2, (uint64_t)len2));
+}
+
 static PyMethodDef methods[] = {
+    {"crc32_combine", crc32_combine_py, METH_VARARGS,
+     "crc32_combine(crc1, crc2, len2) -> zlib.crc32(a + b) from crc1 = zlib.crc32(a), crc2 = zlib.crc32(b)\n"
+     "and len2 = len(b)."},
     {"f64_summary", f64_summary, METH_O,
      "f64_summary(src) -> (max |x| (NaN if any x is NaN), sum of squares) of C-contiguous float64 values,\n"
      "in a fixed order (eight running sums), no GIL held."},
@@ -1178,13 +1236,15 @@ static PyMethodDef methods[] = {
      "f32_sumsq_each(buffers) -> [sum of squares of each C-contiguous float32 buffer], GIL released."},
 #ifndef _WIN32
     {"tensor_summaries_fd", tensor_summaries_fd, METH_VARARGS,
-     "tensor_summaries_fd(fd, items, out) -> -1 or the first failed index: out[i] = (min, max, sum, sumsq,\n"
-     "zeros) of the count values (kind -1 float32, 0 float16, 1 bfloat16) at byte offset of fd, one chunk\n"
-     "per (offset, count, kind) row of items (int64), all without the GIL."},
+     "tensor_summaries_fd(fd, items, out[, crcs]) -> -1 or the first failed index: out[i] = (min, max, sum,\n"
+     "sumsq, zeros) of the count values (kind -1 float32, 0 float16, 1 bfloat16) at byte offset of fd, one\n"
+     "chunk per (offset, count, kind) row of items (int64), all without the GIL; crcs (uint32): each\n"
+     "item's CRC-32 continued from the seed in it."},
     {"f32_summaries_fd", f32_summaries_fd, METH_VARARGS,
-     "f32_summaries_fd(fd, offset, count, chunk_elements[, kind]) -> f32_summary of each chunk of the count\n"
-     "float32 values (kind 0: float16, 1: bfloat16, widened) at byte offset of fd, read with pread into a\n"
-     "cache-resident buffer, all without the GIL."},
+     "f32_summaries_fd(fd, offset, count, chunk_elements[, kind[, crc]]) -> f32_summary of each chunk of the\n"
+     "count float32 values (kind 0: float16, 1: bfloat16, widened) at byte offset of fd, read with pread\n"
+     "into a cache-resident buffer, all without the GIL; with crc (an int), (that list, zlib.crc32(the bytes\n"
+     "read, crc))."},
 #endif
     {"half_scale", half_scale, METH_VARARGS,
      "half_scale(src, scale, out, kind) -> (sum of squares of out, changed count):\n"
@@ -1220,6 +1280,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gradtool.core._kerne
                                     "Optional compiled kernels (see _kernels.c).", -1, methods};
 
 PyMODINIT_FUNC PyInit__kernels(void) {
+    crc32_setup();
 #ifdef GT_X86_WIDTHS
     __builtin_cpu_init();
 #endif

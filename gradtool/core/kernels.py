@@ -11,7 +11,9 @@ float32 array of a list, with no Python per array; ``compiled_f32_scale(src, sca
 ``HALF_F16``) or bfloat16 (``HALF_BF16``) values widened to float32 chunk by chunk inside the call (the
 bits of summarising ``chunk.astype(float32)``); ``compiled_tensor_summaries_fd(fd, items, out)`` the
 one-chunk summary of each of many small tensors (rows of ``items``: byte offset, element count, kind) in
-one call, into the rows of ``out``;
+one call, into the rows of ``out``; both take the CRC-32 of the bytes they read, continued from a seed,
+when asked (``crc=seed``; ``crcs=`` a uint32 array of seeds), and ``compiled_crc32_combine(c1, c2, len2)``
+joins the CRCs of consecutive pieces (zlib's ``crc32_combine``);
 ``compiled_half_scale(src_u16, scale, out_u16, kind) -> (Σout², #changed)`` is ``compiled_f32_scale`` for
 float16/bfloat16 (multiplied in float32, rounded once, as ``clipping.scale_tensor`` does), and
 ``compiled_half_scale_slices(src_u16, scales_f32, out_u16, kind, by_row) -> #changed`` the same with a
@@ -81,10 +83,16 @@ try:
     from ._kernels import tensor_summaries_fd as compiled_tensor_summaries_fd
 except ImportError:
     compiled_tensor_summaries_fd = None
+compiled_crc32_combine: Callable[[int, int, int], int] | None
+try:  # (with it, the two _fd functions take a crc argument: a build older than both has neither)
+    from ._kernels import crc32_combine as compiled_crc32_combine
+except ImportError:
+    compiled_crc32_combine = None
 COMPILED = ("compiled_f32_summary", "compiled_f32_summaries", "compiled_f32_summaries_fd",
             "compiled_f32_sumsq_each", "compiled_f32_scale", "compiled_half_summaries", "compiled_half_scale",
             "compiled_half_scale_slices", "compiled_clip_values", "compiled_f64_summary", "compiled_f64_scale",
-            "compiled_tensor_summaries_fd")  # every entry point above, None without the kernel
+            "compiled_tensor_summaries_fd", "compiled_crc32_combine")  # every entry point above, None without
+# the kernel
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     globals().update(dict.fromkeys(COMPILED))
 

@@ -53,116 +53,9 @@
 #define MAX_KEYS (MAX_SLOTS / 2) /* a log of each parameter's norm: a key per parameter (4,096 left a mixture
                                   * of experts' 5,000 to Python: 500 records, 5.5 -> 0.9 s) */
 
-typedef uint32_t crc_tables_t[8][256];
-static crc_tables_t crc32_tables, crc32c_tables; /* zlib's CRC-32; CRC-32C (Castagnoli) */
+#include "../_crc32.h" /* zlib's CRC-32: crc_init, crc_update, crc32_with (carry-less), crc32_combine */
 
-/* The slicing-by-8 tables of the reflected CRC of polynomial `poly`. */
-static void crc_init(crc_tables_t t, uint32_t poly) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = c & 1 ? poly ^ (c >> 1) : c >> 1;
-        t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int k = 1; k < 8; k++) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
-}
-
-/* The CRC of the tables `t` continued over p[0:n] from `crc` (zlib's crc32(data, crc) with crc32_tables):
- * slicing by 8. */
-static uint32_t crc_update(const crc_tables_t t, uint32_t crc, const unsigned char *p, Py_ssize_t n) {
-    crc = ~crc;
-    while (n >= 8) {
-        uint32_t a = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                            (uint32_t)p[3] << 24);
-        crc = t[7][a & 0xFF] ^ t[6][(a >> 8) & 0xFF] ^ t[5][(a >> 16) & 0xFF] ^ t[4][a >> 24] ^ t[3][p[4]] ^
-              t[2][p[5]] ^ t[1][p[6]] ^ t[0][p[7]];
-        p += 8;
-        n -= 8;
-    }
-    while (n--) crc = t[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    return ~crc;
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define CLMUL_CRC 1
-static int clmul_crc = 0; /* the CPU has PCLMULQDQ and SSE4.1 (set at import) */
-
-/* zlib's CRC-32 state (inverted) continued over p[0:n], n >= 64 and a multiple of 16, by folding with
- * carry-less multiplication (Intel, "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ
- * Instruction", 2009; its bit-reflected constants for the CRC-32 polynomial, as Chromium's zlib and
- * Linux use them): 64 bytes per step in four lanes, folded to 128 then 64 bits, Barrett-reduced to 32. */
-__attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t crc, const unsigned char *p,
-                                                                     Py_ssize_t n) {
-    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4);
-    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
-    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124);
-    const __m128i poly = _mm_set_epi64x(0x01f7011641, 0x01db710641);
-    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
-    __m128i x1 = _mm_loadu_si128((const __m128i *)p), x2 = _mm_loadu_si128((const __m128i *)(p + 0x10));
-    __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 0x20));
-    __m128i x4 = _mm_loadu_si128((const __m128i *)(p + 0x30));
-    __m128i x0, x5, x6, x7, x8;
-    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
-    p += 64;
-    n -= 64;
-    while (n >= 64) { /* four lanes folded 64 bytes ahead */
-        x5 = _mm_clmulepi64_si128(x1, k1k2, 0x00);
-        x6 = _mm_clmulepi64_si128(x2, k1k2, 0x00);
-        x7 = _mm_clmulepi64_si128(x3, k1k2, 0x00);
-        x8 = _mm_clmulepi64_si128(x4, k1k2, 0x00);
-        x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, k1k2, 0x11), x5);
-        x2 = _mm_xor_si128(_mm_clmulepi64_si128(x2, k1k2, 0x11), x6);
-        x3 = _mm_xor_si128(_mm_clmulepi64_si128(x3, k1k2, 0x11), x7);
-        x4 = _mm_xor_si128(_mm_clmulepi64_si128(x4, k1k2, 0x11), x8);
-        x1 = _mm_xor_si128(x1, _mm_loadu_si128((const __m128i *)(p + 0x00)));
-        x2 = _mm_xor_si128(x2, _mm_loadu_si128((const __m128i *)(p + 0x10)));
-        x3 = _mm_xor_si128(x3, _mm_loadu_si128((const __m128i *)(p + 0x20)));
-        x4 = _mm_xor_si128(x4, _mm_loadu_si128((const __m128i *)(p + 0x30)));
-        p += 64;
-        n -= 64;
-    }
-    x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00); /* the four lanes into one, 16 bytes apart */
-    x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x2), x5);
-    x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
-    x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x3), x5);
-    x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
-    x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x4), x5);
-    while (n >= 16) {
-        x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
-        x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), _mm_loadu_si128((const __m128i *)p));
-        x1 = _mm_xor_si128(x1, x5);
-        p += 16;
-        n -= 16;
-    }
-    x2 = _mm_clmulepi64_si128(x1, k3k4, 0x10); /* 128 bits to 64 */
-    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
-    x2 = _mm_srli_si128(x1, 4);
-    x1 = _mm_and_si128(x1, low32);
-    x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, k5k0, 0x00), x2);
-    x0 = _mm_and_si128(x1, low32); /* Barrett reduction to 32 bits */
-    x0 = _mm_and_si128(_mm_clmulepi64_si128(x0, poly, 0x10), low32);
-    x0 = _mm_clmulepi64_si128(x0, poly, 0x00);
-    x1 = _mm_xor_si128(x1, x0);
-    return (uint32_t)_mm_extract_epi32(x1, 1);
-}
-#endif
-
-/* zlib's crc32(data, crc) of p[0:n]: by carry-less multiplication where the CPU has it (and `simd`), for
- * the whole 16-byte blocks of at least 64 bytes, the slicing-by-8 tables for the rest. */
-static uint32_t crc32_with(uint32_t crc, const unsigned char *p, Py_ssize_t n, int simd) {
-#ifdef CLMUL_CRC
-    if (simd && clmul_crc && n >= 64) {
-        Py_ssize_t whole = n & ~(Py_ssize_t)15;
-        crc = ~crc32_clmul(~crc, p, whole);
-        p += whole;
-        n -= whole;
-    }
-#else
-    (void)simd;
-#endif
-    return crc_update((const uint32_t(*)[256])crc32_tables, crc, p, n);
-}
+static crc_tables_t crc32c_tables; /* CRC-32C (Castagnoli): TFRecord's */
 
 static uint32_t crc32_update(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
     return crc32_with(crc, p, n, 1);
@@ -2686,12 +2579,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "gradtool.io._logscan
 PyMODINIT_FUNC PyInit__logscan(void) {
     dict_line_chars_init();
     json_float_chars_init();
-    crc_init(crc32_tables, 0xEDB88320u);
+    crc32_setup();
     crc_init(crc32c_tables, 0x82F63B78u);
-#ifdef CLMUL_CRC
-    __builtin_cpu_init();
-    clmul_crc = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
-#endif
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && PyModule_AddIntConstant(m, "TEMPLATE_BAR", OP_BAR) < 0) Py_CLEAR(m);
     return m;

@@ -345,14 +345,33 @@ class DumpReader:
         threads at once, see :meth:`range_window`); None otherwise (compressed, chunked, sharded, stdin)."""
         return None
 
-    def raw_segments(self, info: TensorInfo) -> list[tuple[DumpReader, TensorInfo, tuple[int, int]]] | None:
+    def raw_segments(self, info: TensorInfo, *, crc_by_caller: bool = False
+                     ) -> list[tuple[DumpReader, TensorInfo, tuple[int, int]]] | None:
         """The runs of bytes a tensor is made of, in element order, as (reader, piece, raw_location):
         one run here (none for an empty tensor); a sharded step's pieces in its shard files. None when a
-        run cannot be read at an offset."""
+        run cannot be read at an offset. ``crc_by_caller``: the caller reads every byte of each run and
+        takes its CRC-32 on the way, so a reader whose format stores one leaves its check to the caller
+        (see :meth:`crc_seed`) instead of reading the bytes a first time to make it here."""
         if info.size == 0:
             return []
-        location = self.raw_location(info)
+        location = self.location_checked_by_caller(info) if crc_by_caller else self.raw_location(info)
         return None if location is None else [(self, info, location)]
+
+    def location_checked_by_caller(self, info: TensorInfo) -> tuple[int, int] | None:
+        """:meth:`raw_location` for a caller that checks the bytes' CRC-32 itself (:meth:`crc_seed`,
+        :meth:`settle_crc`); the same here, where there is no stored checksum."""
+        return self.raw_location(info)
+
+    def crc_seed(self, info: TensorInfo) -> int | None:
+        """After :meth:`location_checked_by_caller`: the CRC-32 to continue over the tensor's bytes at that
+        location, in order (``zlib.crc32(data, seed)``), and to hand to :meth:`settle_crc` before anything
+        computed from them is used; None when nothing is owed (no stored checksum, or the bytes were checked
+        already). Raises InputError for bytes already found damaged."""
+        return None
+
+    def settle_crc(self, info: TensorInfo, crc: int) -> None:
+        """The caller's CRC-32 of a tensor's bytes (continued from :meth:`crc_seed`), judged: InputError,
+        naming the file and member, when it is not the stored one."""
 
     def range_window(self, location: tuple[int, int], info: TensorInfo, start: int, stop: int,
                      buffer: PhasedBuffer | None = None, copy: bool = False) -> Iterator[np.ndarray]:

@@ -62,10 +62,11 @@ class ShardedReader(DumpReader):
         for shard, piece in self._pieces[info.name]:
             yield from shard.iter_chunks(piece, chunk_elements)
 
-    def raw_segments(self, info: TensorInfo) -> list[tuple[DumpReader, TensorInfo, tuple[int, int]]] | None:
+    def raw_segments(self, info: TensorInfo, *, crc_by_caller: bool = False
+                     ) -> list[tuple[DumpReader, TensorInfo, tuple[int, int]]] | None:
         out: list[tuple[DumpReader, TensorInfo, tuple[int, int]]] = []
         for shard, piece in self._pieces[info.name]:
-            segs = shard.raw_segments(piece)
+            segs = shard.raw_segments(piece, crc_by_caller=crc_by_caller)
             if segs is None:
                 return None
             out.extend(segs)

@@ -310,6 +310,110 @@ def test_summaries_read_from_a_file_at_every_page_phase(tmp_path_factory, phase,
     assert repr(got) == repr(kernels.compiled_f32_summaries(a, chunk))
 
 
+needs_crc = pytest.mark.skipif(kernels.compiled_crc32_combine is None or kernels.compiled_f32_summaries_fd is None,
+                               reason="compiled kernel not built, or no pread on this platform")
+
+
+@needs_crc
+@settings(max_examples=80, deadline=None)
+@given(lead=st.integers(0, 200), count=st.integers(0, 3 * 1024 + 5), chunk=st.sampled_from([1, 7, 64, 1000, 1024]),
+       kind=st.sampled_from([-1, 0, 1]), seed=st.integers(0, 2**32 - 1), data=st.randoms(use_true_random=False))
+@example(lead=0, count=16, chunk=1024, kind=-1, seed=0, data=__import__("random").Random(0))  # 64 bytes: one fold
+def test_summaries_read_from_a_file_take_zlibs_crc_of_the_bytes_on_the_way(tmp_path_factory, lead, count, chunk,
+                                                                          kind, seed, data):
+    """f32_summaries_fd(..., crc=seed) gives the same summaries as without it, and zlib.crc32 of exactly
+    the bytes it read, continued from the seed (an npz member's check in the pass that reads it), at any
+    offset, length and chunking, float32 or half precision; no bytes read, the seed itself."""
+    import zlib
+
+    item = 4 if kind == -1 else 2
+    body = data.randbytes(count * item)
+    path = tmp_path_factory.mktemp("crc") / "raw.bin"
+    path.write_bytes(data.randbytes(lead) + body + data.randbytes(50))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        plain = kernels.compiled_f32_summaries_fd(fd, lead, count, chunk, kind)
+        summaries, crc = kernels.compiled_f32_summaries_fd(fd, lead, count, chunk, kind, seed)
+    finally:
+        os.close(fd)
+    assert repr(summaries) == repr(plain)
+    assert crc == zlib.crc32(body, seed)
+
+
+@needs_crc
+def test_a_crc_seed_out_of_range_is_refused(tmp_path):
+    path = tmp_path / "raw.bin"
+    path.write_bytes(bytes(64))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for bad in (2**32, -1):
+            with pytest.raises((ValueError, OverflowError)):
+                kernels.compiled_f32_summaries_fd(fd, 0, 16, 16, -1, bad)
+        with pytest.raises(TypeError):
+            kernels.compiled_f32_summaries_fd(fd, 0, 16, 16, -1, "0")
+    finally:
+        os.close(fd)
+
+
+@needs_crc
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 700), st.sampled_from([-1, 0, 1]),
+                               st.integers(0, 2**32 - 1)), min_size=1, max_size=12),
+       data=st.randoms(use_true_random=False))
+def test_many_small_tensors_take_each_ones_crc_from_its_seed(tmp_path_factory, rows, data):
+    """tensor_summaries_fd(fd, items, out, crcs): crcs[i] becomes zlib.crc32(item i's bytes, crcs[i]), the
+    summaries as without crcs (items may overlap: each is read on its own)."""
+    import zlib
+
+    raw = data.randbytes(300 + 700 * 4 + 16)
+    path = tmp_path_factory.mktemp("crcs") / "raw.bin"
+    path.write_bytes(raw)
+    items = np.array([(off, count, kind) for off, count, kind, _ in rows], np.int64)
+    crcs = np.array([seed for *_, seed in rows], np.uint32)
+    out, plain = np.empty((len(rows), 5)), np.empty((len(rows), 5))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert kernels.compiled_tensor_summaries_fd(fd, items, plain) == -1
+        assert kernels.compiled_tensor_summaries_fd(fd, items, out, crcs) == -1
+    finally:
+        os.close(fd)
+    np.testing.assert_array_equal(out, plain)
+    want = [zlib.crc32(raw[off: off + count * (4 if kind == -1 else 2)], seed) for off, count, kind, seed in rows]
+    assert crcs.tolist() == want
+
+
+@needs_crc
+def test_many_small_tensors_refuse_crcs_of_another_type_or_length(tmp_path):
+    path = tmp_path / "raw.bin"
+    path.write_bytes(bytes(64))
+    items, out = np.array([(0, 4, -1), (16, 4, -1)], np.int64), np.empty((2, 5))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for crcs in (np.zeros(2, np.int64), np.zeros(2, np.int32), np.zeros(3, np.uint32), np.zeros(1, np.uint32)):
+            with pytest.raises(ValueError, match="crcs"):
+                kernels.compiled_tensor_summaries_fd(fd, items, out, crcs)
+        with pytest.raises(BufferError):  # (read-only: the CRCs are written into it)
+            kernels.compiled_tensor_summaries_fd(fd, items, out, np.zeros(2, np.uint32).data.toreadonly())
+    finally:
+        os.close(fd)
+
+
+@needs_crc
+@settings(max_examples=200, deadline=None)
+@given(a=st.binary(max_size=3000), b=st.binary(max_size=3000), seed=st.integers(0, 2**32 - 1),
+       zeros=st.sampled_from([0, 1, 4095, 1 << 20, (1 << 24) + 7]))
+def test_compiled_crc32_combine_is_the_crc_of_the_joined_bytes(a, b, seed, zeros):
+    """The kernel's crc32_combine (zlib's): from the CRCs of two pieces and the second's length, the CRC
+    of both, for lengths up to megabytes; the Python one (gradtool.io.inflate) agrees."""
+    import zlib
+
+    from gradtool.io.inflate import crc32_combine
+
+    b += bytes(zeros)
+    got = kernels.compiled_crc32_combine(zlib.crc32(a, seed), zlib.crc32(b), len(b))
+    assert got == zlib.crc32(a + b, seed) == crc32_combine(zlib.crc32(a, seed), zlib.crc32(b), len(b))
+
+
 def test_big_norms_from_the_pools_own_threads_do_not_deadlock():
     from gradtool.core.norms import CHUNK_ELEMENTS, _pool
 

@@ -290,3 +290,157 @@ def test_a_whole_read_and_the_streamed_paths_share_one_verdict(damaged, monkeypa
                 r.read("w")
         with pytest.raises(InputError, match="bad CRC-32"):
             r.raw_location(r.info("w"))
+
+
+# -- the statistics pass on two threads takes the CRC-32 of each member the kernel reads, in that read
+
+
+def _in_kernel_pass(monkeypatch, piece_bytes=2 * 4096 * 4):
+    """The two-thread statistics pass for any dump size, several pieces per big tensor."""
+    from gradtool import summarize as summarize_mod
+
+    monkeypatch.setattr(summarize_mod, "STATS_WORKERS", 2)
+    monkeypatch.setattr(summarize_mod, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(summarize_mod, "PIECE_BYTES", piece_bytes)
+
+
+def _mixed():
+    """Members the kernel reads (float32 of several pieces and a short one, float16, small float32 ones
+    taken many to a call) and members it does not (float64, int32)."""
+    from gradtool.core.stats import STREAM_CHUNK
+
+    rng = np.random.default_rng(11)
+    return {"big": rng.standard_normal(3 * STREAM_CHUNK + 999).astype(np.float32),
+            "f64": rng.standard_normal(5000), "half": rng.standard_normal(STREAM_CHUNK + 5).astype(np.float16),
+            "s1": rng.standard_normal(300).astype(np.float32), "ints": np.arange(7000, dtype=np.int32),
+            "s2": rng.standard_normal(4000).astype(np.float32), "tail": np.ones(70_000, np.float32)}
+
+
+needs_crc_kernel = pytest.mark.skipif(__import__("gradtool.core.kernels", fromlist=["x"]).compiled_crc32_combine
+                                      is None, reason="compiled kernel not built")
+
+
+@needs_crc_kernel
+def test_the_statistics_pass_checks_the_members_it_reads_in_the_kernel_as_it_reads_them(tmp_path, monkeypatch):
+    """The members the kernel reads are not read a first time for their CRC: only the others go through
+    the reader's own check (_check_crcs_from), and its windows stop at the members left to the kernel;
+    every member ends up checked, none owed; the statistics are the one-thread ones (which check first)."""
+    from gradtool.summarize import summarize_dump
+
+    p = str(tmp_path / "mixed.npz")
+    save_dump(p, _mixed())
+    checked_from = []
+    real = NpzReader._check_crcs_from
+    calls = crc_calls(monkeypatch)
+
+    def recording(self, name):
+        checked_from.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(NpzReader, "_check_crcs_from", recording)
+    with open_dump(p) as r:
+        serial = [(n, repr(s)) for n, s in summarize_dump(r).tensors]  # (small: one thread, checked first)
+    assert checked_from
+    checked_from.clear()
+    calls.clear()
+    _in_kernel_pass(monkeypatch)
+    with open_dump(p) as r:
+        got = [(n, repr(s)) for n, s in summarize_dump(r).tensors]
+        assert r._crc_checked == set(r.names) and not r._crc_owed and not r._crc_bad
+    assert got == serial
+    assert sorted(checked_from) == ["f64", "ints"]
+    with zipfile.ZipFile(p) as z:
+        sizes = {zi.filename[:-4]: zi.file_size for zi in z.infolist()}
+    assert sorted(calls) == sorted([sizes["f64"], sizes["ints"]])  # each alone: the windows stop at the others
+
+
+@needs_crc_kernel
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(member=st.sampled_from(["big", "f64", "half", "s1", "ints", "s2", "tail"]),
+       where=st.floats(0, 1, exclude_max=True), bit=st.sampled_from([1, 8, 128]),
+       piece_chunks=st.sampled_from([1, 2, 3, 64]))
+def test_a_bit_flipped_in_any_member_is_caught_by_the_statistics_pass(tmp_path_factory, monkeypatch, member, where,
+                                                                       bit, piece_chunks):
+    """Whichever member holds the flipped bit (read by the kernel in pieces, many to a call, or not by
+    the kernel), wherever in its data, however the big ones are cut into pieces: the pass refuses the
+    dump, naming that member; the intact dump passes (the pieces' CRCs joined in order, the first
+    continued from the .npy header's)."""
+    from gradtool.core.stats import STREAM_CHUNK
+    from gradtool.summarize import summarize_dump
+
+    _in_kernel_pass(monkeypatch, piece_chunks * STREAM_CHUNK * 4)
+    p = str(tmp_path_factory.mktemp("flip") / "d.npz")
+    save_dump(p, _mixed())
+    with open_dump(p) as r:
+        assert len(summarize_dump(r).tensors) == 7
+    start, end = _data_span(p, member + ".npy")
+    _flip(p, start + 128 + int(where * (end - start - 128)), bit)
+    with open_dump(p) as r, pytest.raises(InputError, match=rf"d\.npz: member '{member}\.npy' is corrupt \(bad CRC-32\)"):
+        summarize_dump(r)
+
+
+@needs_crc_kernel
+def test_a_damaged_shard_of_a_sharded_step_is_named(tmp_path, monkeypatch):
+    """A sharded step's pieces in npz shards: each shard's members are checked by the kernel's pass, and
+    the damaged shard file is the one named."""
+    from gradtool.io.sharded import ShardedReader
+    from gradtool.summarize import summarize_dump
+
+    _in_kernel_pass(monkeypatch)
+    step = tmp_path / "step_00001"
+    step.mkdir()
+    rng = np.random.default_rng(2)
+    paths = []
+    for rank in range(2):
+        paths.append(str(step / f"rank{rank}.npz"))
+        save_dump(paths[-1], {"w": rng.standard_normal(50_000).astype(np.float32),
+                              "b": rng.standard_normal(100).astype(np.float32)})
+    with ShardedReader(paths, display_path=str(step)) as r:
+        whole = summarize_dump(r)
+    assert [n for n, _ in whole.tensors] == ["w", "b"]
+    start, end = _data_span(paths[1], "b.npy")
+    _flip(paths[1], end - 1)
+    with ShardedReader(paths, display_path=str(step)) as r:
+        with pytest.raises(InputError, match=r"rank1\.npz: member 'b\.npy' is corrupt \(bad CRC-32\)"):
+            summarize_dump(r)
+
+
+@needs_crc_kernel
+def test_a_small_member_after_a_failed_batch_read_is_still_checked(tmp_path, monkeypatch):
+    """The kernel's many-to-a-call read stops at a member it cannot read: the members from there on are
+    streamed, and checked by the reader, so a damaged one among them is still refused."""
+    from gradtool.core import kernels
+    from gradtool.summarize import summarize_dump
+
+    _in_kernel_pass(monkeypatch)
+    p = str(tmp_path / "small.npz")
+    save_dump(p, {f"t{i}": np.full(100 + i, i, np.float32) for i in range(10)})
+    start, end = _data_span(p, "t7.npy")
+    _flip(p, end - 2)
+    real = kernels.compiled_tensor_summaries_fd
+
+    def fails_at_5(fd, items, out, *crcs):
+        real(fd, items[:5], out[:5], *(c[:5] for c in crcs))
+        return 5
+
+    monkeypatch.setattr(kernels, "compiled_tensor_summaries_fd", fails_at_5)
+    with open_dump(p) as r, pytest.raises(InputError, match=r"member 't7\.npy' is corrupt \(bad CRC-32\)"):
+        summarize_dump(r)
+    start, end = _data_span(p, "t7.npy")
+    _flip(p, end - 2)  # (the flip undone: the same path passes)
+    with open_dump(p) as r:
+        assert [s.max_abs for _, s in summarize_dump(r).tensors] == [float(i) for i in range(10)]
+
+
+@needs_crc_kernel
+def test_stats_and_clip_on_two_threads_refuse_the_damaged_dump(run, damaged, tmp_path, monkeypatch):
+    """The CLI on the kernel's pass: one line naming the member, exit 1, nothing written."""
+    _in_kernel_pass(monkeypatch)
+    r = run("stats", damaged[1], "--format", "json")
+    assert (r.exit_code, r.stdout) == (1, "")
+    assert r.stderr.strip().splitlines() == [f"gradtool: error: {damaged[1]}: member 'w.npy' is corrupt (bad CRC-32)"]
+    out = tmp_path / "out.npz"
+    r = run("clip", damaged[1], "-o", str(out), "--mode", "global-norm", "--max", "1")
+    assert r.exit_code == 1 and "member 'w.npy' is corrupt (bad CRC-32)" in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["bad.npz", "good.npz"]
+    assert run("stats", damaged[0], "--format", "json").exit_code == 0

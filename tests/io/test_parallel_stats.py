@@ -85,9 +85,9 @@ def test_two_threads_equal_one(tmp_path, ext, kernel):
     threads = set()
     piece_accumulator = summarize_mod._piece_accumulator
 
-    def recording(*args):
+    def recording(*args, **kwargs):
         threads.add(threading.current_thread().name)
-        return piece_accumulator(*args)
+        return piece_accumulator(*args, **kwargs)
 
     with contextlib.nullcontext() if kernel else kernels.disabled(), pytest.MonkeyPatch.context() as m:
         m.setattr(summarize_mod, "_piece_accumulator", recording)
@@ -392,8 +392,8 @@ def test_small_tensors_summarised_in_batches_equal_one_by_one(tmp_path, ext, wor
     calls = []
     real = kernels.compiled_tensor_summaries_fd
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(kernels, "compiled_tensor_summaries_fd", lambda fd, items, out: calls.append(len(items))
-                  or real(fd, items, out))
+        m.setattr(kernels, "compiled_tensor_summaries_fd", lambda fd, items, out, *crcs: calls.append(len(items))
+                  or real(fd, items, out, *crcs))
         batched = _summaries(path, workers)
         m.setattr(kernels, "compiled_tensor_summaries_fd", None)
         one_by_one = _summaries(path, workers)
