@@ -48,7 +48,36 @@ static uint32_t crc_update(const crc_tables_t t, uint32_t crc, const unsigned ch
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define CLMUL_CRC 1
-static int clmul_crc = 0; /* the CPU has PCLMULQDQ and SSE4.1 (set by crc32_setup) */
+static int clmul_crc = 0;  /* the CPU has PCLMULQDQ and SSE4.1 (set by crc32_setup) */
+static int vclmul_crc = 0; /* ... and VPCLMULQDQ with AVX2 */
+
+/* The end of a fold (crc32_clmul's, crc32_vclmul's): the 16-byte blocks of p[0:n] (n a multiple of 16)
+ * folded into the 128 bits x1, then 128 bits to 64, Barrett-reduced to the 32 of the CRC state. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul_finish(__m128i x1, const unsigned char *p,
+                                                                            Py_ssize_t n) {
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
+    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641, 0x01db710641);
+    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i x0, x2, x5;
+    while (n >= 16) {
+        x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+        x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), _mm_loadu_si128((const __m128i *)p));
+        x1 = _mm_xor_si128(x1, x5);
+        p += 16;
+        n -= 16;
+    }
+    x2 = _mm_clmulepi64_si128(x1, k3k4, 0x10); /* 128 bits to 64 */
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, low32);
+    x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, k5k0, 0x00), x2);
+    x0 = _mm_and_si128(x1, low32); /* Barrett reduction to 32 bits */
+    x0 = _mm_and_si128(_mm_clmulepi64_si128(x0, poly, 0x10), low32);
+    x0 = _mm_clmulepi64_si128(x0, poly, 0x00);
+    x1 = _mm_xor_si128(x1, x0);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
 
 /* zlib's CRC-32 state (inverted) continued over p[0:n], n >= 64 and a multiple of 16, by folding with
  * carry-less multiplication (Intel, "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ
@@ -58,13 +87,10 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t cr
                                                                      Py_ssize_t n) {
     const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4);
     const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
-    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124);
-    const __m128i poly = _mm_set_epi64x(0x01f7011641, 0x01db710641);
-    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
     __m128i x1 = _mm_loadu_si128((const __m128i *)p), x2 = _mm_loadu_si128((const __m128i *)(p + 0x10));
     __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 0x20));
     __m128i x4 = _mm_loadu_si128((const __m128i *)(p + 0x30));
-    __m128i x0, x5, x6, x7, x8;
+    __m128i x5, x6, x7, x8;
     x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
     p += 64;
     n -= 64;
@@ -90,33 +116,63 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t cr
     x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x3), x5);
     x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
     x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x4), x5);
-    while (n >= 16) {
-        x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
-        x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), _mm_loadu_si128((const __m128i *)p));
-        x1 = _mm_xor_si128(x1, x5);
-        p += 16;
-        n -= 16;
+    return crc32_clmul_finish(x1, p, n);
+}
+
+/* crc32_clmul with VPCLMULQDQ on 256-bit vectors (AMD Zen 3 on, Intel Ice Lake on): eight lanes of 16
+ * bytes in four vectors, 128 bytes per step, each lane folded 1024 bits ahead (its constants x^(1024-32)
+ * and x^(1024+32) modulo the polynomial, bit-reflected, as crc32_clmul's are for 512 bits); then the eight
+ * lanes into one, 16 bytes apart, and crc32_clmul_finish. Twice the bytes a step: ~2x crc32_clmul's speed
+ * on data in the cache. n >= 128 and a multiple of 16. */
+__attribute__((target("avx2,vpclmulqdq,pclmul,sse4.1"))) static uint32_t crc32_vclmul(uint32_t crc,
+                                                                                       const unsigned char *p,
+                                                                                       Py_ssize_t n) {
+    const __m256i k = _mm256_set_epi64x(0x014a7fe880, 0x01e88ef372, 0x014a7fe880, 0x01e88ef372);
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
+    __m256i y0 = _mm256_loadu_si256((const __m256i *)p), y1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+    __m256i y2 = _mm256_loadu_si256((const __m256i *)(p + 64)), y3 = _mm256_loadu_si256((const __m256i *)(p + 96));
+    y0 = _mm256_xor_si256(y0, _mm256_setr_epi32((int)crc, 0, 0, 0, 0, 0, 0, 0));
+    p += 128;
+    n -= 128;
+    while (n >= 128) {
+        y0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(y0, k, 0x00),
+                                               _mm256_clmulepi64_epi128(y0, k, 0x11)),
+                              _mm256_loadu_si256((const __m256i *)p));
+        y1 = _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(y1, k, 0x00),
+                                               _mm256_clmulepi64_epi128(y1, k, 0x11)),
+                              _mm256_loadu_si256((const __m256i *)(p + 32)));
+        y2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(y2, k, 0x00),
+                                               _mm256_clmulepi64_epi128(y2, k, 0x11)),
+                              _mm256_loadu_si256((const __m256i *)(p + 64)));
+        y3 = _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(y3, k, 0x00),
+                                               _mm256_clmulepi64_epi128(y3, k, 0x11)),
+                              _mm256_loadu_si256((const __m256i *)(p + 96)));
+        p += 128;
+        n -= 128;
     }
-    x2 = _mm_clmulepi64_si128(x1, k3k4, 0x10); /* 128 bits to 64 */
-    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
-    x2 = _mm_srli_si128(x1, 4);
-    x1 = _mm_and_si128(x1, low32);
-    x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, k5k0, 0x00), x2);
-    x0 = _mm_and_si128(x1, low32); /* Barrett reduction to 32 bits */
-    x0 = _mm_and_si128(_mm_clmulepi64_si128(x0, poly, 0x10), low32);
-    x0 = _mm_clmulepi64_si128(x0, poly, 0x00);
-    x1 = _mm_xor_si128(x1, x0);
-    return (uint32_t)_mm_extract_epi32(x1, 1);
+    const __m128i lanes[8] = {_mm256_castsi256_si128(y0), _mm256_extracti128_si256(y0, 1),
+                              _mm256_castsi256_si128(y1), _mm256_extracti128_si256(y1, 1),
+                              _mm256_castsi256_si128(y2), _mm256_extracti128_si256(y2, 1),
+                              _mm256_castsi256_si128(y3), _mm256_extracti128_si256(y3, 1)};
+    __m128i x1 = lanes[0];
+    for (int i = 1; i < 8; i++)
+        x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), lanes[i]),
+                           _mm_clmulepi64_si128(x1, k3k4, 0x00));
+    return crc32_clmul_finish(x1, p, n);
 }
 #endif
 
-/* zlib's crc32(data, crc) of p[0:n]: by carry-less multiplication where the CPU has it (and `simd`), for
- * the whole 16-byte blocks of at least 64 bytes, the slicing-by-8 tables for the rest. */
+#define VCLMUL_MIN 256 /* bytes from which crc32_vclmul pays for its eight lanes' reduction */
+#define CRC_SIMD_BEST 2 /* crc32_with's `simd`: 0 the tables alone, 1 PCLMULQDQ at most, 2 the best here */
+
+/* zlib's crc32(data, crc) of p[0:n]: by carry-less multiplication where the CPU has it (and `simd` allows
+ * it: see CRC_SIMD_BEST), for the whole 16-byte blocks of at least 64 bytes (VPCLMULQDQ from VCLMUL_MIN),
+ * the slicing-by-8 tables for the rest. */
 static uint32_t crc32_with(uint32_t crc, const unsigned char *p, Py_ssize_t n, int simd) {
 #ifdef CLMUL_CRC
     if (simd && clmul_crc && n >= 64) {
         Py_ssize_t whole = n & ~(Py_ssize_t)15;
-        crc = ~crc32_clmul(~crc, p, whole);
+        crc = ~(simd > 1 && vclmul_crc && whole >= VCLMUL_MIN ? crc32_vclmul : crc32_clmul)(~crc, p, whole);
         p += whole;
         n -= whole;
     }
@@ -157,6 +213,7 @@ static void crc32_setup(void) {
 #ifdef CLMUL_CRC
     __builtin_cpu_init();
     clmul_crc = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    vclmul_crc = clmul_crc && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("vpclmulqdq");
 #endif
 }
 

@@ -909,7 +909,7 @@ static PyObject *f32_summaries_fd(PyObject *self, PyObject *args) {
             got += (size_t)n;
         }
         if (err || eof) break;
-        if (with_crc) crc = crc32_with(crc, (const unsigned char *)buf, (Py_ssize_t)want, 1);
+        if (with_crc) crc = crc32_with(crc, (const unsigned char *)buf, (Py_ssize_t)want, CRC_SIMD_BEST);
         summarize_kind(chosen, buf, len, kind, &out[c]);
     }
     Py_END_ALLOW_THREADS
@@ -1015,7 +1015,8 @@ static PyObject *tensor_summaries_fd(PyObject *self, PyObject *args) {
             failed = i;
             break;
         }
-        if (crc_out != NULL) crc_out[i] = crc32_with(crc_out[i], (const unsigned char *)buf, (Py_ssize_t)want, 1);
+        if (crc_out != NULL) crc_out[i] = crc32_with(crc_out[i], (const unsigned char *)buf, (Py_ssize_t)want,
+                                                   CRC_SIMD_BEST);
         summary_t one;
         summarize_kind(chosen, buf, len, (int)kind, &one);
         double *row = o + 5 * i;

@@ -58,7 +58,7 @@
 static crc_tables_t crc32c_tables; /* CRC-32C (Castagnoli): TFRecord's */
 
 static uint32_t crc32_update(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
-    return crc32_with(crc, p, n, 1);
+    return crc32_with(crc, p, n, CRC_SIMD_BEST);
 }
 
 /* TFRecord's masked CRC-32C of p[0:n]: the CRC rotated right by 15 bits plus 0xA282EAD8. */
@@ -2434,8 +2434,8 @@ done:
 static PyObject *crc32(PyObject *self, PyObject *args) {
     Py_buffer view;
     unsigned int crc = 0;
-    int simd = 1;
-    if (!PyArg_ParseTuple(args, "y*|Ip", &view, &crc, &simd)) return NULL;
+    int simd = CRC_SIMD_BEST;
+    if (!PyArg_ParseTuple(args, "y*|Ii", &view, &crc, &simd)) return NULL;
     uint32_t out;
     if (view.len >= CRC_WITHOUT_GIL) { /* an npz member's megabytes: let the other thread run meanwhile */
         Py_BEGIN_ALLOW_THREADS
@@ -2490,9 +2490,9 @@ static PyObject *find(PyObject *self, PyObject *args) {
 
 static PyObject *crc32_simd(PyObject *self, PyObject *unused) {
 #ifdef CLMUL_CRC
-    return PyBool_FromLong(clmul_crc);
+    return PyLong_FromLong(vclmul_crc ? 2 : clmul_crc);
 #else
-    Py_RETURN_FALSE;
+    return PyLong_FromLong(0);
 #endif
 }
 
@@ -2560,13 +2560,14 @@ static PyMethodDef methods[] = {
      "as one float64 and one uint8 flags column per key, as json_rows gives them (see _logscan.c)."},
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc[, simd]]) -> zlib.crc32(data, crc), as wandb_block computes it (npz members' CRC-32\n"
-     "where python-isal is not installed; the GIL released from 64 KiB; simd=False:\n"
-     "by the tables only)."},
+     "where python-isal is not installed; the GIL released from 64 KiB; simd=0 (False): by the tables\n"
+     "only, 1: PCLMULQDQ at most, 2 (the default): VPCLMULQDQ where the CPU has it)."},
     {"find", find, METH_VARARGS,
      "find(data, needle, start) -> data.find(needle, start) of bytes-like data, start >= 0, by memmem (see\n"
      "_logscan.c)."},
     {"crc32_simd", crc32_simd, METH_NOARGS,
-     "crc32_simd() -> whether CRC-32 is computed by carry-less multiplication (PCLMULQDQ) here."},
+     "crc32_simd() -> how CRC-32 is computed here: 2 by VPCLMULQDQ (256-bit carry-less multiplication),\n"
+     "1 by PCLMULQDQ, 0 by the tables."},
     {"number", number, METH_O,
      "number(value_json) -> (kind, value): how wandb_block classifies a history value: 0 not a number, 1 a\n"
      "float, 2 an int (exact), -1 left to Python (tests)."},
