@@ -3,7 +3,8 @@
  * Python.h; call crc32_setup() in the module's init.
  *
  *   crc32_with(crc, p, n, simd)   zlib.crc32(p[0:n], crc): carry-less multiplication where the CPU has
- *                                 PCLMULQDQ (and `simd`), the slicing-by-8 tables otherwise
+ *                                 PCLMULQDQ (eight lanes in 256-bit vectors with VPCLMULQDQ) and `simd`
+ *                                 allows it, the slicing-by-8 tables otherwise
  *   crc32_combine(c1, c2, len2)   zlib's crc32_combine: the CRC of A+B from c1 = CRC(A), c2 = CRC(B) and
  *                                 len2 = len(B), so that pieces of one member may be taken by two threads
  */
