@@ -51,12 +51,16 @@ static uint32_t crc_update(const crc_tables_t t, uint32_t crc, const unsigned ch
 #define CLMUL_CRC 1
 static int clmul_crc = 0;  /* the CPU has PCLMULQDQ and SSE4.1 (set by crc32_setup) */
 static int vclmul_crc = 0; /* ... and VPCLMULQDQ with AVX2 */
+/* Folding 128 bits ahead, 16 bytes: x^(128-32) and x^(128+32) modulo the polynomial, bit-reflected (the
+ * fold into the next 16-byte lane, in every loop below) */
+#define CRC32_K3 0x00ccaa009e
+#define CRC32_K4 0x01751997d0
 
 /* The end of a fold (crc32_clmul's, crc32_vclmul's): the 16-byte blocks of p[0:n] (n a multiple of 16)
  * folded into the 128 bits x1, then 128 bits to 64, Barrett-reduced to the 32 of the CRC state. */
 __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul_finish(__m128i x1, const unsigned char *p,
                                                                             Py_ssize_t n) {
-    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
+    const __m128i k3k4 = _mm_set_epi64x(CRC32_K3, CRC32_K4);
     const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124);
     const __m128i poly = _mm_set_epi64x(0x01f7011641, 0x01db710641);
     const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
@@ -87,7 +91,7 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul_finish(__m1
 __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t crc, const unsigned char *p,
                                                                      Py_ssize_t n) {
     const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4);
-    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
+    const __m128i k3k4 = _mm_set_epi64x(CRC32_K3, CRC32_K4);
     __m128i x1 = _mm_loadu_si128((const __m128i *)p), x2 = _mm_loadu_si128((const __m128i *)(p + 0x10));
     __m128i x3 = _mm_loadu_si128((const __m128i *)(p + 0x20));
     __m128i x4 = _mm_loadu_si128((const __m128i *)(p + 0x30));
@@ -129,7 +133,7 @@ __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.1"))) static uint32_t crc32_v
                                                                                        const unsigned char *p,
                                                                                        Py_ssize_t n) {
     const __m256i k = _mm256_set_epi64x(0x014a7fe880, 0x01e88ef372, 0x014a7fe880, 0x01e88ef372);
-    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
+    const __m128i k3k4 = _mm_set_epi64x(CRC32_K3, CRC32_K4);
     __m256i y0 = _mm256_loadu_si256((const __m256i *)p), y1 = _mm256_loadu_si256((const __m256i *)(p + 32));
     __m256i y2 = _mm256_loadu_si256((const __m256i *)(p + 64)), y3 = _mm256_loadu_si256((const __m256i *)(p + 96));
     y0 = _mm256_xor_si256(y0, _mm256_setr_epi32((int)crc, 0, 0, 0, 0, 0, 0, 0));

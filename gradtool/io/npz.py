@@ -192,8 +192,7 @@ class NpzReader(DumpReader):
         if info.name not in self._crc_checked:
             data = memoryview(out.reshape(-1).view(np.uint8))
             crc32 = fast_crc32()  # isal's or the compiled reader's where at hand: zlib's values, 3-5x faster
-            header_length = self._header_lengths[info.name]
-            if crc32(data, crc32(os.pread(fd, header_length, offset - header_length))) != zi.CRC:
+            if crc32(data, self._header_crc(info, crc32)) != zi.CRC:
                 self._crc_bad.add(info.name)
                 raise self._bad_crc(zi)
             self._crc_checked.add(info.name)
@@ -324,8 +323,11 @@ class NpzReader(DumpReader):
         zi, _ = self._members[info.name]
         if info.name in self._crc_bad:
             raise self._bad_crc(zi)
-        header_length = self._header_lengths[info.name]
-        return zlib.crc32(os.pread(self._fd(), header_length, self._data_starts[info.name]))
+        return self._header_crc(info)
+
+    def _header_crc(self, info: TensorInfo, crc32: Any = zlib.crc32) -> int:
+        """The CRC-32 of a stored member's .npy header bytes (a few hundred), read by ``pread``."""
+        return crc32(os.pread(self._fd(), self._header_lengths[info.name], self._data_starts[info.name]))
 
     def settle_crc(self, info: TensorInfo, crc: int) -> None:
         zi, _ = self._members[info.name]
