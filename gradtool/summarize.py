@@ -404,10 +404,17 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
     def work_on(ks: list[int]) -> list[tuple[int, TensorStats]]:
         return [(k, work(k)) for k in ks]
 
+    def work_on_small(ks: list[int]) -> list[tuple[int, TensorStats]]:
+        got = inflated_small_stats(reader, [infos[k] for k in ks], p)
+        return [(k, s if s is not None else work(k)) for k, s in zip(ks, got)]
+
+    small = _small_members(reader, infos, p)
     results: list[TensorStats | None] = [None] * len(infos)
     pool = ThreadPoolExecutor(DECOMPRESS_WORKERS, thread_name_prefix="gradtool-inflate")
     try:
-        futures = [pool.submit(work_on, ks) for ks in _member_jobs(sizes)]
+        futures = [pool.submit(work_on_small, ks) for ks in _small_member_jobs(small, sizes)]
+        rest = [k for k in range(len(infos)) if k not in small]
+        futures += [pool.submit(work_on, [rest[j] for j in js]) for js in _member_jobs([sizes[k] for k in rest])]
         for fut in as_completed(futures):
             for k, result in fut.result():
                 results[k] = result
@@ -420,6 +427,64 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
 
 
 SMALL_MEMBER_JOB_BYTES = 1 << 20  # compressed members smaller than this go to the workers together
+
+
+def _small_members(reader: DumpReader, infos: Sequence[TensorInfo], p: float) -> set[int]:
+    """The members of ``infos`` (by index) that :func:`inflated_small_stats` takes: float32, float16 or
+    bfloat16 of 1 to STREAM_CHUNK elements (one chunk), the compiled kernel built, a norm other than L1,
+    a reader that inflates members whole (npz)."""
+    if (not hasattr(reader, "inflate_members") or p == 1.0 or kernels.compiled_f32_summaries is None
+            or kernels.compiled_half_summaries is None):
+        return set()
+    return {k for k, info in enumerate(infos) if 0 < info.size <= STREAM_CHUNK and kernel_kind(info.dtype) is not None}
+
+
+def _small_member_jobs(small: set[int], sizes: Sequence[int]) -> list[list[int]]:
+    """The members of ``small`` in file order (the order of ``infos``), up to SMALL_MEMBER_JOB_BYTES
+    inflated (1024 members at most) a job: neighbours in the file, read by one pread."""
+    jobs: list[list[int]] = []
+    job: list[int] = []
+    held = 0
+    for k in sorted(small):
+        if job and (held + sizes[k] > SMALL_MEMBER_JOB_BYTES or len(job) >= 1024):
+            jobs.append(job)
+            job, held = [], 0
+        job.append(k)
+        held += sizes[k]
+    if job:
+        jobs.append(job)
+    return jobs
+
+
+def inflated_small_stats(reader: Any, infos: Sequence[TensorInfo], p: float) -> list[TensorStats | None]:
+    """Statistics of small deflated members (see :func:`_small_members`), inflated whole by the reader's
+    ``inflate_members`` and each summarised as ONE chunk by the kernel (``f32_summaries`` /
+    ``half_summaries`` with the chunk the whole tensor: the ``summarize_kind`` of ``tensor_summaries_fd``,
+    so the bits of streaming it), then :func:`one_chunk_stats` for all at once; where the summary does not
+    decide, :func:`chunks_stats` of the inflated bytes (the data, in file order, as ``inflated_chunks``
+    gives it). None for a member the reader could not inflate: the caller streams it, which reports the
+    error."""
+    datas = reader.inflate_members(infos)
+    rows, which = [], []
+    for i, (info, data) in enumerate(zip(infos, datas)):
+        if data is None:
+            continue
+        kind = kernel_kind(info.dtype)
+        if kind == -1:
+            rows.append(kernels.compiled_f32_summaries(np.frombuffer(data, np.float32), info.size)[0])
+        else:
+            rows.append(kernels.compiled_half_summaries(np.frombuffer(data, np.uint16), info.size, kind)[0])
+        which.append(i)
+    out: list[TensorStats | None] = [None] * len(infos)
+    if not which:
+        return out
+    picked = [infos[i] for i in which]
+    got = one_chunk_stats(np.array(rows, np.float64), [i.size for i in picked], [i.shape for i in picked],
+                          [dtype_name(i.dtype) for i in picked], p)
+    for i, s in zip(which, got):
+        info = infos[i]
+        out[i] = s if s is not None else chunks_stats(iter([np.frombuffer(datas[i], info.dtype)]), info, p)
+    return out
 
 
 def _member_jobs(sizes: list[int]) -> list[list[int]]:

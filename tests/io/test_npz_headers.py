@@ -38,7 +38,7 @@ def test_deflated_headers_give_zipfiles_index(tmp_path, monkeypatch, arrays):
         m.setattr(zipfile.ZipFile, "open", lambda self, *a, **k: opened.append(a[0]) or real(self, *a, **k))
         assert _index(p) == fast
         assert not opened
-        m.setattr("gradtool.io.npz.NpzReader._deflated_head", lambda self, zi: None)  # zipfile's path
+        m.setattr("gradtool.io.npz.NpzReader._deflated_head", lambda self, zi, name: None)  # zipfile's path
         assert _index(p) == fast
         assert len(opened) == len(tensors)
     with open_dump(p) as r:
