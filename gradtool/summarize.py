@@ -412,9 +412,9 @@ def _summarize_compressed(reader: DumpReader, summary: DumpSummary, select: Sequ
     results: list[TensorStats | None] = [None] * len(infos)
     pool = ThreadPoolExecutor(DECOMPRESS_WORKERS, thread_name_prefix="gradtool-inflate")
     try:
-        futures = [pool.submit(work_on_small, ks) for ks in _small_member_jobs(small, sizes)]
-        rest = [k for k in range(len(infos)) if k not in small]
-        futures += [pool.submit(work_on, [rest[j] for j in js]) for js in _member_jobs([sizes[k] for k in rest])]
+        rest = [k for k in range(len(infos)) if k not in small]  # (the largest first, the small ones after)
+        futures = [pool.submit(work_on, [rest[j] for j in js]) for js in _member_jobs([sizes[k] for k in rest])]
+        futures += [pool.submit(work_on_small, ks) for ks in _small_member_jobs(small, sizes)]
         for fut in as_completed(futures):
             for k, result in fut.result():
                 results[k] = result
