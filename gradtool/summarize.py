@@ -440,12 +440,20 @@ def _small_members(reader: DumpReader, infos: Sequence[TensorInfo], p: float) ->
 
 
 def _small_member_jobs(small: set[int], sizes: Sequence[int]) -> list[list[int]]:
-    """The members of ``small`` in file order (the order of ``infos``), up to SMALL_MEMBER_JOB_BYTES
-    inflated (1024 members at most) a job: neighbours in the file, read by one pread."""
+    """The members of ``small`` in file order (the order of ``infos``) as :func:`grouped_jobs`:
+    neighbours in the file, so that a job's members are read by one pread."""
+    return grouped_jobs(sorted(small), sizes)
+
+
+def grouped_jobs(ks: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+    """``ks`` cut, in their order, into the workers' jobs: a job takes the next member while its members'
+    inflated ``sizes`` stay within SMALL_MEMBER_JOB_BYTES and it has fewer than 1,024 (next fit), so a
+    member of that size or more is a job alone (a future a member cost a lock's wait each: 20,000 members
+    of 200 bytes, 1.9 s)."""
     jobs: list[list[int]] = []
     job: list[int] = []
     held = 0
-    for k in sorted(small):
+    for k in ks:
         if job and (held + sizes[k] > SMALL_MEMBER_JOB_BYTES or len(job) >= 1024):
             jobs.append(job)
             job, held = [], 0
@@ -488,24 +496,9 @@ def inflated_small_stats(reader: Any, infos: Sequence[TensorInfo], p: float) -> 
 
 
 def _member_jobs(sizes: list[int]) -> list[list[int]]:
-    """The members (their inflated ``sizes``) as the workers' jobs: largest first, one a job, but for the
-    small ones, which go together up to SMALL_MEMBER_JOB_BYTES a job (a future a member cost a lock's
-    wait each: 20,000 members of 200 bytes, 1.9 s)."""
-    jobs: list[list[int]] = []
-    small: list[int] = []
-    held = 0
-    for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
-        if sizes[k] >= SMALL_MEMBER_JOB_BYTES:
-            jobs.append([k])
-            continue
-        small.append(k)
-        held += sizes[k]
-        if held >= SMALL_MEMBER_JOB_BYTES or len(small) >= 1024:
-            jobs.append(small)
-            small, held = [], 0
-    if small:
-        jobs.append(small)
-    return jobs
+    """The members (their inflated ``sizes``) as the workers' jobs: largest first, as
+    :func:`grouped_jobs` (so the big ones one a job, the small ones together)."""
+    return grouped_jobs(sorted(range(len(sizes)), key=lambda k: -sizes[k]), sizes)
 
 
 def accumulated_stats(acc: StatsAccumulator, info: TensorInfo) -> TensorStats:
