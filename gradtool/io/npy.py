@@ -135,11 +135,20 @@ def write_npy(f: BinaryIO, array: np.ndarray) -> None:
     np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
 
 
-def write_npy_chunks(f: BinaryIO, info: TensorInfo, chunks: Any) -> None:
-    """A .npy file written from 1-D C-order chunks: the header, then each chunk's bytes."""
-    dtype = info.dtype if info.dtype.isnative else info.dtype.newbyteorder("=")  # chunks arrive native
+def npy_header_bytes(info: TensorInfo) -> bytes:
+    """The .npy header of tensor ``info`` in C order and native byte order (as its chunks arrive), padded
+    as NumPy pads it (version 1.0, or 2.0 for a header of more than 65,000 bytes)."""
+    dtype = info.dtype if info.dtype.isnative else info.dtype.newbyteorder("=")
     header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": info.shape}
-    np.lib.format.write_array_header_2_0(f, header) if _needs_v2(header) else np.lib.format.write_array_header_1_0(f, header)
+    out = io.BytesIO()
+    np.lib.format.write_array_header_2_0(out, header) if _needs_v2(header) else np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue()
+
+
+def write_npy_chunks(f: BinaryIO, info: TensorInfo, chunks: Any) -> None:
+    """A .npy file written from 1-D C-order chunks: the header (:func:`npy_header_bytes`), then each
+    chunk's bytes."""
+    f.write(npy_header_bytes(info))
     for c in chunks:
         write_all(f, memoryview(np.ascontiguousarray(c).view(np.uint8)))
 
