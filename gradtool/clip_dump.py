@@ -259,8 +259,9 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
     for k, info in enumerate(reader.tensors):
         if k < after_run:  # clipped in a run
             continue
-        if k in runs:
-            for tc in _clip_run(reader, writer, runs[k], spec, norms_before, out_buffer):
+        clips = _clip_run(reader, writer, runs[k], spec, norms_before, out_buffer) if k in runs else None
+        if clips is not None:
+            for tc in clips:
                 norms_after[tc.name] = tc.norm_after  # type: ignore[assignment]
                 result.tensors.append(tc)
                 if on_tensor:
@@ -554,6 +555,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
 # streaming path's read, scale and write one tensor at a time.
 RUN_ELEMENTS = STREAM_CHUNK  # (one chunk: the streaming path scales it with one kernel call too)
 RUN_BYTES = 4 << 20
+RUN_GAP = 4 << 10  # bytes a run reads past between two of its tensors (an npz member's zip and .npy headers)
 
 
 # What a run does to one of its tensors, in place: (Σx² of the result as the kernel took it, or None to
@@ -563,20 +565,41 @@ _RunOp = Callable[[np.ndarray], tuple[float | None, int]] | None
 
 @dataclass
 class _Run:
-    """Tensors lying back to back in one input file (from byte ``start`` of ``fd``, ``nbytes`` in all),
-    each with its size in bytes, what is done to it (:data:`_RunOp`) and its threshold for the report."""
+    """Tensors of one input file, each with its size in bytes, what is done to it (:data:`_RunOp`) and its
+    threshold for the report, ``nbytes`` in all: lying raw in the file in its order from byte ``start``
+    of ``fd`` to ``end``, back to back or up to RUN_GAP bytes apart (``offsets``: where each begins), or,
+    ``fd`` -1, small deflated members the reader inflates together (``inflate_members``)."""
 
     fd: int
     start: int
+    end: int = 0
     nbytes: int = 0
     tensors: list[tuple[TensorInfo, int, _RunOp, float | None]] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+    def takes(self, location: tuple[int, int], nbytes: int) -> bool:
+        """Whether a tensor of ``nbytes`` at ``location`` ((fd, offset), or (-1, -1): inflated) joins the run."""
+        fd, offset = location
+        if fd != self.fd:
+            return False
+        if fd < 0:
+            return self.nbytes + nbytes <= RUN_BYTES
+        return self.end <= offset <= self.end + RUN_GAP and offset + nbytes - self.start <= RUN_BYTES
+
+    def add(self, tensor: tuple[TensorInfo, int, _RunOp, float | None], offset: int) -> None:
+        self.tensors.append(tensor)
+        self.offsets.append(offset)
+        self.nbytes += tensor[1]
+        if self.fd >= 0:
+            self.end = offset + tensor[1]
 
 
 def _small_runs(reader: DumpReader, chosen: set[str], spec: ClipSpec, scale: float | None,
                 p: float, norms_before: Mapping[str, float]) -> dict[int, _Run]:
     """The runs of tensors :func:`_clip_run` clips together, by the index of each run's first tensor in
     ``reader.tensors``: two or more consecutive chosen tensors of 1 to RUN_ELEMENTS elements, each
-    beginning where the one before it ends in one input file, that the compiled kernel scales by the
+    beginning where the one before it ends in one input file or a few headers after (:class:`_Run`;
+    or small deflated npz members, inflated together), that the compiled kernel scales by the
     global norm's factor ≠ 1 (:func:`_fused_scale`), or, float32 ones whose L2 norm before is known and
     finite (so no NaN/Inf for the "error" policy), clips by value (:func:`_fused_clip_values`) or scales
     by its own norm (``norm``, ``average-norm`` without ``--axes``; a tensor under its threshold is left
@@ -614,6 +637,7 @@ def _small_runs(reader: DumpReader, chosen: set[str], spec: ClipSpec, scale: flo
         fused = _fused_scale(info, s, p)
         return fused is not None, lambda view: fused(view, s, view), hi
 
+    inflates_whole = getattr(reader, "inflates_whole", None)
     run, first = None, 0
     for k, info in enumerate(reader.tensors):
         location, op, hi = None, None, None
@@ -621,30 +645,34 @@ def _small_runs(reader: DumpReader, chosen: set[str], spec: ClipSpec, scale: flo
         if 0 < size <= RUN_ELEMENTS and not info.fortran and info.name in chosen:
             fits, op, hi = op_of(info)
             location = reader.raw_location(info) if fits else None
+            if location is None and fits and inflates_whole is not None and inflates_whole(info):
+                location = (-1, -1)
         if location is None:
             if run is not None and len(run.tensors) > 1:
                 runs[first] = run
             run = None
             continue
         nbytes = size * info.dtype.itemsize
-        if run is None or location != (run.fd, run.start + run.nbytes) or run.nbytes + nbytes > RUN_BYTES:
+        if run is None or not run.takes(location, nbytes):
             if run is not None and len(run.tensors) > 1:
                 runs[first] = run
-            run, first = _Run(*location), k
-        run.tensors.append((info, nbytes, op, hi))
-        run.nbytes += nbytes
+            run, first = _Run(location[0], location[1], location[1]), k
+        run.add((info, nbytes, op, hi), location[1])
     if run is not None and len(run.tensors) > 1:
         runs[first] = run
     return runs
 
 
 def _clip_run(reader: DumpReader, writer: DumpWriter | None, run: _Run, spec: ClipSpec,
-              norms_before: dict[str, float], buffer: PhasedBuffer) -> list[TensorClip]:
-    """A run of small tensors (:func:`_small_runs`) read with one ``pread``, each scaled (or clipped by
-    value) and measured in place by its kernel call (what the streaming path makes of a one-chunk tensor:
-    the same bits), written with one call (:meth:`DumpWriter.add_run`)."""
-    data = buffer.get(run.nbytes, buffer_phase(reads=[run.start]))
-    reader._fill(memoryview(data), pread_at(run.fd, run.start), run.tensors[0][0])
+              norms_before: dict[str, float], buffer: PhasedBuffer) -> list[TensorClip] | None:
+    """A run of small tensors (:func:`_small_runs`) read with one ``pread`` (or inflated together), each
+    scaled (or clipped by value) and measured in place by its kernel call (what the streaming path makes
+    of a one-chunk tensor: the same bits), written with one call (:meth:`DumpWriter.add_run`). None,
+    nothing written, when a member would not inflate: the caller clips the run's tensors one at a time,
+    which reports what is wrong."""
+    data = _run_bytes(reader, run, buffer)
+    if data is None:
+        return None
     clips = []
     at = 0
     for info, nbytes, op, threshold in run.tensors:
@@ -664,6 +692,33 @@ def _clip_run(reader: DumpReader, writer: DumpWriter | None, run: _Run, spec: Cl
     if writer is not None:
         writer.add_run([info for info, *_ in run.tensors], data)
     return clips
+
+
+def _run_bytes(reader: DumpReader, run: _Run, buffer: PhasedBuffer) -> np.ndarray | None:
+    """The bytes of the run's tensors one after another (uint8, in ``buffer``): one ``pread`` of the
+    file's ``[start, end)``, the tensors then moved together over the headers between them (each moves
+    towards the front, in order: never over one not moved yet); or the members inflated (None if one
+    would not)."""
+    infos = [info for info, *_ in run.tensors]
+    if run.fd < 0:
+        got = reader.inflate_members(infos)  # type: ignore[attr-defined]
+        if any(g is None or len(g) != info.nbytes for g, info in zip(got, infos)):
+            return None
+        data = buffer.get(run.nbytes)
+        at = 0
+        for g in got:
+            data[at:at + len(g)] = np.frombuffer(g, np.uint8)  # type: ignore[arg-type]
+            at += len(g)  # type: ignore[arg-type]
+        return data
+    data = buffer.get(run.end - run.start, buffer_phase(reads=[run.start]))
+    reader._fill(memoryview(data), pread_at(run.fd, run.start), infos[0])
+    if run.end - run.start != run.nbytes:
+        at = 0
+        for (_, nbytes, *_), offset in zip(run.tensors, run.offsets):
+            if offset - run.start != at:
+                data[at:at + nbytes] = data[offset - run.start: offset - run.start + nbytes]
+            at += nbytes
+    return data[:run.nbytes]
 
 
 def _slice_layout(spec: ClipSpec, info: TensorInfo) -> tuple[str, int] | None:

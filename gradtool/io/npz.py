@@ -220,6 +220,13 @@ class NpzReader(DumpReader):
 
     SPAN_SLACK = 64 << 10  # inflate_members reads its members in one pread unless that reads this much more
 
+    def inflates_whole(self, info: TensorInfo) -> bool:
+        """Whether :meth:`inflate_members` takes tensor ``info``: a deflated member indexed from its local
+        header whose compressed size is one deflate can give (it grows data by ~0.03 % at most: larger
+        claims are read the usual way, which says what is wrong)."""
+        zi = self._members[info.name][0]
+        return info.name in self._deflated_starts and zi.compress_size <= zi.file_size + (zi.file_size >> 8) + 1024
+
     def inflate_members(self, infos: Sequence[TensorInfo]) -> list[memoryview | None]:
         """The data bytes (after the .npy header, in file order) of each deflated member of ``infos``,
         inflated whole, its size and CRC-32 checked as :meth:`_inflate_stream` checks them: for many small
@@ -229,9 +236,8 @@ class NpzReader(DumpReader):
         header) or that fails a check: the caller reads it its usual way, which reports what is wrong."""
         from .inflate import decompress_exactly, fast_crc32
 
-        spans = [(self._deflated_starts.get(i.name), self._members[i.name][0]) for i in infos]
-        spans = [(a if a is not None and zi.compress_size <= zi.file_size + (zi.file_size >> 8) + 1024 else None, zi)
-                 for a, zi in spans]  # (deflate grows data by ~0.03 % at most: larger claims read the usual way)
+        spans = [(self._deflated_starts[i.name] if self.inflates_whole(i) else None, self._members[i.name][0])
+                 for i in infos]
         known = [(a, a + zi.compress_size) for a, zi in spans if a is not None]
         lo, hi = min((a for a, _ in known), default=0), max((b for _, b in known), default=0)
         whole = b""

@@ -606,7 +606,7 @@ _run_tensor = st.tuples(st.one_of(st.integers(1, 100), st.integers(0, 150)), st.
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(_run_tensor, min_size=3, max_size=25), st.sampled_from(["safetensors", "npz", "h5"]),
+@given(st.lists(_run_tensor, min_size=3, max_size=25), st.sampled_from(["safetensors", "npz", "h5", "npz-deflated"]),
        st.sampled_from(["propagate", "propagate", "zero", "error"]),
        st.sampled_from([1e-3, 1e-3, 30.0, 1e30]),
        st.booleans(), st.sampled_from([None, None, "t1*"]), st.sampled_from([300, 2000, 1 << 20]),
@@ -640,9 +640,11 @@ def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, 
         elif kind == "nan" and size and dtype != "int32":
             a[size // 2] = np.nan
         arrays[f"t{k}"] = a
+    deflated = ext == "npz-deflated"
+    ext = "npz" if deflated else ext
     src = str(d / f"in.{ext}")
     try:
-        save_dump(src, arrays)
+        save_dump(src, arrays, compress=deflated)
     except InputError:  # (a format that does not hold bfloat16)
         return
     outcomes = []
@@ -660,7 +662,7 @@ def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, 
                     if dry:
                         rep = clip_dump(r, None, spec, on_tensor=ticks.append)
                     else:
-                        with make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata) as w:
+                        with make_writer(out, "hdf5" if ext == "h5" else ext, r.metadata, compress=deflated) as w:
                             rep = clip_dump(r, w, spec, on_tensor=ticks.append)
             except NonFiniteError as exc:
                 outcomes.append(("refused", str(exc), exc.where))
@@ -669,37 +671,47 @@ def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, 
             if not dry:
                 with open_dump(out) as r:
                     written = {n: r.read(n).tobytes() for n in r.names}
+                if ext != "h5":  # (the file itself: the same bytes; HDF5 files hold the time they were made)
+                    with open(out, "rb") as f:
+                        written["file"] = f.read()
             outcomes.append((repr([dataclasses.astuple(t) for t in rep.tensors]), rep.scale,
                              repr(rep.global_norm_after), sum(ticks), written))
     assert outcomes[0] == outcomes[1]
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "npz", "npz-deflated"])
 @pytest.mark.parametrize("mode", ["global-norm", "value", "norm"])
-def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, mode):
-    """A safetensors dump of 3,000 small float32 tensors (and one of int32 between them): clipped in runs
-    of at most RUN_BYTES, every float32 tensor in one, each run written with one write (with the compiled
-    kernel, which scales or clips each; without it, none, and the same output)."""
+def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, mode, fmt):
+    """A dump of 3,000 small float32 tensors (and one of int32 between them): clipped in runs of at most
+    RUN_BYTES, every float32 tensor in one, each run written with one call (with the compiled kernel,
+    which scales or clips each; without it, none, and the same output): safetensors' tensors lie back to
+    back, a stored npz's a zip and a .npy header apart (the run reads past them), a deflated npz's
+    members are inflated a run at a time."""
     from gradtool import clip_dump as clip_mod
     from gradtool.clip_dump import ClipSpec, clip_dump
     from gradtool.core import kernels
     from gradtool.io.dump import make_writer
+    from gradtool.io.npz import NpzWriter
     from gradtool.io.safetensors import SafetensorsWriter
 
     rng = np.random.default_rng(0)
     arrays = {f"t{k:04d}": rng.standard_normal(int(rng.integers(1, 400))).astype(np.float32)
               for k in range(3000)}
     arrays["t1500"] = np.arange(7, dtype=np.int32)
-    save_dump(str(tmp_path / "in.safetensors"), arrays)
+    ext, deflated = fmt.split("-")[0], fmt.endswith("deflated")
+    save_dump(str(tmp_path / f"in.{ext}"), arrays, compress=deflated)
     runs, writes = [], []
-    clip_run, add_run = clip_mod._clip_run, SafetensorsWriter.add_run
+    writer_class = SafetensorsWriter if ext == "safetensors" else NpzWriter
+    clip_run, add_run = clip_mod._clip_run, writer_class.add_run
     monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[2]) or clip_run(*a, **k))
-    monkeypatch.setattr(SafetensorsWriter, "add_run", lambda self, infos, data: writes.append(len(infos))
+    monkeypatch.setattr(writer_class, "add_run", lambda self, infos, data: writes.append(len(infos))
                         or add_run(self, infos, data))
     monkeypatch.setattr(clip_mod, "RUN_BYTES", 64 << 10)
-    with open_dump(str(tmp_path / "in.safetensors")) as r, make_writer(str(tmp_path / "out.safetensors"),
-                                                                       "safetensors", r.metadata) as w:
+    with open_dump(str(tmp_path / f"in.{ext}")) as r, make_writer(str(tmp_path / f"out.{ext}"), ext, r.metadata,
+                                                                  compress=deflated) as w:
         rep = clip_dump(r, w, ClipSpec(mode=mode, max=10.0 if mode == "norm" else 1.0))
     assert (mode != "global-norm" or rep.scale < 1) and all(run.nbytes <= 64 << 10 for run in runs)
+    assert all((run.fd < 0) == deflated and run.end - run.start <= 64 << 10 for run in runs)
     if (kernels.compiled_f32_scale if mode == "global-norm" else kernels.compiled_clip_values) is None:
         assert not runs and not writes
     else:
@@ -708,7 +720,7 @@ def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, 
         if mode == "norm":  # (both kinds in runs: scaled, and left under the threshold)
             assert 0 < sum(op is None for run in runs for _, _, op, _ in run.tensors) < in_runs
         assert writes == [len(run.tensors) for run in runs]  # leaves to the stream: 1 or 2 elements)
-    with open_dump(str(tmp_path / "out.safetensors")) as r:
+    with open_dump(str(tmp_path / f"out.{ext}")) as r:
         for name, a in arrays.items():
             norm = {t.name: t.norm_before for t in rep.tensors}[name]  # (the report's: gradtool's sums)
             want = (a if a.dtype == np.int32 else np.clip(a, np.float32(-1), np.float32(1)) if mode == "value"

@@ -131,3 +131,45 @@ def test_a_damaged_small_member_is_reported_with_the_file_named(tmp_path, where)
         with pytest.raises(InputError, match=r"bad.npz: member 't20.npy' is corrupt"):
             summarize_dump(reader)
         assert reader.inflate_members([i for i in reader.tensors if i.name == "t20"]) == [None]
+
+
+@needs_kernel
+def test_clip_of_a_run_whose_member_would_not_inflate_clips_it_one_at_a_time(tmp_path, monkeypatch):
+    """``clip`` inflates small deflated members a run at a time (``clip_dump._run_bytes``); where
+    ``inflate_members`` gives None for one (a member it cannot take: the stream reports the damage), the
+    run's tensors are clipped one at a time instead: the same report and the same output file."""
+    import dataclasses
+
+    from gradtool import clip_dump as clip_mod
+    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.io.dump import make_writer
+
+    rng = np.random.default_rng(5)
+    t = {f"t{i}": rng.standard_normal(int(rng.integers(1, 3000))).astype(np.float32) for i in range(300)}
+    src = str(tmp_path / "in.npz")
+    np.savez_compressed(src, **t)
+    real = NpzReader.inflate_members
+    runs = []
+
+    def refusing(self, infos):
+        got = real(self, infos)
+        return [None if i.name == "t120" else g for i, g in zip(infos, got)]
+
+    def clipped(out):
+        with open_dump(src) as r, make_writer(out, "npz", r.metadata, compress=True) as w:
+            rep = clip_dump(r, w, ClipSpec(mode="global-norm", max=1.0))
+        return [dataclasses.astuple(c) for c in rep.tensors], open(out, "rb").read()
+
+    clip_run = clip_mod._clip_run
+    monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[2]) or clip_run(*a, **k))
+    with monkeypatch.context() as m:
+        m.setattr(NpzReader, "inflate_members", refusing)
+        one_refused = clipped(str(tmp_path / "a.npz"))
+    assert any(run.fd < 0 for run in runs)
+    with monkeypatch.context() as m:
+        m.setattr(clip_mod, "_small_runs", lambda *a, **k: {})
+        assert one_refused == clipped(str(tmp_path / "b.npz"))
+    assert one_refused == clipped(str(tmp_path / "c.npz"))  # (and as every run inflated)
+    scale = np.float32(one_refused[0][0][2] / one_refused[0][0][1])  # (norm after / before: the scale)
+    with np.load(str(tmp_path / "a.npz")) as z:
+        np.testing.assert_allclose(z["t120"], t["t120"] * scale, rtol=1e-6)
