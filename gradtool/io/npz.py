@@ -580,7 +580,7 @@ class NpzWriter(DumpWriter):
 
     def add_run(self, infos: list[TensorInfo], data: np.ndarray) -> None:
         """Each tensor as :meth:`add_chunks` writes it (the same bytes, tested), but for a member that is
-        stored, or deflated to one short block (:data:`~.deflate.INLINE_BYTES`), written whole by
+        stored, or deflated to one block (under :data:`~.deflate.BLOCK`), written whole by
         :meth:`_add_whole`: zipfile's writer seeks back to rewrite a member's local header once the CRC
         and sizes are known, and each seek flushes the file's buffer (20,000 small members: ~80 us a
         member, half a ``clip``'s time)."""
@@ -595,10 +595,11 @@ class NpzWriter(DumpWriter):
         """Member ``NAME.npy`` of tensor ``info`` whose data bytes (C order, native) are ``data``, its
         local header written once with the CRC and sizes computed first, as zipfile's ``mkdir`` writes
         a directory's (the header, the bytes; then the archive's ``filelist``, ``NameToInfo`` and
-        ``start_dir``); deflated as :class:`~.deflate.ParallelDeflater` deflates a stream of one short
-        block. False, nothing written, where that does not apply (a long deflated member, or a zipfile
+        ``start_dir``); deflated as :class:`~.deflate.ParallelDeflater` deflates a stream of one block
+        (here, not on its threads: the same bytes). False, nothing written, where that does not apply (a
+        deflated member of a block or more, or a zipfile
         without those attributes): the caller writes the member the usual way."""
-        from .deflate import INLINE_BYTES, deflate_block, default_level
+        from .deflate import BLOCK, deflate_block, default_level
         from .inflate import fast_crc32, fast_zlib
 
         check_writable_dtype(info.dtype, "npz", info.name)
@@ -606,7 +607,7 @@ class NpzWriter(DumpWriter):
         header = npy_header_bytes(info)
         size = len(header) + data.nbytes
         deflated = z.compression == zipfile.ZIP_DEFLATED
-        if (deflated and size >= INLINE_BYTES) or not all(
+        if (deflated and size >= BLOCK) or not all(
                 hasattr(z, a) for a in ("_lock", "_writing", "_writecheck", "_didModify", "start_dir", "NameToInfo")):
             return False
         crc32 = fast_crc32()

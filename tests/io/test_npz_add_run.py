@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradtool.io.base import TensorInfo
-from gradtool.io.deflate import INLINE_BYTES
+from gradtool.io.deflate import BLOCK
 from gradtool.io.npz import NpzWriter
 
 DTYPES = [np.float32, np.float16, np.float64, np.int32, np.uint8]
@@ -42,10 +42,12 @@ def test_members_written_whole_equal_streamed_members(tmp_path_factory, specs, c
             assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
 
 
-def test_a_member_too_long_for_one_block_is_streamed_and_the_file_is_the_same(tmp_path):
+def test_members_of_one_block_are_written_whole_longer_ones_streamed_and_the_file_is_the_same(tmp_path):
     rng = np.random.default_rng(0)
     tensors = [rng.standard_normal(10).astype(np.float32),
-               rng.standard_normal(INLINE_BYTES // 4 + 100).astype(np.float32),  # deflated the usual way
+               rng.standard_normal(BLOCK // 4 + 100).astype(np.float32),  # deflated the usual way
+               rng.standard_normal(BLOCK // 4 - 100).astype(np.float32),  # one block: written whole
+               rng.standard_normal(BLOCK // 8).astype(np.float16),
                rng.standard_normal(3).astype(np.float32)]
     for compress in (False, True):
         assert _write(tmp_path / f"w{compress}.npz", tensors, compress, True) == \
