@@ -713,7 +713,11 @@ def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, 
     assert (mode != "global-norm" or rep.scale < 1) and all(run.nbytes <= 64 << 10 for run in runs)
     assert all((run.fd < 0) == deflated and run.end - run.start <= 64 << 10 for run in runs)
     if (kernels.compiled_f32_scale if mode == "global-norm" else kernels.compiled_clip_values) is None:
-        assert not runs and not writes
+        # no tensor scaled or clipped in a run; a compressed npz's norms before are known without the
+        # kernel (inflated on threads), so its tensors under the threshold are copied in runs
+        assert all(op is None for run in runs for _, _, op, _ in run.tensors)
+        assert (deflated and mode == "norm") or (not runs and not writes)
+        assert writes == [len(run.tensors) for run in runs]
     else:
         in_runs = sum(len(run.tensors) for run in runs)  # (value: not those whose norm before the batched
         assert len(runs) > 10 and (in_runs == 2999 if mode == "global-norm" else in_runs > 2950)  # summary
