@@ -166,6 +166,21 @@ def read_both_ways(p: str) -> None:
         raise AssertionError(f"the compiled readers read {got[0]!r:.300}, the Python ones {got[1]!r:.300}")
 
 
+def clip_into(p: str, ext: str, tmp: str) -> None:
+    """``clip --mode global-norm`` of the dump into a new file of its format (small tensors a run at a
+    time: read past the headers between them, or inflated together, and written whole)."""
+    from gradtool.clip_dump import ClipSpec, clip_dump
+    from gradtool.io.dump import make_writer, open_dump
+
+    out = os.path.join(tmp, f"clipped.{ext}")
+    if os.path.exists(out):
+        os.unlink(out)
+    with open_dump(p) as r:
+        fmt = {"h5": "hdf5"}.get(ext, ext)
+        with make_writer(out, fmt, r.metadata, compress=bool(getattr(r, "compressed", False)) and ext == "npz") as w:
+            clip_dump(r, w, ClipSpec(mode="global-norm", max=1e-3))
+
+
 def check(data: bytes, ext: str, tmp: str) -> None:
     """Raise (and so report) anything that is not a clean GradtoolError."""
     from gradtool.errors import GradtoolError
@@ -191,6 +206,7 @@ def check(data: bytes, ext: str, tmp: str) -> None:
                 for info in r.tensors:  # streamed reads too (clip's path): a deflated member's InflateStream
                     for _ in r.iter_chunks(info, 1000):
                         pass
+            clip_into(p, ext, tmp)
     except GradtoolError:
         pass
 
