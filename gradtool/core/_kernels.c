@@ -556,6 +556,16 @@ static PyObject *half_scale_slices(PyObject *self, PyObject *args) {
     long long changed = 0;
     Py_BEGIN_ALLOW_THREADS
     float before[SCALE_BLOCK], after[SCALE_BLOCK];
+    /* by columns: keep[j] all ones where column j is kept (its scale negative), to blend the input's bits
+     * back on 16-bit lanes; NULL where none is (or, out of memory, a select per element). A compare and
+     * branch per element made clipping by columns 2.7x slower than by rows. */
+    int any_kept = 0;
+    uint16_t *keep = NULL;
+    if (!by_row) {
+        for (Py_ssize_t j = 0; j < k; j++) any_kept |= s[j] < 0;
+        if (any_kept && (keep = (uint16_t *)PyMem_RawMalloc((size_t)k * 2)) != NULL)
+            for (Py_ssize_t j = 0; j < k; j++) keep[j] = s[j] < 0 ? 0xffff : 0;
+    }
     for (Py_ssize_t r = 0; r < n; r += w) {
         if (by_row && s[r / w] < 0) { /* a row kept */
             memcpy(y + r, x + r, (size_t)w * 2);
@@ -573,12 +583,17 @@ static PyObject *half_scale_slices(PyObject *self, PyObject *args) {
                 for (Py_ssize_t j = 0; j < len; j++) after[j] = before[j] * s[c + j];
             }
             f32_to_half_with(chosen, after, ys, len, kind);
-            if (!by_row)
+            if (keep != NULL) {
+                const uint16_t *m = keep + c;
+                for (Py_ssize_t j = 0; j < len; j++) ys[j] = (uint16_t)((xs[j] & m[j]) | (ys[j] & ~m[j]));
+            } else if (any_kept) {
                 for (Py_ssize_t j = 0; j < len; j++)
                     if (s[c + j] < 0) ys[j] = xs[j];
+            }
             changed += half_changes(xs, ys, len, kind);
         }
     }
+    PyMem_RawFree(keep);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&scales);
