@@ -20,7 +20,7 @@ from .backend import to_device, to_host
 from .core import clipping
 from .core.norms import (NormAccumulator, NormOfPieces, as_float64, combine_norms, parse_norm_type,
                          tensor_norm)
-from .core.kernels import half_kind
+from .core.kernels import half_kind, kernel_kind
 from .core.stats import STREAM_CHUNK
 from .errors import NonFiniteError, UsageError
 from .io.base import PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, WorkAhead, buffer_phase, pread_at
@@ -856,8 +856,10 @@ def _column_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, 
     """Pass A of :func:`_clip_slices` for columns: ``slice_l2_norms`` over the leading axes, streamed.
     NumPy sums a reduction over leading axes row after row into one accumulator (a sum over the single
     contiguous axis, which it pairs, never comes here: width >= 2), so the squares of each few rows are
-    summed with the running sums added to their first row: the same additions in the same order. A
-    float64 tensor is first scanned for each column's max |x|, by which ``slice_l2_norms`` scales it."""
+    summed with the running sums added to their first row: the same additions in the same order; or, for
+    float32, float16 and bfloat16, by the compiled ``column_sumsq`` (the same additions; the float16 GPT-2
+    set's column norms ~0.2 s -> ~0.03 s). A float64 tensor is first scanned for each column's max |x|,
+    by which ``slice_l2_norms`` scales it."""
     f64 = info.dtype == np.float64
     safe = None
     if f64:
@@ -867,6 +869,16 @@ def _column_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, 
             m = np.max(np.abs(x.reshape(-1, width)), axis=0)
             peak = m if peak is None else np.maximum(peak, m)
         safe = np.where((peak > 0) & np.isfinite(peak), peak, np.ones_like(peak))
+    from .core import kernels
+
+    kind = kernel_kind(info.dtype)
+    if kind is not None and kernels.compiled_column_sumsq is not None:  # the same sums in the kernel
+        sums = np.zeros(width)
+        for chunk in reader.iter_chunks(info, block):
+            x = np.ascontiguousarray(_prepare(chunk, policy, np_xp))
+            kernels.compiled_column_sumsq(x if kind == -1 else x.view(np.uint16), sums, kind)
+            _refuse_nonfinite(policy, sums, x, info.name, np_xp)
+        return np.sqrt(sums)
     acc = None
     # float16/float32 widened into one reused float64 buffer and squared there (the same products: both
     # widen exactly), so more rows a call: 38M elements 43 -> 33 ms (float16), 34 -> 25 ms (float32), where

@@ -777,6 +777,46 @@ def test_half_scale_slices_equals_scale_tensor_where_clipped(case, width, seed, 
                                                np.append(flat_out, flat_out[:1]), kind, by_row)
 
 
+def _same_bits_but_nan(a, b):
+    """float64 arrays equal bit for bit, every NaN taken as one."""
+    a, b = np.where(np.isnan(a), np.nan, a), np.where(np.isnan(b), np.nan, b)
+    return a.tobytes() == b.tobytes()
+
+
+@needs_kernel
+@settings(max_examples=200, deadline=None)
+@given(half_chunks(), st.integers(1, 5000), st.booleans(), st.integers(1, 7))
+def test_column_sumsq_is_numpys_sum_of_squares_over_the_rows(case, width, as_float32, pieces):
+    """column_sumsq adds each column's squares (float16, bfloat16 or float32 widened to float64 and
+    squared there) row after row into its accumulator: the bits of NumPy's ``np.add.reduce(sq, axis=0)``
+    (rows in order; NaN as NaN, ±inf, subnormals, the largest values), whether the rows come in one call
+    or in several (the accumulator carried, as clip streams them), rows wider than the kernel's blocks of
+    2,048 elements too; it refuses an accumulator that is not a row long or a piece of part of a row."""
+    kind, a, _ = case
+    n = max(1, a.size // width)
+    x = np.resize(a, n * width).reshape(n, width)
+    if as_float32:
+        kind, x = -1, x.astype(np.float32)
+    with np.errstate(all="ignore"):
+        sq = x.astype(np.float64)
+        sq *= sq
+        want = np.add.reduce(sq, axis=0)
+    got = np.zeros(width)
+    cuts = sorted({0, n, *np.random.default_rng(n + width).integers(0, n + 1, pieces - 1).tolist()})
+    for lo, hi in zip(cuts, cuts[1:]):
+        part = np.ascontiguousarray(x[lo:hi]).reshape(-1)
+        kernels.compiled_column_sumsq(part if kind == -1 else part.view(np.uint16), got, kind)
+    assert _same_bits_but_nan(got, want)
+    flat = x.reshape(-1) if kind == -1 else x.reshape(-1).view(np.uint16)
+    if width > 1:  # (a row cut short)
+        with pytest.raises(ValueError, match="whole rows"):
+            kernels.compiled_column_sumsq(flat[:-1], np.zeros(width), kind)
+    with pytest.raises(ValueError, match="whole rows"):
+        kernels.compiled_column_sumsq(flat, np.zeros(0), kind)
+    with pytest.raises((ValueError, TypeError)):
+        kernels.compiled_column_sumsq(flat, np.zeros(width, np.float32), kind)
+
+
 _BOUNDS = [(-1e-3, 1e-3), (-1.0, 1.0), (0.0, 0.0), (-0.0, 0.0), (0.5, 2.0), (-np.inf, 1e-2), (-1e-2, np.inf),
            (-1e-9, 1e-9), (-70000.0, 70000.0), (3e-8, 3e-8), (-1e-40, 1e-40)]
 _bounds = st.sampled_from(_BOUNDS)

@@ -164,3 +164,29 @@ def test_memory_is_a_few_chunks_not_the_tensor(tmp_path, monkeypatch):
         rep = clip_dump(r, w, ClipSpec("norm", max=1.0, axes=(-1,)))
     assert rep.tensors[0].clipped_elements == t.size
     assert biggest and max(biggest) <= clip_module.STREAM_CHUNK
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_column_norms_by_the_kernel_are_numpys(tmp_path, monkeypatch, dtype):
+    """Pass A by columns of float32/float16/bfloat16 goes through the compiled ``column_sumsq`` where it is
+    built, and gives the NumPy path's norms bit for bit (blocks of rows carried across chunks, NaN and
+    ±inf in their columns)."""
+    from gradtool.core import kernels
+
+    if kernels.compiled_column_sumsq is None:
+        pytest.skip("compiled kernel not built")
+    rng = np.random.default_rng(4)
+    t = (rng.standard_normal((2000, 301)) * np.geomspace(1e-4, 1e3, 301)).astype(dtype)
+    t[7, 3], t[1500, 300] = np.nan, np.inf
+    src = str(tmp_path / "in.safetensors")
+    save_dump(src, {"w": t})
+    calls = []
+    real = kernels.compiled_column_sumsq
+    monkeypatch.setattr(kernels, "compiled_column_sumsq", lambda *a: calls.append(1) or real(*a))
+    with open_dump(src) as r:
+        info = r.info("w")
+        by_kernel = clip_module._column_norms(r, info, 301, 301 * 97, "propagate", np)
+        with kernels.disabled():
+            by_numpy = clip_module._column_norms(r, info, 301, 301 * 97, "propagate", np)
+    assert len(calls) == -(-2000 // 97) and by_kernel.tobytes() == by_numpy.tobytes()
+    assert np.isnan(by_kernel[3]) and np.isinf(by_kernel[300]) and np.isfinite(by_kernel[:3]).all()
