@@ -773,7 +773,7 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
         return TensorClip(name, before, before, False, 0, threshold)
     after = NormOfPieces(info.dtype, STREAM_CHUNK)
     changed = 0
-    half_scaled = _half_slice_scaler(info, kind == "rows")
+    kernel_scaled = _slice_scaler(info, kind == "rows")
 
     def clipped_blocks() -> Iterator[np.ndarray]:
         nonlocal changed
@@ -783,16 +783,16 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
             n = src.shape[0] // width
             out, counted = src, None
             if kind == "columns":
-                if clipped.any() and half_scaled is not None:  # float16/bfloat16: in the kernel
-                    out, counted = half_scaled(src, clipped, scale)
+                if clipped.any() and kernel_scaled is not None:  # float32/16, bfloat16: in the kernel
+                    out, counted = kernel_scaled(src, clipped, scale)
                 elif clipped.any():  # each column by its scale, where that column is clipped
                     x2 = src.reshape(n, width)
                     out = np_xp.where(clipped[None, :], clipping.scale_tensor(x2, scale[None, :], np_xp), x2)
                     out = out.reshape(-1)
             elif clipped[done: done + n].any():
                 rows = slice(done, done + n)
-                if half_scaled is not None:
-                    out, counted = half_scaled(src, clipped[rows], scale[rows])
+                if kernel_scaled is not None:
+                    out, counted = kernel_scaled(src, clipped[rows], scale[rows])
                 else:
                     out = clipping.scale_slices(src.reshape(n, width), clipped[rows], scale[rows], np_xp)
                     out = out.reshape(-1)
@@ -808,24 +808,35 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
     return TensorClip(name, before, after.result(), changed > 0, changed, threshold)
 
 
-def _half_slice_scaler(info: TensorInfo, by_row: bool) -> Callable[..., tuple[np.ndarray, int]] | None:
-    """``(block, clipped, scale) -> (block with its clipped slices scaled, elements changed)`` for a float16
-    or bfloat16 tensor clipped by rows (``by_row``: ``clipped`` and ``scale`` the block's rows') or columns
-    (the tensor's columns'), by the compiled ``half_scale_slices``: the arithmetic of ``scale_tensor``
-    (multiplied in float32, rounded once) and ``_changed``'s count, one call a block. NumPy's float16 casts
-    took the float16 GPT-2 set's ``clip --axes 0`` 9.1 s (float32: 0.8 s), and 200 MB of float16 rows of 64
-    elements 3.9 s by ``--axes -1``. None: not half precision, or no kernel."""
+def _slice_scaler(info: TensorInfo, by_row: bool) -> Callable[..., tuple[np.ndarray, int]] | None:
+    """``(block, clipped, scale) -> (block with its clipped slices scaled, elements changed)`` for a float32,
+    float16 or bfloat16 tensor clipped by rows (``by_row``: ``clipped`` and ``scale`` the block's rows') or
+    columns (the tensor's columns'), by the compiled ``f32_scale_slices`` / ``half_scale_slices``: the
+    arithmetic of ``scale_tensor`` (float32 products; float16 and bfloat16 multiplied in float32, rounded
+    once) and ``_changed``'s count, one call a block. NumPy's float16 casts took the float16 GPT-2 set's
+    ``clip --axes 0`` 9.1 s (float32: 0.8 s), and 200 MB of float16 rows of 64 elements 3.9 s by ``--axes
+    -1``. None: another dtype, or no kernel (the caller leaves float32 scales below float32's normal range,
+    which scale_tensor takes through float64, to the whole-tensor path)."""
     from .core import kernels
 
-    hk, scale_slices = half_kind(info.dtype), kernels.compiled_half_scale_slices
-    if hk is None or scale_slices is None:
+    hk = half_kind(info.dtype)
+    if hk is not None and kernels.compiled_half_scale_slices is not None:
+        half_slices = kernels.compiled_half_scale_slices
+
+        def run(src: np.ndarray, scales: np.ndarray, out: np.ndarray) -> int:
+            return half_slices(src.view(np.uint16), scales, out.view(np.uint16), hk, by_row)
+    elif info.dtype == np.float32 and kernels.compiled_f32_scale_slices is not None:
+        f32_slices = kernels.compiled_f32_scale_slices
+
+        def run(src: np.ndarray, scales: np.ndarray, out: np.ndarray) -> int:
+            return f32_slices(src, scales, out, by_row)
+    else:
         return None
 
     def scaled(block: np.ndarray, clipped: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, int]:
         scales = np.where(clipped, scale, -1.0).astype(np.float32)  # (negative: a slice kept as it is; a
         out = np.empty_like(block)  # clipping scale c / norm never is, and NaN, for a NaN norm, scales)
-        flat = out.reshape(-1)
-        return out, scale_slices(block.reshape(-1).view(np.uint16), scales, flat.view(np.uint16), hk, by_row)
+        return out, run(block.reshape(-1), scales, out.reshape(-1))
 
     return scaled
 

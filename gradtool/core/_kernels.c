@@ -601,6 +601,78 @@ static PyObject *half_scale_slices(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(changed);
 }
 
+/* f32_scale_slices(src, scales, out, by_row) -> changed count: half_scale_slices for float32 values: by_row
+ * 0, out[r, j] = src[r, j] · scales[j] (float32 product) for rows of len(scales) elements; by_row 1,
+ * out[r, j] = src[r, j] · scales[r] for len(scales) rows; src's element as it is, bits and all, where its
+ * scale is negative (a slice not clipped); the changed count that of clip's _changed (out != src, NaN to
+ * NaN not counted). The arithmetic of clipping.scale_tensor with float32 scales (the caller leaves scales
+ * below float32's normal range to it), NaN payloads aside: where both the element and its scale (a NaN
+ * norm's) are NaN, which of the two the product keeps is the compiler's choice (and NumPy's differs
+ * between its loops). GIL released. Per-column clipping of float32 went through NumPy's
+ * product, a where() and a comparison pass. */
+static PyObject *f32_scale_slices(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *scales_obj, *out_obj;
+    int by_row;
+    if (!PyArg_ParseTuple(args, "OOOp", &src_obj, &scales_obj, &out_obj, &by_row)) return NULL;
+    Py_buffer src, scales, out;
+    if (take_f32(src_obj, &src, "f32_scale_slices") < 0) return NULL;
+    if (take_f32(scales_obj, &scales, "f32_scale_slices") < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (take_out(out_obj, &out, &src, "f32_scale_slices") < 0) {
+        PyBuffer_Release(&scales);
+        return NULL;
+    }
+    Py_ssize_t n = src.len / 4, k = scales.len / 4;
+    if (k == 0 || n % k != 0 || out.buf == src.buf) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&scales);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "f32_scale_slices needs whole slices, one a scale, and a separate "
+                                          "output of the input's size");
+        return NULL;
+    }
+    Py_ssize_t w = by_row ? n / k : k; /* the row length */
+    const float *x = (const float *)src.buf;
+    const float *s = (const float *)scales.buf;
+    float *y = (float *)out.buf;
+    long long changed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < n; r += w) {
+        float sr = by_row ? s[r / w] : 0.0f;
+        if (by_row && sr < 0) { /* a row kept */
+            memcpy(y + r, x + r, (size_t)w * 4);
+            continue;
+        }
+        for (Py_ssize_t c = 0; c < w; c += SCALE_BLOCK) {
+            Py_ssize_t len = w - c < SCALE_BLOCK ? w - c : SCALE_BLOCK;
+            const float *restrict xs = x + r + c, *restrict sc = s + c;
+            float *restrict ys = y + r + c;
+            /* simple loops the compiler vectorises: a kept column's element by a select (it moves the bits,
+             * NaN payloads too), never a branch or a conditional store */
+            if (by_row)
+                for (Py_ssize_t j = 0; j < len; j++) ys[j] = xs[j] * sr;
+            else
+                for (Py_ssize_t j = 0; j < len; j++) {
+                    float p = xs[j] * sc[j];
+                    ys[j] = sc[j] < 0 ? xs[j] : p;
+                }
+            int differ = 0; /* int counters a block: vectorised */
+            for (Py_ssize_t j = 0; j < len; j++) {
+                float a = xs[j], b = ys[j];
+                differ += (a != b) & !((a != a) & (b != b));
+            }
+            changed += differ;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&scales);
+    PyBuffer_Release(&out);
+    return PyLong_FromLongLong(changed);
+}
+
 /* column_sumsq(src, acc, kind) -> None: acc[j] += x[r, j]² for each row r of src in order, x the rows of
  * len(acc) elements of src (float32, kind -1; or a uint16 view of float16, kind 0, or bfloat16, kind 1,
  * values), each widened exactly to float64 and squared there, acc a float64 buffer: the products and the
@@ -1322,6 +1394,9 @@ static PyMethodDef methods[] = {
      "lo, hi floats), float64 (kind -2) or float16/bfloat16 values (kind 0/1, uint16 views; lo, hi their\n"
      "bits) into out,\n"
      "no GIL held."},
+    {"f32_scale_slices", f32_scale_slices, METH_VARARGS,
+     "f32_scale_slices(src, scales, out, by_row) -> changed count: half_scale_slices for float32 values\n"
+     "(float32 products; negative scales keep their slices), no GIL held."},
     {"column_sumsq", column_sumsq, METH_VARARGS,
      "column_sumsq(src, acc, kind) -> None: acc[j] += x[r, j]**2 in float64 for each row r of src in order\n"
      "(rows of len(acc) float32 values, kind -1, or float16/bfloat16 ones, kind 0/1, as uint16), no GIL held."},

@@ -18,7 +18,8 @@ joins the CRCs of consecutive pieces (zlib's ``crc32_combine``);
 float16/bfloat16 (multiplied in float32, rounded once, as ``clipping.scale_tensor`` does), and
 ``compiled_half_scale_slices(src_u16, scales_f32, out_u16, kind, by_row) -> #changed`` the same with a
 scale per column of rows of ``len(scales)`` elements, or per row (``by_row``) of ``len(src) / len(scales)``
-(negative: the slice kept, bits and all); ``compiled_column_sumsq(src, acc, kind)`` adds each column's
+(negative: the slice kept, bits and all), ``compiled_f32_scale_slices(src, scales, out, by_row)`` the
+same for float32 values (float32 products); ``compiled_column_sumsq(src, acc, kind)`` adds each column's
 squares, row after row, in float64 into ``acc`` (float32 rows, kind -1, or float16/bfloat16 ones as
 uint16: NumPy's sum over the leading axis, the same bits); ``compiled_clip_values(src, lo, hi, out, kind) -> (#changed,
 #non-finite)`` ``clipping.clip_by_value`` of float32 (kind -1), float64 (kind -2) or float16/bfloat16
@@ -69,10 +70,12 @@ try:
 except ImportError:
     compiled_half_summaries = compiled_half_scale = compiled_half_scale_slices = compiled_clip_values = None
 compiled_column_sumsq: Callable[[Any, Any, int], None] | None
+compiled_f32_scale_slices: Callable[[Any, Any, Any, bool], int] | None
 try:
     from ._kernels import column_sumsq as compiled_column_sumsq
+    from ._kernels import f32_scale_slices as compiled_f32_scale_slices
 except ImportError:
-    compiled_column_sumsq = None
+    compiled_column_sumsq = compiled_f32_scale_slices = None
 compiled_f64_summary: Callable[[Any], tuple[float, float]] | None
 compiled_f64_scale: Callable[[Any, float, Any], tuple[float, float, int]] | None
 try:
@@ -98,8 +101,8 @@ except ImportError:
 COMPILED = ("compiled_f32_summary", "compiled_f32_summaries", "compiled_f32_summaries_fd",
             "compiled_f32_sumsq_each", "compiled_f32_scale", "compiled_half_summaries", "compiled_half_scale",
             "compiled_half_scale_slices", "compiled_clip_values", "compiled_f64_summary", "compiled_f64_scale",
-            "compiled_tensor_summaries_fd", "compiled_crc32_combine", "compiled_column_sumsq")  # every entry
-# point above, None without the kernel
+            "compiled_tensor_summaries_fd", "compiled_crc32_combine", "compiled_column_sumsq",
+            "compiled_f32_scale_slices")  # every entry point above, None without the kernel
 if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
     globals().update(dict.fromkeys(COMPILED))
 

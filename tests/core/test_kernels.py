@@ -777,6 +777,51 @@ def test_half_scale_slices_equals_scale_tensor_where_clipped(case, width, seed, 
                                                np.append(flat_out, flat_out[:1]), kind, by_row)
 
 
+@needs_kernel
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 20000), st.integers(1, 5000), st.integers(0, 2**32 - 1), st.booleans(),
+       st.sampled_from([0.5, 0.3, 1e-4, 3e-7, 2.0, 1e30, 0.0, -0.0, np.nan, np.inf]))
+def test_f32_scale_slices_equals_scale_tensor_where_clipped(size, width, seed, by_row, extreme):
+    """f32_scale_slices gives what the NumPy path of per-slice clipping gives for float32, bit for bit: the
+    clipped columns (or rows) by ``clipping.scale_tensor`` (the scale rounded to float32, a float32
+    product; a NaN scale makes NaN), the others kept (NaN payloads too), and ``_changed``'s count (NaN to
+    NaN unchanged, -0 equal to +0); values with zeros, subnormals, the largest, NaN (two payloads) and
+    ±inf; rows of any width, across the kernel's blocks of 2,048 elements."""
+    from gradtool.clip_dump import _changed
+    from gradtool.core.clipping import scale_slices
+
+    rng = np.random.default_rng(seed)
+    n = max(1, size // width)
+    x = (rng.standard_normal(n * width) * rng.choice([1e-3, 1.0, 1e30], n * width)).astype(np.float32)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, 3.4e38, 1e-45, np.nan], np.float32)
+    at = rng.integers(0, x.size, 6)
+    x[at] = rng.choice(specials, 6)
+    x.view(np.uint32)[at[0]] = 0x7FC00123  # a NaN of another payload
+    x = x.reshape(n, width)
+    k = n if by_row else width
+    clipped = rng.random(k) < 0.7
+    scale = rng.uniform(1e-3, 1.0, k)
+    scale[int(rng.integers(0, k))] = extreme
+    with np.errstate(all="ignore"):
+        want = scale_slices(x, clipped, scale, np) if by_row else scale_slices(x.T, clipped, scale, np).T
+    scales = np.where(clipped, scale, -1.0).astype(np.float32)
+    out = np.empty_like(x)
+    got = kernels.compiled_f32_scale_slices(x.reshape(-1), scales, out.reshape(-1), by_row)
+    nan = np.isnan(want)  # (NaN payloads aside: which NaN a product of two keeps is the compiler's choice,
+    assert np.array_equal(np.isnan(out), nan)  # and NumPy's differs between its loops)
+    assert out[~nan].tobytes() == want[~nan].tobytes()
+    sc = np.broadcast_to(scales[:, None] if by_row else scales[None, :], x.shape)
+    one_nan = np.isnan(x) & ~np.isnan(sc)  # (a NaN element of a finite scale, or kept: its own NaN)
+    assert out[one_nan].tobytes() == x[one_nan].tobytes()
+    assert got == _changed(x, want, np)
+    flat = x.reshape(-1)
+    with pytest.raises(ValueError, match="whole slices"):  # the input as its output
+        kernels.compiled_f32_scale_slices(flat, scales, flat, by_row)
+    if k > 1:
+        with pytest.raises(ValueError, match="whole slices"):
+            kernels.compiled_f32_scale_slices(np.append(flat, flat[:1]), scales, np.append(flat, flat[:1]), by_row)
+
+
 def _same_bits_but_nan(a, b):
     """float64 arrays equal bit for bit, every NaN taken as one."""
     a, b = np.where(np.isnan(a), np.nan, a), np.where(np.isnan(b), np.nan, b)
@@ -785,13 +830,14 @@ def _same_bits_but_nan(a, b):
 
 @needs_kernel
 @settings(max_examples=200, deadline=None)
-@given(half_chunks(), st.integers(1, 5000), st.booleans(), st.integers(1, 7))
+@given(half_chunks(), st.integers(2, 5000), st.booleans(), st.integers(1, 7))
 def test_column_sumsq_is_numpys_sum_of_squares_over_the_rows(case, width, as_float32, pieces):
     """column_sumsq adds each column's squares (float16, bfloat16 or float32 widened to float64 and
     squared there) row after row into its accumulator: the bits of NumPy's ``np.add.reduce(sq, axis=0)``
     (rows in order; NaN as NaN, ±inf, subnormals, the largest values), whether the rows come in one call
     or in several (the accumulator carried, as clip streams them), rows wider than the kernel's blocks of
-    2,048 elements too; it refuses an accumulator that is not a row long or a piece of part of a row."""
+    2,048 elements too (of two elements or more: NumPy sums a column of one pairwise, and clip never
+    takes those by columns); it refuses an accumulator that is not a row long or a piece of part of a row."""
     kind, a, _ = case
     n = max(1, a.size // width)
     x = np.resize(a, n * width).reshape(n, width)
