@@ -516,6 +516,32 @@ static PyObject *half_scale(PyObject *self, PyObject *args) {
     return Py_BuildValue("(dL)", sumsq, changed);
 }
 
+/* The buffers of a *_scale_slices call: src (uint16, itemsize 2, or float32, 4), its float32 scales, one
+ * per slice, and a separate output of src's size holding whole slices; 0, or -1 with an error set and all
+ * three released. */
+static int take_slices(PyObject *src_obj, PyObject *scales_obj, PyObject *out_obj, Py_buffer *src,
+                       Py_buffer *scales, Py_buffer *out, Py_ssize_t itemsize, const char *who) {
+    if ((itemsize == 2 ? take_u16(src_obj, src, who) : take_f32(src_obj, src, who)) < 0) return -1;
+    if (take_f32(scales_obj, scales, who) < 0) {
+        PyBuffer_Release(src);
+        return -1;
+    }
+    if (take_out(out_obj, out, src, who) < 0) {
+        PyBuffer_Release(scales);
+        return -1;
+    }
+    Py_ssize_t n = src->len / itemsize, k = scales->len / 4;
+    if (k == 0 || n % k != 0 || out->buf == src->buf) {
+        PyBuffer_Release(src);
+        PyBuffer_Release(scales);
+        PyBuffer_Release(out);
+        PyErr_Format(PyExc_ValueError, "%s needs whole slices, one a scale, and a separate output of the "
+                                       "input's size", who);
+        return -1;
+    }
+    return 0;
+}
+
 /* half_scale_slices(src, scales, out, kind, by_row) -> changed count: half_scale with a scale per slice of
  * src (a uint16 view of float16, kind 0, or bfloat16, kind 1, values; out may not be src): by_row 0, a
  * scale per column of rows of len(scales) elements, out[r, j] = round(widen(src[r, j]) · scales[j]); by_row
@@ -531,24 +557,8 @@ static PyObject *half_scale_slices(PyObject *self, PyObject *args) {
         || half_kind(kind) < 0)
         return NULL;
     Py_buffer src, scales, out;
-    if (take_u16(src_obj, &src, "half_scale_slices") < 0) return NULL;
-    if (take_f32(scales_obj, &scales, "half_scale_slices") < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
-    if (take_out(out_obj, &out, &src, "half_scale_slices") < 0) {
-        PyBuffer_Release(&scales);
-        return NULL;
-    }
+    if (take_slices(src_obj, scales_obj, out_obj, &src, &scales, &out, 2, "half_scale_slices") < 0) return NULL;
     Py_ssize_t n = src.len / 2, k = scales.len / 4;
-    if (k == 0 || n % k != 0 || out.buf == src.buf) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&scales);
-        PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "half_scale_slices needs whole slices, one a scale, and a separate "
-                                          "output of the input's size");
-        return NULL;
-    }
     Py_ssize_t w = by_row ? n / k : k; /* the row length */
     const uint16_t *x = (const uint16_t *)src.buf;
     const float *s = (const float *)scales.buf;
@@ -615,24 +625,8 @@ static PyObject *f32_scale_slices(PyObject *self, PyObject *args) {
     int by_row;
     if (!PyArg_ParseTuple(args, "OOOp", &src_obj, &scales_obj, &out_obj, &by_row)) return NULL;
     Py_buffer src, scales, out;
-    if (take_f32(src_obj, &src, "f32_scale_slices") < 0) return NULL;
-    if (take_f32(scales_obj, &scales, "f32_scale_slices") < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
-    if (take_out(out_obj, &out, &src, "f32_scale_slices") < 0) {
-        PyBuffer_Release(&scales);
-        return NULL;
-    }
+    if (take_slices(src_obj, scales_obj, out_obj, &src, &scales, &out, 4, "f32_scale_slices") < 0) return NULL;
     Py_ssize_t n = src.len / 4, k = scales.len / 4;
-    if (k == 0 || n % k != 0 || out.buf == src.buf) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&scales);
-        PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "f32_scale_slices needs whole slices, one a scale, and a separate "
-                                          "output of the input's size");
-        return NULL;
-    }
     Py_ssize_t w = by_row ? n / k : k; /* the row length */
     const float *x = (const float *)src.buf;
     const float *s = (const float *)scales.buf;

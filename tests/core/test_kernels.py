@@ -740,6 +740,20 @@ def test_half_scale_equals_scale_tensor_count_and_summary(case, scale, in_place)
         kernels.compiled_half_scale(src.view(np.uint16), 0.5, np.empty(a.size + 1, np.uint16), kind)
 
 
+def _clipped_slices(x, rng, by_row, extreme):
+    """(x's rows, or columns, clipped as the NumPy path clips them: about 70 % by a random scale, one by
+    ``extreme``; the kernels' float32 scales, negative for a slice kept)."""
+    from gradtool.core.clipping import scale_slices
+
+    k = x.shape[0] if by_row else x.shape[1]
+    clipped = rng.random(k) < 0.7
+    scale = rng.uniform(1e-3, 1.0, k)
+    scale[int(rng.integers(0, k))] = extreme
+    with np.errstate(all="ignore"):
+        want = scale_slices(x, clipped, scale, np) if by_row else scale_slices(x.T, clipped, scale, np).T
+    return want, np.where(clipped, scale, -1.0).astype(np.float32)
+
+
 @needs_kernel
 @settings(max_examples=200, deadline=None)
 @given(half_chunks(), st.integers(1, 5000), st.integers(0, 2**32 - 1), st.booleans(),
@@ -750,20 +764,13 @@ def test_half_scale_slices_equals_scale_tensor_where_clipped(case, width, seed, 
     NaN norm's, makes NaN), the others kept as they are (NaN payloads too), and ``_changed``'s count (NaN
     to NaN unchanged); rows of any width, across the kernel's blocks of 2,048 elements. (A negative
     scale marks a kept slice: a clipping scale c / norm, c > 0, never is one; -0.0 is not negative.)"""
-    from gradtool.core.clipping import scale_slices
 
     kind, a, _ = case
     n = max(1, a.size // width)
     x = np.resize(a, n * width).reshape(n, width)  # (repeats a's values: rows of width elements)
-    rng = np.random.default_rng(seed)
-    k = n if by_row else width
-    clipped = rng.random(k) < 0.7
-    scale = rng.uniform(1e-3, 1.0, k)
-    scale[int(rng.integers(0, k))] = extreme
+    want, scales = _clipped_slices(x, np.random.default_rng(seed), by_row, extreme)
     with np.errstate(all="ignore"):
-        want = scale_slices(x, clipped, scale, np) if by_row else scale_slices(x.T, clipped, scale, np).T
         changed = int(np.count_nonzero((x != want) & ~(np.isnan(x) & np.isnan(want))))
-    scales = np.where(clipped, scale, -1.0).astype(np.float32)
     out = np.empty_like(x)
     got = kernels.compiled_half_scale_slices(x.view(np.uint16), scales, out.view(np.uint16), kind, by_row)
     assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
@@ -771,7 +778,7 @@ def test_half_scale_slices_equals_scale_tensor_where_clipped(case, width, seed, 
     flat, flat_out = x.view(np.uint16).reshape(-1), out.view(np.uint16).reshape(-1)
     with pytest.raises(ValueError, match="whole slices"):  # the input as its output
         kernels.compiled_half_scale_slices(flat, scales, flat, kind, by_row)
-    if k > 1:
+    if scales.size > 1:
         with pytest.raises(ValueError, match="whole slices"):  # a slice cut short (one element more)
             kernels.compiled_half_scale_slices(np.append(flat, flat[:1]), scales,
                                                np.append(flat_out, flat_out[:1]), kind, by_row)
@@ -788,7 +795,6 @@ def test_f32_scale_slices_equals_scale_tensor_where_clipped(size, width, seed, b
     NaN unchanged, -0 equal to +0); values with zeros, subnormals, the largest, NaN (two payloads) and
     ±inf; rows of any width, across the kernel's blocks of 2,048 elements."""
     from gradtool.clip_dump import _changed
-    from gradtool.core.clipping import scale_slices
 
     rng = np.random.default_rng(seed)
     n = max(1, size // width)
@@ -798,13 +804,7 @@ def test_f32_scale_slices_equals_scale_tensor_where_clipped(size, width, seed, b
     x[at] = rng.choice(specials, 6)
     x.view(np.uint32)[at[0]] = 0x7FC00123  # a NaN of another payload
     x = x.reshape(n, width)
-    k = n if by_row else width
-    clipped = rng.random(k) < 0.7
-    scale = rng.uniform(1e-3, 1.0, k)
-    scale[int(rng.integers(0, k))] = extreme
-    with np.errstate(all="ignore"):
-        want = scale_slices(x, clipped, scale, np) if by_row else scale_slices(x.T, clipped, scale, np).T
-    scales = np.where(clipped, scale, -1.0).astype(np.float32)
+    want, scales = _clipped_slices(x, rng, by_row, extreme)
     out = np.empty_like(x)
     got = kernels.compiled_f32_scale_slices(x.reshape(-1), scales, out.reshape(-1), by_row)
     nan = np.isnan(want)  # (NaN payloads aside: which NaN a product of two keeps is the compiler's choice,
@@ -817,7 +817,7 @@ def test_f32_scale_slices_equals_scale_tensor_where_clipped(size, width, seed, b
     flat = x.reshape(-1)
     with pytest.raises(ValueError, match="whole slices"):  # the input as its output
         kernels.compiled_f32_scale_slices(flat, scales, flat, by_row)
-    if k > 1:
+    if scales.size > 1:
         with pytest.raises(ValueError, match="whole slices"):
             kernels.compiled_f32_scale_slices(np.append(flat, flat[:1]), scales, np.append(flat, flat[:1]), by_row)
 
