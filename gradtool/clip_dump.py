@@ -844,18 +844,30 @@ def _slice_scaler(info: TensorInfo, by_row: bool) -> Callable[..., tuple[np.ndar
 def _row_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, policy: str,
                np_xp: ModuleType) -> np.ndarray:
     """Pass A of :func:`_clip_slices` for rows: each row's L2 norm by ``slice_l2_norms``, a few rows at a
-    time (their float64 copies stay in cache). Raises NonFiniteError under "error" for NaN/Inf."""
+    time (their float64 copies stay in cache); float16 and float32 rows widened into one reused float64
+    buffer and squared there, as ``slice_l2_norms`` squares its copy (each row's sum is the same pairwise
+    sum whatever the rows around it: the same bits), four times the rows a call (~18,000 calls of ~20 us
+    for the GPT-2 set by rows: 0.4 s of its 1.0). Raises NonFiniteError under "error" for NaN/Inf."""
     from .core.norms import slice_l2_norms
 
     norms = np.empty(info.size // width)
     done = 0
-    step = max(1, NORM_ROWS_ELEMENTS // width)
+    widened = info.dtype in (np.float16, np.float32)
+    step = max(1, (NORM_ROWS_WIDENED if widened else NORM_ROWS_ELEMENTS) // width)
+    scratch = np.empty((step, width)) if widened else None
     for chunk in reader.iter_chunks(info, block):
         x = _prepare(chunk, policy, np_xp)
         n = x.shape[0] // width
         rows = x.reshape(n, width)
         for i in range(0, n, step):
-            got = slice_l2_norms(rows[i: i + step], (1,), np_xp).reshape(-1)
+            part = rows[i: i + step]
+            if scratch is not None:
+                sq = scratch[: part.shape[0]]
+                np.copyto(sq, part)
+                sq *= sq
+                got = np.sqrt(np.sum(sq, axis=1))
+            else:
+                got = slice_l2_norms(part, (1,), np_xp).reshape(-1)
             norms[done + i: done + i + got.shape[0]] = got
         _refuse_nonfinite(policy, norms[done: done + n], x, info.name, np_xp)
         done += n
@@ -937,7 +949,7 @@ def _write_or_drain(writer: DumpWriter | None, info: TensorInfo, chunks: Iterato
 # cache and in malloc's heap (bigger ones are mapped afresh each time): pass A over the 500 MB GPT-2 set
 # 0.9 s at 2^18 elements a call, ~0.15 s at 2^13 (measured on 20,000 rows of 768: 108 against 19 ms)
 NORM_ROWS_ELEMENTS = 1 << 13
-NORM_ROWS_WIDENED = 1 << 15  # (_column_norms, into a reused buffer: 256 KiB)
+NORM_ROWS_WIDENED = 1 << 15  # (_column_norms and _row_norms, into a reused buffer: 256 KiB)
 
 
 def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,
