@@ -597,8 +597,8 @@ class NpzWriter(DumpWriter):
         a directory's (the header, the bytes; then the archive's ``filelist``, ``NameToInfo`` and
         ``start_dir``); deflated as :class:`~.deflate.ParallelDeflater` deflates a stream of one block
         (here, not on its threads: the same bytes). False, nothing written, where that does not apply (a
-        deflated member of a block or more, or a zipfile
-        without those attributes): the caller writes the member the usual way."""
+        deflated member of a block or more, or a zipfile without those attributes): the caller writes
+        the member the usual way."""
         from .deflate import BLOCK, deflate_block, default_level
         from .inflate import fast_crc32, fast_zlib
 
