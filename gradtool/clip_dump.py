@@ -841,6 +841,14 @@ def _slice_scaler(info: TensorInfo, by_row: bool) -> Callable[..., tuple[np.ndar
     return scaled
 
 
+def _norm_rows(info: TensorInfo, width: int) -> tuple[int, np.ndarray | None]:
+    """(rows of ``width`` elements a NumPy call in the slice norms' pass A, the reused float64 buffer of
+    that many rows that float16 and float32 rows are widened into, or None for other dtypes)."""
+    widened = info.dtype in (np.float16, np.float32)
+    step = max(1, (NORM_ROWS_WIDENED if widened else NORM_ROWS_ELEMENTS) // width)
+    return step, np.empty((step, width)) if widened else None
+
+
 def _row_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, policy: str,
                np_xp: ModuleType) -> np.ndarray:
     """Pass A of :func:`_clip_slices` for rows: each row's L2 norm by ``slice_l2_norms``, a few rows at a
@@ -852,9 +860,7 @@ def _row_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, pol
 
     norms = np.empty(info.size // width)
     done = 0
-    widened = info.dtype in (np.float16, np.float32)
-    step = max(1, (NORM_ROWS_WIDENED if widened else NORM_ROWS_ELEMENTS) // width)
-    scratch = np.empty((step, width)) if widened else None
+    step, scratch = _norm_rows(info, width)
     for chunk in reader.iter_chunks(info, block):
         x = _prepare(chunk, policy, np_xp)
         n = x.shape[0] // width
@@ -907,9 +913,7 @@ def _column_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, 
     # widen exactly), so more rows a call: 38M elements 43 -> 33 ms (float16), 34 -> 25 ms (float32), where
     # each 2^13 elements made a new array (np.multiply(..., dtype=float64) widened through NumPy's
     # buffered casts: 59 ms)
-    widened = info.dtype in (np.float16, np.float32)
-    step = max(1, (NORM_ROWS_WIDENED if widened else NORM_ROWS_ELEMENTS) // width)
-    scratch = np.empty((step, width)) if widened else None
+    step, scratch = _norm_rows(info, width)
     for chunk in reader.iter_chunks(info, block):
         x = _prepare(chunk, policy, np_xp)
         rows = x.reshape(-1, width)
