@@ -255,11 +255,13 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
     runs = {} if xp is not None else _small_runs(reader, chosen_set, spec, result.scale, p,
                                                  norms_before if shared is None else {})  # (a shard's
     # tensors are clipped by their whole tensors' norms: not in per-tensor runs)
+    inflated_ahead = _RunsInflatedAhead(reader, runs)
     after_run = 0
     for k, info in enumerate(reader.tensors):
         if k < after_run:  # clipped in a run
             continue
-        clips = _clip_run(reader, writer, runs[k], spec, norms_before, out_buffer) if k in runs else None
+        data = inflated_ahead.bytes_of(k, runs[k], out_buffer) if k in runs else None
+        clips = _clip_run(writer, runs[k], data, norms_before) if data is not None else None
         if clips is not None:
             for tc in clips:
                 norms_after[tc.name] = tc.norm_after  # type: ignore[assignment]
@@ -665,16 +667,12 @@ def _small_runs(reader: DumpReader, chosen: set[str], spec: ClipSpec, scale: flo
     return runs
 
 
-def _clip_run(reader: DumpReader, writer: DumpWriter | None, run: _Run, spec: ClipSpec,
-              norms_before: dict[str, float], buffer: PhasedBuffer) -> list[TensorClip] | None:
-    """A run of small tensors (:func:`_small_runs`) read with one ``pread`` (or inflated together), each
-    scaled (or clipped by value) and measured in place by its kernel call (what the streaming path makes
-    of a one-chunk tensor: the same bits), written with one call (:meth:`DumpWriter.add_run`). None,
-    nothing written, when a member would not inflate: the caller clips the run's tensors one at a time,
-    which reports what is wrong."""
-    data = _run_bytes(reader, run, buffer)
-    if data is None:
-        return None
+def _clip_run(writer: DumpWriter | None, run: _Run, data: np.ndarray,
+              norms_before: dict[str, float]) -> list[TensorClip]:
+    """A run of small tensors (:func:`_small_runs`), their bytes ``data`` (:func:`_run_bytes`: read with
+    one ``pread``, or inflated together), each scaled (or clipped by value) and measured in place by its
+    kernel call (what the streaming path makes of a one-chunk tensor: the same bits), written with one
+    call (:meth:`DumpWriter.add_run`)."""
     clips = []
     at = 0
     for info, nbytes, op, threshold in run.tensors:
@@ -696,6 +694,49 @@ def _clip_run(reader: DumpReader, writer: DumpWriter | None, run: _Run, spec: Cl
     return clips
 
 
+class _RunsInflatedAhead:
+    """The bytes of the runs (:func:`_run_bytes`), each run of deflated members inflated on a worker
+    thread while the run before it is clipped and written. The compiled ``inflate_raw`` lets go of the
+    GIL for a whole run (a member a call, the two threads convoyed on the GIL and the clip got slower:
+    measured), so without it nothing is inflated ahead. Two buffers, taken in turns: a run's bytes stay
+    valid until the next run's are asked for."""
+
+    def __init__(self, reader: DumpReader, runs: dict[int, _Run]) -> None:
+        from .io.compiled import member_inflater
+
+        self._reader, self._runs = reader, runs
+        order = [k for k in sorted(runs) if runs[k].fd < 0] if member_inflater() is not None else []
+        self._next = dict(zip(order, order[1:]))  # each inflated run's successor
+        self._turn = {k: i % 2 for i, k in enumerate(order)}  # which buffer each one's bytes go to
+        self._buffers = (PhasedBuffer(), PhasedBuffer()) if order else ()
+        self._ahead: dict[int, Any] = {}  # the runs being inflated on the worker: Futures
+
+    def bytes_of(self, k: int, run: _Run, buffer: PhasedBuffer) -> np.ndarray | None:
+        """:func:`_run_bytes` of run ``k`` (in ``buffer`` for a run read from the file, in one of the
+        two inflation buffers for a deflated one), the next deflated run handed to the worker first."""
+        if k not in self._turn:
+            return _run_bytes(self._reader, run, buffer)
+        following = self._next.get(k)
+        if following is not None:
+            self._ahead[following] = _inflate_ahead_thread().submit(
+                _run_bytes, self._reader, self._runs[following], self._buffers[self._turn[following]])
+        job = self._ahead.pop(k, None)
+        return job.result() if job is not None else _run_bytes(self._reader, run, self._buffers[self._turn[k]])
+
+
+_INFLATE_AHEAD_POOL: Any = None
+
+
+def _inflate_ahead_thread() -> Any:
+    """:class:`_RunsInflatedAhead`'s one worker thread (made on first use, kept for the process)."""
+    global _INFLATE_AHEAD_POOL
+    if _INFLATE_AHEAD_POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _INFLATE_AHEAD_POOL = ThreadPoolExecutor(1, thread_name_prefix="gradtool-runs-ahead")
+    return _INFLATE_AHEAD_POOL
+
+
 def _run_bytes(reader: DumpReader, run: _Run, buffer: PhasedBuffer) -> np.ndarray | None:
     """The bytes of the run's tensors one after another (uint8, in ``buffer``): one ``pread`` of the
     file's ``[start, end)``, the tensors then moved together over the headers between them (each moves
@@ -703,15 +744,9 @@ def _run_bytes(reader: DumpReader, run: _Run, buffer: PhasedBuffer) -> np.ndarra
     would not)."""
     infos = [info for info, *_ in run.tensors]
     if run.fd < 0:
-        got = reader.inflate_members(infos)  # type: ignore[attr-defined]
-        if any(g is None or len(g) != info.nbytes for g, info in zip(got, infos)):
-            return None
         data = buffer.get(run.nbytes)
-        at = 0
-        for g in got:
-            data[at:at + len(g)] = np.frombuffer(g, np.uint8)  # type: ignore[arg-type]
-            at += len(g)  # type: ignore[arg-type]
-        return data
+        got = reader.inflate_members(infos, data)  # type: ignore[attr-defined]
+        return None if any(g is None for g in got) else data
     data = buffer.get(run.end - run.start, buffer_phase(reads=[run.start]))
     reader._fill(memoryview(data), pread_at(run.fd, run.start), infos[0])
     if run.end - run.start != run.nbytes:

@@ -49,6 +49,8 @@ def test_entry_point_installed():
         assert f"compiled stats kernel: built, {SIMD};" in r.stdout  # the SIMD build this CPU runs
     built = find_spec("gradtool.io._logscan") is not None
     assert ("(W&B, TensorBoard, MLflow, Trackio, JSON Lines, CSV, text): built" in r.stdout) == built
+    inflater = find_spec("gradtool.io._inflate_many") is not None
+    assert ("compiled npz inflater: built" in r.stdout) == inflater
     assert ("python-isal" in r.stdout) == (find_spec("isal") is not None)
     assert ("msgspec" in r.stdout) == (find_spec("msgspec") is not None)
 

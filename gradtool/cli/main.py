@@ -94,7 +94,8 @@ def help_command(ctx: click.Context, command: str | None) -> None:
 def _version_message() -> str:
     """`gradtool --version`: the version, whether the optional compiled kernel was built and which SIMD
     build of it this CPU runs (AVX-512, AVX2 or 128-bit: a question worth asking when stats are slow),
-    whether the compiled log readers were (gradtool/io/_logscan.c), and
+    whether the compiled log readers were (gradtool/io/_logscan.c) and the npz members' inflater
+    (gradtool/io/_inflate_many.c, which needs zlib's header to build), and
     which of the ``[speedups]`` libraries are installed (module look-ups and the kernel's own import, a
     few hundred microseconds without NumPy: --version stays as fast as --help)."""
     from importlib.util import find_spec
@@ -112,9 +113,13 @@ def _version_message() -> str:
     reader = "built" if find_spec("gradtool.io._logscan") is not None else "not built, Python readers instead"
     if os.environ.get("GRADTOOL_NO_KERNELS") and reader == "built":
         reader += ", turned off by GRADTOOL_NO_KERNELS"
+    inflater = "built" if find_spec("gradtool.io._inflate_many") is not None else "not built, a member a call"
+    if os.environ.get("GRADTOOL_NO_KERNELS") and inflater == "built":
+        inflater += ", turned off by GRADTOOL_NO_KERNELS"
     speedups = [name for name, module in (("msgspec", "msgspec"), ("python-isal", "isal")) if find_spec(module)]
     return ("%(prog)s, version %(version)s (compiled stats kernel: " + kernel
             + "; compiled log readers (W&B, TensorBoard, MLflow, Trackio, JSON Lines, CSV, text): " + reader
+            + "; compiled npz inflater: " + inflater
             + "; speedups: " + (", ".join(speedups) or "none, see pip install 'gradtool[speedups]'") + ")")
 
 

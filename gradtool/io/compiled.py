@@ -25,6 +25,19 @@ def log_readers() -> Any:
     return _logscan
 
 
+def member_inflater() -> Any:
+    """``inflate_raw(packed, table, out) -> bytes`` of ``gradtool.io._inflate_many`` (many raw-deflate
+    members inflated in one call without the GIL; see its source), or None (not built: no C compiler or
+    no zlib header at install time; or turned off by ``GRADTOOL_NO_KERNELS``)."""
+    if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
+        return None
+    try:
+        from . import _inflate_many
+    except ImportError:
+        return None
+    return _inflate_many.inflate_raw
+
+
 # SQLite's functions sqlite_rows calls, in the order of sqlite_api_t in _logscan.c
 _SQLITE_FUNCTIONS = ("open_v2", "close", "exec", "prepare_v2", "bind_text", "step", "column_count",
                      "column_type", "column_double", "column_int64", "column_blob", "column_text",

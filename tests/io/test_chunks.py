@@ -703,7 +703,7 @@ def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, 
     runs, writes = [], []
     writer_class = SafetensorsWriter if ext == "safetensors" else NpzWriter
     clip_run, add_run = clip_mod._clip_run, writer_class.add_run
-    monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[2]) or clip_run(*a, **k))
+    monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[1]) or clip_run(*a, **k))
     monkeypatch.setattr(writer_class, "add_run", lambda self, infos, data: writes.append(len(infos))
                         or add_run(self, infos, data))
     monkeypatch.setattr(clip_mod, "RUN_BYTES", 64 << 10)
@@ -758,7 +758,7 @@ def test_runs_keep_each_tensors_bounds(tmp_path, monkeypatch, spec):
     outcomes, runs = [], []
     real = clip_mod._clip_run
     for in_runs in (True, False):
-        monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[2]) or real(*a, **k))
+        monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[1]) or real(*a, **k))
         if not in_runs:
             monkeypatch.setattr(clip_mod, "_small_runs", lambda *a, **k: {})
         out = str(tmp_path / f"out_{in_runs}.safetensors")

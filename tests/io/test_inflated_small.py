@@ -26,9 +26,9 @@ def _both(path, monkeypatch):
     got = []
     real = NpzReader.inflate_members
 
-    def spy(self, infos):
+    def spy(self, infos, *rest):
         got.extend(i.name for i in infos)
-        return real(self, infos)
+        return real(self, infos, *rest)
 
     with monkeypatch.context() as m:
         m.setattr(NpzReader, "inflate_members", spy)
@@ -151,8 +151,8 @@ def test_clip_of_a_run_whose_member_would_not_inflate_clips_it_one_at_a_time(tmp
     real = NpzReader.inflate_members
     runs = []
 
-    def refusing(self, infos):
-        got = real(self, infos)
+    def refusing(self, infos, *rest):
+        got = real(self, infos, *rest)
         return [None if i.name == "t120" else g for i, g in zip(infos, got)]
 
     def clipped(out):
@@ -161,7 +161,7 @@ def test_clip_of_a_run_whose_member_would_not_inflate_clips_it_one_at_a_time(tmp
         return [dataclasses.astuple(c) for c in rep.tensors], open(out, "rb").read()
 
     clip_run = clip_mod._clip_run
-    monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[2]) or clip_run(*a, **k))
+    monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[1]) or clip_run(*a, **k))
     with monkeypatch.context() as m:
         m.setattr(NpzReader, "inflate_members", refusing)
         one_refused = clipped(str(tmp_path / "a.npz"))
