@@ -23,7 +23,8 @@ from .core.norms import (NormAccumulator, NormOfPieces, as_float64, combine_norm
 from .core.kernels import half_kind, kernel_kind
 from .core.stats import STREAM_CHUNK
 from .errors import NonFiniteError, UsageError
-from .io.base import PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, WorkAhead, buffer_phase, pread_at
+from .io.base import (PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, WorkAhead, buffer_phase,
+                      kept_thread_pool, pread_at)
 from .summarize import name_selected
 
 MODES = ("value", "norm", "average-norm", "global-norm")
@@ -724,17 +725,9 @@ class _RunsInflatedAhead:
         return job.result() if job is not None else _run_bytes(self._reader, run, self._buffers[self._turn[k]])
 
 
-_INFLATE_AHEAD_POOL: Any = None
-
-
 def _inflate_ahead_thread() -> Any:
-    """:class:`_RunsInflatedAhead`'s one worker thread (made on first use, kept for the process)."""
-    global _INFLATE_AHEAD_POOL
-    if _INFLATE_AHEAD_POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _INFLATE_AHEAD_POOL = ThreadPoolExecutor(1, thread_name_prefix="gradtool-runs-ahead")
-    return _INFLATE_AHEAD_POOL
+    """:class:`_RunsInflatedAhead`'s one worker thread."""
+    return kept_thread_pool("gradtool-runs-ahead")
 
 
 def _run_bytes(reader: DumpReader, run: _Run, buffer: PhasedBuffer) -> np.ndarray | None:

@@ -693,18 +693,29 @@ class WorkAhead:
                 _WORK_AHEAD_FREE.release()
 
 
-_WORK_AHEAD_POOL: Any = None
 _WORK_AHEAD_FREE = threading.Lock()  # held while a WorkAhead generator has the worker
 
 
-def _work_ahead_thread() -> Any:
-    """:class:`WorkAhead`'s one worker thread (made on first use, kept for the process)."""
-    global _WORK_AHEAD_POOL
-    if _WORK_AHEAD_POOL is None:
+def kept_thread_pool(name: str, workers: int = 1) -> Any:
+    """The ``ThreadPoolExecutor`` of ``workers`` threads named ``name`` (made on first use, kept for the
+    process): :class:`WorkAhead`'s worker, ``clip``'s inflater of the next run."""
+    pool = _KEPT_POOLS.get(name)
+    if pool is None:
         from concurrent.futures import ThreadPoolExecutor
 
-        _WORK_AHEAD_POOL = ThreadPoolExecutor(1, thread_name_prefix="gradtool-work-ahead")
-    return _WORK_AHEAD_POOL
+        with _KEPT_POOLS_LOCK:  # (two threads asking first: one pool)
+            pool = _KEPT_POOLS.get(name) or ThreadPoolExecutor(workers, thread_name_prefix=name)
+            _KEPT_POOLS[name] = pool
+    return pool
+
+
+_KEPT_POOLS: dict[str, Any] = {}
+_KEPT_POOLS_LOCK = threading.Lock()
+
+
+def _work_ahead_thread() -> Any:
+    """:class:`WorkAhead`'s one worker thread."""
+    return kept_thread_pool("gradtool-work-ahead")
 
 
 def copy_range(source: tuple[int, int], dest_fd: int, dest_offset: int, nbytes: int, what: str) -> None:
