@@ -113,3 +113,21 @@ def test_the_cache_of_headers_is_bounded(monkeypatch):
         assert _read(_header((n, 3), "<f4", False, 1))[0] == (n, 3)
     assert len(npy._PARSED) == 8
     assert _read(_header((19, 3), "<f4", False, 1))[0] == (19, 3)  # past the bound: parsed every time
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["<f4", ">f4", "<f2", "<f8", ">i8", "|u1", "<c8", "|b1"]),
+       st.lists(st.integers(0, 40), max_size=3), st.integers(1, 3))
+def test_npy_header_bytes_are_numpys_whether_made_or_remembered(descr, shape, calls):
+    """The header written before a tensor's chunks is what np.save writes for the array in native byte
+    order, the first time and when remembered, for repeated and new shapes alike."""
+    from gradtool.io.base import TensorInfo
+    from gradtool.io.npy import npy_header_bytes
+
+    dtype = np.dtype(descr)
+    array = np.zeros(shape, dtype.newbyteorder("="))
+    buf = io.BytesIO()
+    np.save(buf, array)
+    want = buf.getvalue()[: len(buf.getvalue()) - array.nbytes]
+    for _ in range(calls):
+        assert npy_header_bytes(TensorInfo("t", tuple(shape), dtype)) == want
