@@ -780,7 +780,7 @@ class Hdf5Writer(DumpWriter):
         g = self._group(parent)
         kwargs: dict[str, Any] = {}
         if info.compression == "gzip" and array.size:
-            kwargs = {"compression": "gzip", "compression_opts": info.compression_opts}
+            kwargs = {"compression": "gzip", "compression_opts": _gzip_level(info)}
         ds = g.create_dataset(leaf, data=array, **kwargs)
         self._set_attrs(ds, info.attrs)
 
@@ -798,17 +798,14 @@ class Hdf5Writer(DumpWriter):
         if self._writes_contiguous(info):
             self._add_contiguous(info, dtype, self._group(parent), leaf, chunks)
             return
-        level = info.compression_opts if info.compression_opts is not None else 4  # (h5py's default)
-        if info.compression == "gzip" and level in range(10):
+        if info.compression == "gzip":
+            level = _gzip_level(info)
             dsid, cshape = self._gzip_dataset(self._group(parent), leaf, info.shape, dtype, level)
             self._add_gzip_chunks(info, dtype, dsid, cshape, level, chunks)
             if info.attrs:
                 self._set_attrs(_h5py().Dataset(dsid), info.attrs)
             return
-        kwargs: dict[str, Any] = {}
-        if info.compression == "gzip":  # (a level h5py refuses: its error)
-            kwargs = {"compression": "gzip", "compression_opts": info.compression_opts}
-        ds = self._group(parent).create_dataset(leaf, shape=info.shape, dtype=dtype, **kwargs)
+        ds = self._group(parent).create_dataset(leaf, shape=info.shape, dtype=dtype)
         row = info.size // info.shape[0]
         rows = max(1, (1 << 20) // max(row * dtype.itemsize, 1))
         for first, n, block in _row_blocks(info, dtype, rows, chunks):
@@ -989,3 +986,11 @@ class Hdf5Writer(DumpWriter):
                 os.ftruncate(self._data_fd, os.fstat(self._data_fd).st_size)  # frees blocks past the end
             os.close(self._data_fd)
             self._data_fd = None
+
+
+def _gzip_level(info: TensorInfo) -> int:
+    """The gzip level a tensor read from a gzip dataset is written with: its input's (0-9), else h5py's
+    default, 4 (no level recorded, or one outside 0-9, which HDF5's deflate filter can hold but neither
+    h5py nor HDF5 will set: a damaged or foreign file, whose tensors read as they are)."""
+    level = info.compression_opts
+    return int(level) if isinstance(level, (int, np.integer)) and not isinstance(level, bool) and 0 <= level <= 9 else 4

@@ -230,3 +230,27 @@ def test_gzip_datasets_made_low_level_are_h5py_s_byte_for_byte(tmp_path, monkeyp
             assert f[name].compression == "gzip"
             assert f[name].compression_opts == (4 if level is None else level)
             assert np.array_equal(f[name][...], a) and dict(f[name].attrs) == attrs
+
+
+@pytest.mark.parametrize("level", [67108873, -1, 10, True, 2.0, None])
+def test_a_gzip_level_neither_h5py_nor_hdf5_would_set_is_written_at_h5pys_default(tmp_path, level):
+    """A gzip dataset's level comes from its filter's parameters, which a damaged or foreign file may
+    hold out of 0-9 (HDF5 reads such a dataset; the fuzzer found clip of one raised h5py's ValueError):
+    its tensor is written, streamed (add_chunks) or whole (add), gzip at h5py's default 4, its data
+    unchanged."""
+    import h5py
+
+    from gradtool.io.base import TensorInfo
+    from gradtool.io.hdf5 import Hdf5Writer
+
+    a = np.random.default_rng(1).standard_normal((30, 7)).astype(np.float32)
+    p = str(tmp_path / "g.h5")
+    w = Hdf5Writer(p, {"step": 1})
+    w.add_chunks(TensorInfo("streamed", a.shape, a.dtype, compression="gzip", compression_opts=level),
+                 iter([a.reshape(-1)]))
+    w.add(TensorInfo("whole", a.shape, a.dtype, compression="gzip", compression_opts=level), a)
+    w.close()
+    with h5py.File(p) as f:
+        for name in ("streamed", "whole"):
+            assert f[name].compression == "gzip" and f[name].compression_opts == 4
+            assert np.array_equal(f[name][...], a)
