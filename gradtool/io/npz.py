@@ -249,7 +249,7 @@ class NpzReader(DumpReader):
             whole = os.pread(self._fd(), hi - lo, lo)
         if out is None:
             out = np.empty(sum(i.nbytes for i in infos), np.uint8)
-        passed = self._inflated_together(infos, spans, whole, lo, out, member_inflater()) if whole else {}
+        passed = self._inflated_together(infos, spans, whole, lo, out, member_inflater()) if whole else set()
         crc32 = fast_crc32()
         views: list[memoryview | None] = []
         at = 0
@@ -273,10 +273,11 @@ class NpzReader(DumpReader):
                 data = decompress_exactly(packed, zi.file_size, -15)
             except zlib.error:
                 data = None
-            if data is None or crc32(data) != zi.CRC:
+            head = self._header_lengths[info.name]
+            if data is None or crc32(data) != zi.CRC or len(data) - head != info.nbytes:
                 views.append(None)
                 continue
-            place[:] = memoryview(data)[self._header_lengths[info.name]:]
+            place[:] = memoryview(data)[head:]
             views.append(place)
         return views
 
