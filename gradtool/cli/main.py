@@ -100,6 +100,9 @@ def _version_message() -> str:
     few hundred microseconds without NumPy: --version stays as fast as --help)."""
     from importlib.util import find_spec
 
+    from ..kernel_switch import kernels_turned_off
+
+    off = kernels_turned_off()
     kernel = "not built, NumPy passes instead"
     if find_spec("gradtool.core._kernels") is not None:
         try:
@@ -108,13 +111,13 @@ def _version_message() -> str:
             kernel = f"built, {SIMD}"
         except ImportError as exc:  # e.g. built for another Python
             kernel = f"built but does not load ({exc}), NumPy passes instead"
-        if os.environ.get("GRADTOOL_NO_KERNELS"):
+        if off:
             kernel += ", turned off by GRADTOOL_NO_KERNELS"
     reader = "built" if find_spec("gradtool.io._logscan") is not None else "not built, Python readers instead"
-    if os.environ.get("GRADTOOL_NO_KERNELS") and reader == "built":
+    if off and reader == "built":
         reader += ", turned off by GRADTOOL_NO_KERNELS"
     inflater = "built" if find_spec("gradtool.io._inflate_many") is not None else "not built, a member a call"
-    if os.environ.get("GRADTOOL_NO_KERNELS") and inflater == "built":
+    if off and inflater == "built":
         inflater += ", turned off by GRADTOOL_NO_KERNELS"
     speedups = [name for name, module in (("msgspec", "msgspec"), ("python-isal", "isal")) if find_spec(module)]
     return ("%(prog)s, version %(version)s (compiled stats kernel: " + kernel

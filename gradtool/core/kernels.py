@@ -33,12 +33,13 @@ call time, so tests can switch it off.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+
+from ..kernel_switch import kernels_turned_off
 
 compiled_f32_summary: Callable[[Any], tuple[float, float, float, float, int]] | None
 compiled_f32_summaries: Callable[[Any, int], list[tuple[float, float, float, float, int]]] | None
@@ -103,7 +104,7 @@ COMPILED = ("compiled_f32_summary", "compiled_f32_summaries", "compiled_f32_summ
             "compiled_half_scale_slices", "compiled_clip_values", "compiled_f64_summary", "compiled_f64_scale",
             "compiled_tensor_summaries_fd", "compiled_crc32_combine", "compiled_column_sumsq",
             "compiled_f32_scale_slices")  # every entry point above, None without the kernel
-if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
+if kernels_turned_off():
     globals().update(dict.fromkeys(COMPILED))
 
 BUILT = compiled_f32_summary is not None

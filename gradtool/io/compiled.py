@@ -8,15 +8,16 @@ built (no C compiler at install time) or ``GRADTOOL_NO_KERNELS`` is set."""
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from typing import Any
+
+from ..kernel_switch import kernels_turned_off
 
 
 def log_readers() -> Any:
     """The ``gradtool.io._logscan`` module, or None (not built, or turned off by ``GRADTOOL_NO_KERNELS``).
     Looked up at each call, so that tests can switch it off."""
-    if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
+    if kernels_turned_off():
         return None
     try:
         from . import _logscan
@@ -29,7 +30,7 @@ def member_inflater() -> Any:
     """``inflate_raw(packed, table, out) -> bytes`` of ``gradtool.io._inflate_many`` (many raw-deflate
     members inflated in one call without the GIL; see its source), or None (not built: no C compiler or
     no zlib header at install time; or turned off by ``GRADTOOL_NO_KERNELS``)."""
-    if os.environ.get("GRADTOOL_NO_KERNELS", "").strip() not in ("", "0"):
+    if kernels_turned_off():
         return None
     try:
         from . import _inflate_many
