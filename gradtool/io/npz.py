@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import GradtoolError, InputError, UnsafeInputError, listed
 from .atomic import open_output, preallocate
-from .base import DumpReader, DumpWriter, TensorInfo, allocate, fill_view, pread_at, read_ahead, write_all
+from .base import (DumpReader, DumpWriter, PhasedBuffer, TensorInfo, allocate, buffer_phase, fill_view, pread_at,
+                   read_ahead, write_all)
 from .detect import head_of
 from .npy import check_writable_dtype, npy_header_bytes, read_npy_data, read_npy_header, write_npy, write_npy_chunks
 
@@ -499,9 +500,10 @@ class NpzReader(DumpReader):
                 m.close()
 
     def _crcs_by_pread(self, parts: list[tuple[str, int, int]], crc32: Any) -> list[tuple[str, int, int]]:
-        """:meth:`_crcs_in_map`'s result from one ``pread`` of the ranges' span into a new buffer."""
+        """:meth:`_crcs_in_map`'s result from one ``pread`` of the ranges' span into a new buffer, placed
+        for the read (:func:`buffer_phase`: a bytearray lay where malloc put it, a slow copy by luck)."""
         lo, hi = parts[0][1], parts[-1][2]
-        view = memoryview(bytearray(hi - lo))
+        view = memoryview(PhasedBuffer().get(hi - lo, buffer_phase(reads=[lo])))
         fill_view(view, pread_at(self._fd(), lo), f"{self.display_path}: member {parts[0][0] + '.npy'!r}")
         return [(n, crc32(view[a - lo: b - lo]), b - a) for n, a, b in parts]
 
