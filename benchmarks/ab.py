@@ -16,7 +16,8 @@ and how many pairs B won. It is a development tool: not part of the test run, no
     python benchmarks/ab.py --mode norm --max 0.5 clip big.npz     # ... per-tensor clip_by_norm
 
 Both revisions use the compiled kernel and log readers built in this checkout; if their C sources differ
-between them the script refuses (build each and compare with bench.py instead).
+between them the script refuses (build each and compare with bench.py instead), unless told --c-added
+(the change only adds C functions that revision A does not call).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL_SOURCES = ("gradtool/core/_kernels.c", "gradtool/core/_kernels_loops.h", "gradtool/core/_kernels_summary.h",
-                  "gradtool/io/_logscan.c", "gradtool/io/_logscan_pow10.h")
-BUILT = (("core", "_kernels"), ("io", "_logscan"))  # the compiled modules copied into a revision's package
+                  "gradtool/io/_logscan.c", "gradtool/io/_logscan_pow10.h", "gradtool/io/_inflate_many.c")
+BUILT = (("core", "_kernels"), ("io", "_logscan"), ("io", "_inflate_many"))  # the compiled modules copied into a revision's package
 WORKTREE = "WORKTREE"
 
 
@@ -162,11 +163,14 @@ def main() -> None:
     ap.add_argument("--mode", default="global-norm", help="clip: the mode (default global-norm)")
     ap.add_argument("--max", type=float, default=1e-3, help="clip: the global-norm threshold (default 1e-3: "
                     "every tensor scaled; a large one clips nothing)")
+    ap.add_argument("--c-added", action="store_true",
+                    help="run both revisions with this checkout's build although their C sources differ: for a "
+                    "change that only adds to the C (revision A never calls what is new)")
     ap.add_argument("kind", choices=["stats", "history", "clip", "log"])
     ap.add_argument("paths", nargs="+")
     args = ap.parse_args()
     for path in KERNEL_SOURCES:
-        if _source(args.a, path) != _source(args.b, path):
+        if _source(args.a, path) != _source(args.b, path) and not args.c_added:
             raise SystemExit(f"{path} differs between {args.a} and {args.b}: this script runs both revisions "
                              "with one build of the kernel; compare builds with benchmarks/bench.py instead")
     tmp = tempfile.mkdtemp(prefix="gradtool-ab-")
