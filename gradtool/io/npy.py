@@ -99,6 +99,17 @@ def read_npy_header(f: BinaryIO, name: str, path: str) -> tuple[tuple[int, ...],
     return shape, dtype, bool(d["fortran_order"]), prefix + hlen
 
 
+def parse_npy_header(head: bytes, name: str, path: str) -> tuple[tuple[int, ...], np.dtype, bool, int]:
+    """:func:`read_npy_header` of ``head``, the bytes of a whole header (magic, version, length and the
+    dict: the index of a compressed npz inflates them); a header seen before is answered without a file
+    object's three reads."""
+    if len(head) >= 12 and head[:6] == MAGIC and head[6] in (1, 2, 3):
+        prefix, length = (10, head[8] | head[9] << 8) if head[6] == 1 else (12, int.from_bytes(head[8:12], "little"))
+        if prefix + length == len(head) and (known := _PARSED.get((head[6], head[prefix:]))) is not None:
+            return *known, len(head)
+    return read_npy_header(io.BytesIO(head), name, path)
+
+
 def read_exact_into(f: BinaryIO, out: np.ndarray, name: str, path: str) -> None:
     """Fill ``out`` (C-contiguous) from ``f``; a short read is a truncated file."""
     view = memoryview(out.reshape(-1).view(np.uint8))

@@ -24,7 +24,8 @@ from .atomic import open_output, preallocate
 from .base import (DumpReader, DumpWriter, PhasedBuffer, TensorInfo, allocate, buffer_phase, fill_view, pread_at,
                    read_ahead, write_all)
 from .detect import head_of
-from .npy import check_writable_dtype, npy_header_bytes, read_npy_data, read_npy_header, write_npy, write_npy_chunks
+from .npy import (check_writable_dtype, npy_header_bytes, parse_npy_header, read_npy_data, read_npy_header, write_npy,
+                  write_npy_chunks)
 
 METADATA_MEMBER = "__metadata__.json"
 MAX_DEFLATE_RATIO = 1100  # deflate cannot exceed ~1032:1
@@ -117,7 +118,7 @@ class NpzReader(DumpReader):
                     f = _MemberBytes(self._fd(), start, zi.file_size, ahead)
                     shape, dtype, fortran, hlen = read_npy_header(f, name, p)
                 elif (head := self._deflated_head(zi, name)) is not None:  # (the usual deflated member)
-                    shape, dtype, fortran, hlen = read_npy_header(_MemberBytes(-1, 0, len(head), head), name, p)
+                    shape, dtype, fortran, hlen = parse_npy_header(head, name, p)
                 else:
                     with self._zip.open(zi) as f:
                         shape, dtype, fortran, hlen = read_npy_header(f, name, p)
@@ -213,11 +214,13 @@ class NpzReader(DumpReader):
         """The member's bytes (.npy header, then array data) as an :class:`~.inflate.InflateStream`:
         inflated INFLATE_PIECE at a time by zlib calls that release the GIL (zipfile's own reader inflates
         in small GIL-holding steps), by python-isal's faster zlib when installed; size and CRC-32 are
-        checked at the end, as zipfile would."""
+        checked at the end, as zipfile would. Where the stream starts was found while indexing (else
+        its local header is read again)."""
         from .inflate import InflateStream
 
-        return InflateStream(self._fd(), self._local_data_start(zi), zi.compress_size, zi.file_size, zi.CRC,
-                             self.INFLATE_PIECE)
+        start = self._deflated_starts.get(zi.filename[: -len(".npy")])
+        return InflateStream(self._fd(), self._local_data_start(zi) if start is None else start, zi.compress_size,
+                             zi.file_size, zi.CRC, self.INFLATE_PIECE)
 
     SPAN_SLACK = 64 << 10  # inflate_members reads its members in one pread unless that reads this much more
 

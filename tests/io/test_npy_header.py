@@ -131,3 +131,37 @@ def test_npy_header_bytes_are_numpys_whether_made_or_remembered(descr, shape, ca
     want = buf.getvalue()[: len(buf.getvalue()) - array.nbytes]
     for _ in range(calls):
         assert npy_header_bytes(TensorInfo("t", tuple(shape), dtype)) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=_shapes, descr=st.sampled_from(DTYPES + ["|O"]), fortran=st.booleans(),
+       version=st.sampled_from([1, 2]), cut=st.integers(0, 12), flip=st.integers(-1, 200))
+def test_parse_npy_header_of_bytes_answers_as_read_npy_header(shape, descr, fortran, version, cut, flip):
+    """parse_npy_header (a whole header's bytes, the npz index's deflated path) gives read_npy_header's
+    answer or its error, for headers read for the first time or again, whole, cut short or with a byte
+    changed."""
+    from gradtool.io import npy
+    from gradtool.io.npy import parse_npy_header
+
+    raw = bytearray(_header(shape, descr, fortran, version))
+    if 0 <= flip < len(raw):
+        raw[flip] ^= 0x20
+    raw = bytes(raw[: len(raw) - cut])
+    npy._PARSED.clear()
+    whole = _header(shape, descr, fortran, version)
+    if cut and len(whole) - cut > 12:  # the same text, remembered for a shorter header: not its answer
+        short = whole[:8] + (len(whole) - cut - 10).to_bytes(2, "little") if version == 1 else \
+            whole[:8] + (len(whole) - cut - 12).to_bytes(4, "little")
+        try:
+            read_npy_header(io.BytesIO(short + whole[len(short):len(whole) - cut]), "t", "f.npz")
+        except InputError:
+            pass
+    for _ in range(2):  # parsed, then (when accepted) remembered
+        try:
+            want = read_npy_header(io.BytesIO(raw), "t", "f.npz")
+        except InputError as exc:
+            with pytest.raises(InputError) as got:
+                parse_npy_header(raw, "t", "f.npz")
+            assert str(got.value) == str(exc)
+        else:
+            assert parse_npy_header(raw, "t", "f.npz") == want

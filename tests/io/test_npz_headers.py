@@ -79,3 +79,22 @@ def test_a_corrupt_start_of_a_deflated_member_is_zipfiles_error(tmp_path):
     open(p, "wb").write(bytes(data))
     with pytest.raises(InputError, match=r"c\.npz.*'w\.npy'"):
         open_dump(p)
+
+
+def test_reading_a_deflated_member_reads_its_local_header_once(tmp_path, monkeypatch):
+    """Where a deflated member's stream starts is found while indexing; reading the member (whole, in
+    chunks) uses it rather than reading the local header again (a pread a member), and gives its data."""
+    from gradtool.io.npz import NpzReader
+
+    big = np.arange(300_000, dtype=np.float32)
+    p = str(tmp_path / "c.npz")
+    np.savez_compressed(p, big=big, small=big[:10])
+    calls = []
+    real = NpzReader._local_header
+    monkeypatch.setattr(NpzReader, "_local_header", lambda self, zi, n: calls.append(zi.filename) or real(self, zi, n))
+    with open_dump(p) as r:
+        assert sorted(calls) == ["big.npy", "small.npy"]
+        np.testing.assert_array_equal(r.read("big"), big)
+        np.testing.assert_array_equal(np.concatenate([c.copy() for c in r.iter_chunks(r.tensors[0], 4096)]), big)
+        np.testing.assert_array_equal(r.read("small"), big[:10])
+    assert sorted(calls) == ["big.npy", "small.npy"]
