@@ -113,8 +113,9 @@ def job(kind: str, package: str, path: str, max_norm: float = 1e-3, mode: str = 
         root, ext = os.path.splitext(path)
         out = f"{root}.ab-{package}{ext}"  # beside the input: the same disk
 
-        def clip() -> Any:
-            with dump.open_dump(path) as reader, dump.make_writer(out, fmt, reader.metadata) as writer:
+        def clip() -> Any:  # the output written as `gradtool clip` writes it: a compressed npz compressed
+            with dump.open_dump(path) as reader, dump.make_writer(
+                    out, fmt, reader.metadata, compress=fmt == "npz" and bool(getattr(reader, "compressed", False))) as writer:
                 result = clipping.clip_dump(reader, writer, clipping.ClipSpec(mode, max=max_norm).validate())
             os.remove(out)
             return result.scale
