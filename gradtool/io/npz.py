@@ -621,63 +621,83 @@ class NpzWriter(DumpWriter):
             write_npy_chunks(f, info, chunks)
 
     def add_run(self, infos: list[TensorInfo], data: np.ndarray) -> None:
-        """Each tensor as :meth:`add_chunks` writes it (the same bytes, tested), but for a member that is
+        """Each tensor as :meth:`add_chunks` writes it (the same bytes, tested), but the members that are
         stored, or deflated to one block (under :data:`~.deflate.BLOCK`), written whole by
         :meth:`_add_whole`: zipfile's writer seeks back to rewrite a member's local header once the CRC
         and sizes are known, and each seek flushes the file's buffer (20,000 small members: ~80 us a
         member, half a ``clip``'s time)."""
-        pos = 0
-        for info in infos:
-            view = data[pos:pos + info.nbytes]
-            pos += info.nbytes
-            if not self._add_whole(info, memoryview(view)):
-                self.add_chunks(info, iter([view.view(info.dtype)]))
+        pos, k = 0, 0
+        while k < len(infos):
+            done = self._add_whole(infos[k:], data[pos:])
+            for info in infos[k:k + done]:
+                pos += info.nbytes
+            k += done
+            if k < len(infos):  # (a member _add_whole does not write: zipfile's streaming writer)
+                info = infos[k]
+                self.add_chunks(info, iter([data[pos:pos + info.nbytes].view(info.dtype)]))
+                pos += info.nbytes
+                k += 1
 
-    def _add_whole(self, info: TensorInfo, data: memoryview) -> bool:
-        """Member ``NAME.npy`` of tensor ``info`` whose data bytes (C order, native) are ``data``, its
-        local header written once with the CRC and sizes computed first, as zipfile's ``mkdir`` writes
-        a directory's (the header, the bytes; then the archive's ``filelist``, ``NameToInfo`` and
-        ``start_dir``); deflated as :class:`~.deflate.ParallelDeflater` deflates a stream of one block
-        (here, not on its threads: the same bytes). False, nothing written, where that does not apply (a
-        deflated member of a block or more, or a zipfile without those attributes): the caller writes
-        the member the usual way."""
+    def _add_whole(self, infos: Sequence[TensorInfo], data: np.ndarray) -> int:
+        """Members ``NAME.npy`` of the first tensors of ``infos``, whose data bytes (C order, native) lie
+        one after another in ``data``, each local header written once with the CRC and sizes computed
+        first, as zipfile's ``mkdir`` writes a directory's (the header, the bytes; then the archive's
+        ``filelist``, ``NameToInfo`` and ``start_dir``); deflated as :class:`~.deflate.ParallelDeflater`
+        deflates a stream of one block (here, not on its threads: the same bytes). The members are written
+        after all of them are made, one seek at most for them all. Returns how many were written: it stops before a deflated member of a block
+        or more (0 for all, on a zipfile without those attributes): the caller writes that one the usual
+        way."""
         from .deflate import BLOCK, deflate_block, default_level
         from .inflate import fast_crc32, fast_zlib
 
-        check_writable_dtype(info.dtype, "npz", info.name)
         z = self._zip
-        header = npy_header_bytes(info)
-        size = len(header) + data.nbytes
-        deflated = z.compression == zipfile.ZIP_DEFLATED
-        if (deflated and size >= BLOCK) or not all(
-                hasattr(z, a) for a in ("_lock", "_writing", "_writecheck", "_didModify", "start_dir", "NameToInfo")):
-            return False
+        if not all(hasattr(z, a) for a in ("_lock", "_writing", "_writecheck", "_didModify", "start_dir", "NameToInfo")):
+            return 0
         crc32 = fast_crc32()
+        deflated = z.compression == zipfile.ZIP_DEFLATED
+        mod = fast_zlib() if deflated else None
+        level = default_level(mod) if deflated else 0
+        parts: list[Any] = []
+        checked: set[np.dtype] = set()  # the dtypes npz has a name for, among these
+        pos = written = 0
         with z._lock:
             if z._writing:
                 raise ValueError("another member is being written")
-            if z.fp.tell() != z.start_dir:  # (a buffered file's seek flushes its buffer: not where it is)
-                z.fp.seek(z.start_dir)
-            zi = self._aligned_info(info.name + ".npy")
-            if deflated:
-                mod = fast_zlib()
-                packed = deflate_block(mod, default_level(mod), header + data, b"", True)
-            zi.file_size, zi.compress_size = size, len(packed) if deflated else size
-            zi.CRC = crc32(data, crc32(header))
-            zi.flag_bits, zi.external_attr = 0, 0o600 << 16  # (what zipfile's writer gives a member)
-            zi.header_offset = z.fp.tell()
-            z._writecheck(zi)
-            z._didModify = True
-            z.fp.write(zi.FileHeader(True))  # (force_zip64: the ZIP64 extra, as the usual writer writes it)
-            if deflated:
-                z.fp.write(packed)
-            else:
-                z.fp.write(header)
-                write_all(z.fp, data)
-            z.start_dir = z.fp.tell()
-            z.filelist.append(zi)
-            z.NameToInfo[zi.filename] = zi
-        return True
+            at = z.start_dir
+            try:
+                for info in infos:
+                    if info.dtype not in checked:
+                        check_writable_dtype(info.dtype, "npz", info.name)
+                        checked.add(info.dtype)
+                    header = npy_header_bytes(info)
+                    view = memoryview(data[pos:pos + info.nbytes])
+                    size = len(header) + view.nbytes
+                    if deflated and size >= BLOCK:
+                        break
+                    pos += info.nbytes
+                    zi = self._aligned_info(info.name + ".npy", at)
+                    if deflated:
+                        packed = deflate_block(mod, level, header + view, b"", True)
+                    zi.file_size, zi.compress_size = size, len(packed) if deflated else size
+                    zi.CRC = crc32(view, crc32(header))
+                    zi.flag_bits, zi.external_attr = 0, 0o600 << 16  # (what zipfile's writer gives a member)
+                    zi.header_offset = at
+                    z._writecheck(zi)
+                    local = zi.FileHeader(True)  # (force_zip64: the ZIP64 extra, as the usual writer writes it)
+                    parts += (local, packed) if deflated else (local, header, view)
+                    at += len(local) + zi.compress_size
+                    z.filelist.append(zi)
+                    z.NameToInfo[zi.filename] = zi
+                    written += 1
+            finally:  # (the members listed so far written, also when one after them raised)
+                if written:
+                    z._didModify = True
+                    if z.fp.tell() != z.start_dir:  # (a buffered file's seek flushes its buffer: not where it is)
+                        z.fp.seek(z.start_dir)
+                    for part in [b"".join(parts)] if deflated else parts:  # (stored: no copy of the data)
+                        write_all(z.fp, part)
+                    z.start_dir = at
+        return written
 
     def _member(self, filename: str) -> Any:
         """zipfile's writer of a new member. A deflated member is compressed by a
@@ -693,14 +713,14 @@ class NpzWriter(DumpWriter):
             f._compressor = ParallelDeflater(self._pool)
         return f
 
-    def _aligned_info(self, filename: str) -> zipfile.ZipInfo:
-        """A member whose array data starts on a 64-byte boundary (NumPy pads the .npy header to 64),
-        so readers can use it in place: an extra field pads the local header. Unknown extra fields are
-        ignored by every zip reader."""
+    def _aligned_info(self, filename: str, at: int | None = None) -> zipfile.ZipInfo:
+        """A member (its local header at ``at``, or where the file is) whose array data starts on a
+        64-byte boundary (NumPy pads the .npy header to 64), so readers can use it in place: an extra
+        field pads the local header. Unknown extra fields are ignored by every zip reader."""
         zi = zipfile.ZipInfo(filename, date_time=ZIP_DATE)
         zi.compress_type = self._zip.compression
         if self._zip.compression == zipfile.ZIP_STORED:
-            start = self._zip.fp.tell() + 30 + len(filename.encode("utf-8")) + ZIP64_LOCAL_EXTRA
+            start = (self._zip.fp.tell() if at is None else at) + 30 + len(filename.encode("utf-8")) + ZIP64_LOCAL_EXTRA
             pad = (-(start + 4)) % ALIGN
             zi.extra = struct.pack("<HH", PAD_EXTRA_ID, pad) + b"\0" * pad
         return zi

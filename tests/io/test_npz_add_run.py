@@ -52,3 +52,26 @@ def test_members_of_one_block_are_written_whole_longer_ones_streamed_and_the_fil
     for compress in (False, True):
         assert _write(tmp_path / f"w{compress}.npz", tensors, compress, True) == \
             _write(tmp_path / f"s{compress}.npz", tensors, compress, False)
+
+
+def test_a_member_that_cannot_be_written_stops_the_run_after_the_members_before_it_are_written(tmp_path):
+    """The members of a run are written after all are made: one that raises (a dtype npz has no name for)
+    must not leave those before it listed in the directory but missing from the file."""
+    import pytest
+
+    from gradtool.errors import InputError
+
+    good = [np.arange(5, dtype=np.float32), np.arange(7, dtype=np.float16)]
+    for compress in (False, True):
+        infos = [TensorInfo(f"t{k}", a.shape, a.dtype) for k, a in enumerate(good)]
+        infos.append(TensorInfo("bad", (2,), np.dtype([("a", "<f4")])))  # a structured dtype: no npz name
+        data = np.concatenate([a.view(np.uint8) for a in good] + [np.zeros(8, np.uint8)])
+        path = tmp_path / f"run{compress}.npz"
+        w = NpzWriter(str(path), {}, compress=compress)
+        with pytest.raises(InputError, match="bad"):
+            w.add_run(infos, data)
+        w.close()
+        with np.load(path) as z:
+            assert sorted(z.files) == ["t0", "t1"]
+            for k, a in enumerate(good):
+                assert np.array_equal(z[f"t{k}"], a) and z[f"t{k}"].dtype == a.dtype
