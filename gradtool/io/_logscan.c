@@ -2490,7 +2490,7 @@ static PyObject *find(PyObject *self, PyObject *args) {
 
 static PyObject *crc32_simd(PyObject *self, PyObject *unused) {
 #ifdef CLMUL_CRC
-    return PyLong_FromLong(vclmul_crc ? 2 : clmul_crc);
+    return PyLong_FromLong(zclmul_crc ? 3 : vclmul_crc ? 2 : clmul_crc);
 #else
     return PyLong_FromLong(0);
 #endif
@@ -2561,13 +2561,14 @@ static PyMethodDef methods[] = {
     {"crc32", crc32, METH_VARARGS,
      "crc32(data[, crc[, simd]]) -> zlib.crc32(data, crc), as wandb_block computes it (npz members' CRC-32\n"
      "where python-isal is not installed; the GIL released from 64 KiB; simd=0 (False): by the tables\n"
-     "only, 1: PCLMULQDQ at most, 2 (the default): VPCLMULQDQ where the CPU has it)."},
+     "only, 1: PCLMULQDQ at most, 2: VPCLMULQDQ on 256-bit vectors at most, 3 (the default): on 512-bit\n"
+     "ones where the CPU has AVX-512)."},
     {"find", find, METH_VARARGS,
      "find(data, needle, start) -> data.find(needle, start) of bytes-like data, start >= 0, by memmem (see\n"
      "_logscan.c)."},
     {"crc32_simd", crc32_simd, METH_NOARGS,
-     "crc32_simd() -> how CRC-32 is computed here: 2 by VPCLMULQDQ (256-bit carry-less multiplication),\n"
-     "1 by PCLMULQDQ, 0 by the tables."},
+     "crc32_simd() -> how CRC-32 is computed here: 3 by VPCLMULQDQ on 512-bit vectors (AVX-512), 2 on\n"
+     "256-bit ones, 1 by PCLMULQDQ, 0 by the tables."},
     {"number", number, METH_O,
      "number(value_json) -> (kind, value): how wandb_block classifies a history value: 0 not a number, 1 a\n"
      "float, 2 an int (exact), -1 left to Python (tests)."},
