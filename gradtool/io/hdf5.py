@@ -749,14 +749,21 @@ class Hdf5Writer(DumpWriter):
 
     def begin_step(self, group: str, metadata: dict[str, Any]) -> None:
         self._root = self._f.create_group(group, track_order=True)
+        self._groups = {}
         self._set_attrs(self._root, metadata)
 
     def _group(self, path: str) -> Any:
-        g = self._root
+        """The group at ``path`` under the step's root, made (with its parents) if it is not there yet;
+        each one looked up once and remembered (the writer never unlinks a group): h5py's ``in`` and
+        ``[]`` for every part of every tensor's name cost ~45 us a tensor (20,000 tensors: 0.9 s)."""
         if not path:
-            return g
-        for part in path.split("/"):
-            g = g[part] if part in g else g.create_group(part, track_order=True)
+            return self._root
+        groups = self.__dict__.setdefault("_groups", {})
+        g = groups.get(path)
+        if g is None:
+            parent, _, part = path.rpartition("/")
+            up = self._group(parent)
+            g = groups[path] = up[part] if part in up else up.create_group(part, track_order=True)
         return g
 
     def set_group_attrs(self, group: str, attrs: dict[str, Any]) -> None:
