@@ -432,7 +432,7 @@ SMALL_MEMBER_JOB_BYTES = 1 << 20  # compressed members smaller than this go to t
 def _small_members(reader: DumpReader, infos: Sequence[TensorInfo], p: float) -> set[int]:
     """The members of ``infos`` (by index) that :func:`inflated_small_stats` takes: float32, float16 or
     bfloat16 of 1 to STREAM_CHUNK elements (one chunk), the compiled kernel built, a norm other than L1,
-    a reader that inflates members whole (npz)."""
+    a reader that inflates members whole (npz; HDF5, its gzip datasets)."""
     if (not hasattr(reader, "inflate_members") or p == 1.0 or kernels.compiled_f32_summaries is None
             or kernels.compiled_half_summaries is None):
         return set()

@@ -413,7 +413,9 @@ def one_chunk_stats(summaries: np.ndarray, sizes: Sequence[int], shapes: Sequenc
     p = parse_norm_type(norm_type)
     if p == 1.0:
         return [None] * len(sizes)
-    rows = zip(ok.tolist(), sizes, shapes, dtypes, l2.tolist(), (amax if p == math.inf else l2).tolist(),
+    l2s = l2.tolist()  # (the L2 norm and the norm one float object each where they are the same: 20,000
+    # tensors' statistics held 0.5 MB less)
+    rows = zip(ok.tolist(), sizes, shapes, dtypes, l2s, amax.tolist() if p == math.inf else l2s,
                (l2 / n).tolist(), amax.tolist(), lo.tolist(), hi.tolist(), mean.tolist(), std.tolist(),
                zero_counts.tolist())
     return [TensorStats(shape, dtype, size, True, p, norm, l2n, avg, am, mn, mx, mu, sd, 0, 0, z) if good

@@ -33,7 +33,7 @@ MAX_BAND_BYTES = 16 << 20  # one band of chunk rows, inflated (bigger bands: h5p
 AHEAD_BYTES = 32 << 20  # inflated bytes in flight ahead of the consumer (keeps both workers busy)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeflatePlan:
     """Where a dataset's chunks are: chunk shape, whether shuffled, and per chunk index (its position in
     the chunk grid) the (file offset, stored size) of its deflate stream."""

@@ -23,7 +23,7 @@ import itertools
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -623,6 +623,38 @@ class Hdf5Reader(DumpReader):
                                    "more than this machine's memory")
         return h5inflate.inflate_whole(self._fd(), self._deflated[info.name], info.dtype,
                                        f"{self.display_path}: dataset {info.name!r}").reshape(-1)
+
+    def inflates_whole(self, info: TensorInfo) -> bool:
+        """Whether :meth:`inflate_members` takes tensor ``info``: a gzip dataset read from its header
+        (:meth:`_add_deflated`) of at most SMALL_DATASET_BYTES, which :meth:`iter_chunks` inflates whole."""
+        return info.name in self._deflated and 0 < info.nbytes <= SMALL_DATASET_BYTES
+
+    def inflate_members(self, infos: Sequence[TensorInfo], out: np.ndarray | None = None) -> list[memoryview | None]:
+        """The bytes (C order, the file's byte order) of each dataset of ``infos`` that
+        :meth:`inflates_whole` takes, its chunks inflated one after another on this thread as
+        :meth:`iter_chunks` inflates them (the same values), for the callers that take many small tensors
+        at once (``clip``'s runs, ``stats``' small members): no generator, chunk loop and reader call a
+        tensor. ``out`` (uint8, at least the tensors' bytes long): where they go, one after another (each
+        view a slice of it; without it, each view its own new bytes). None for a dataset it does not take or that fails a check: the caller reads
+        it the usual way, which reports what is wrong."""
+        views: list[memoryview | None] = []
+        at = 0
+        for info in infos:
+            view = None
+            if self.inflates_whole(info):
+                try:
+                    data = np.ascontiguousarray(self._inflated(info)).view(np.uint8)
+                except InputError:
+                    data = None
+                if data is not None and out is not None:
+                    dst = out[at:at + info.nbytes]
+                    dst[:] = data
+                    view = memoryview(dst)
+                elif data is not None:  # (without ``out``, the inflated bytes themselves: no copy)
+                    view = memoryview(data)
+            views.append(view)
+            at += info.nbytes
+        return views
 
     def inflated_chunks(self, info: TensorInfo, chunk_elements: int,
                         buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:

@@ -600,25 +600,43 @@ def test_clips_first_pass_over_small_tensors_many_to_a_call_is_the_tensor_by_ten
         assert outcomes[0][3] == 2 * len(arrays)  # pass 1 and pass 2, every (floating-point) tensor
 
 
+def _gzip_h5(path, arrays, rows=None):
+    """An HDF5 file of ``arrays`` as h5py writes them with gzip, in h5py's chunks or in chunks of ``rows``
+    first-axis rows (the last one an edge chunk); an empty one, which HDF5 cannot chunk, contiguous.
+    InputError for bfloat16, which HDF5 does not hold."""
+    from gradtool.errors import InputError
+
+    if any(a.dtype.name == "bfloat16" for a in arrays.values()):
+        raise InputError("no bfloat16 in HDF5")
+    with h5py.File(path, "w", track_order=True) as f:
+        for name, a in arrays.items():
+            if a.size:
+                chunks = None if rows is None else (min(rows, a.shape[0]),) + a.shape[1:]
+                f.create_dataset(name, data=a, compression="gzip", chunks=chunks)
+            else:
+                f.create_dataset(name, data=a)
+
+
 _run_dtypes = ["float32"] * 8 + ["float16", "bfloat16", "float64", "int32"]
 _run_tensor = st.tuples(st.one_of(st.integers(1, 100), st.integers(0, 150)), st.sampled_from(_run_dtypes),
                         st.sampled_from(["plain"] * 6 + ["nan", "zeros"]))
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(_run_tensor, min_size=3, max_size=25), st.sampled_from(["safetensors", "npz", "h5", "npz-deflated"]),
+@given(st.lists(_run_tensor, min_size=3, max_size=25),
+       st.sampled_from(["safetensors", "npz", "h5", "npz-deflated", "h5-gzip"]),
        st.sampled_from(["propagate", "propagate", "zero", "error"]),
        st.sampled_from([1e-3, 1e-3, 30.0, 1e30]),
        st.booleans(), st.sampled_from([None, None, "t1*"]), st.sampled_from([300, 2000, 1 << 20]),
-       st.sampled_from(["global-norm", "value", "norm", "average-norm"]))
+       st.sampled_from(["global-norm", "value", "norm", "average-norm"]), st.sampled_from([None, 7]))
 def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, tensors, ext, nonfinite, max_,
-                                                              dry, select, run_bytes, mode):
+                                                              dry, select, run_bytes, mode, rows):
     """Small tensors lying back to back, clipped a run at a time (one read, a kernel call each, one write:
     clip_dump._clip_run), by the global norm, by value or by each one's norm (some under their threshold,
     left as they are), give the report, progress and output bytes of clipping them one at a time (or the
     same refusal of NaN under "error"); runs broken by tensors too large for them (here over 100
     elements), of other types, not selected, holding NaN, or over the run's bytes, and by a global scale
-    of 1."""
+    of 1. (An HDF5 file's gzip datasets are inflated a run at a time too, by its reader.)"""
     import dataclasses
 
     from gradtool import clip_dump as clip_mod
@@ -641,10 +659,14 @@ def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, 
             a[size // 2] = np.nan
         arrays[f"t{k}"] = a
     deflated = ext == "npz-deflated"
-    ext = "npz" if deflated else ext
+    gzip = ext == "h5-gzip"
+    ext = "npz" if deflated else "h5" if gzip else ext
     src = str(d / f"in.{ext}")
     try:
-        save_dump(src, arrays, compress=deflated)
+        if gzip:
+            _gzip_h5(src, arrays, rows)
+        else:
+            save_dump(src, arrays, compress=deflated)
     except InputError:  # (a format that does not hold bfloat16)
         return
     outcomes = []
@@ -679,18 +701,20 @@ def test_clips_small_tensors_a_run_at_a_time_as_one_at_a_time(tmp_path_factory, 
     assert outcomes[0] == outcomes[1]
 
 
-@pytest.mark.parametrize("fmt", ["safetensors", "npz", "npz-deflated"])
+@pytest.mark.parametrize("fmt", ["safetensors", "npz", "npz-deflated", "h5-gzip"])
 @pytest.mark.parametrize("mode", ["global-norm", "value", "norm"])
 def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, mode, fmt):
     """A dump of 3,000 small float32 tensors (and one of int32 between them): clipped in runs of at most
     RUN_BYTES, every float32 tensor in one, each run written with one call (with the compiled kernel,
     which scales or clips each; without it, none, and the same output): safetensors' tensors lie back to
     back, a stored npz's a zip and a .npy header apart (the run reads past them), a deflated npz's
-    members are inflated a run at a time."""
+    members and an HDF5 file's gzip datasets (in chunks of 64 elements, the last one cut) are inflated a
+    run at a time."""
     from gradtool import clip_dump as clip_mod
     from gradtool.clip_dump import ClipSpec, clip_dump
     from gradtool.core import kernels
     from gradtool.io.dump import make_writer
+    from gradtool.io.hdf5 import Hdf5Writer
     from gradtool.io.npz import NpzWriter
     from gradtool.io.safetensors import SafetensorsWriter
 
@@ -698,17 +722,20 @@ def test_a_dump_of_many_small_tensors_is_clipped_in_runs(tmp_path, monkeypatch, 
     arrays = {f"t{k:04d}": rng.standard_normal(int(rng.integers(1, 400))).astype(np.float32)
               for k in range(3000)}
     arrays["t1500"] = np.arange(7, dtype=np.int32)
-    ext, deflated = fmt.split("-")[0], fmt.endswith("deflated")
-    save_dump(str(tmp_path / f"in.{ext}"), arrays, compress=deflated)
+    ext, deflated = fmt.split("-")[0], fmt.endswith(("deflated", "gzip"))
+    if ext == "h5":
+        _gzip_h5(str(tmp_path / "in.h5"), arrays, 64)
+    else:
+        save_dump(str(tmp_path / f"in.{ext}"), arrays, compress=deflated)
     runs, writes = [], []
-    writer_class = SafetensorsWriter if ext == "safetensors" else NpzWriter
+    writer_class = {"safetensors": SafetensorsWriter, "npz": NpzWriter, "h5": Hdf5Writer}[ext]
     clip_run, add_run = clip_mod._clip_run, writer_class.add_run
     monkeypatch.setattr(clip_mod, "_clip_run", lambda *a, **k: runs.append(a[1]) or clip_run(*a, **k))
     monkeypatch.setattr(writer_class, "add_run", lambda self, infos, data: writes.append(len(infos))
                         or add_run(self, infos, data))
     monkeypatch.setattr(clip_mod, "RUN_BYTES", 64 << 10)
-    with open_dump(str(tmp_path / f"in.{ext}")) as r, make_writer(str(tmp_path / f"out.{ext}"), ext, r.metadata,
-                                                                  compress=deflated) as w:
+    with open_dump(str(tmp_path / f"in.{ext}")) as r, make_writer(str(tmp_path / f"out.{ext}"), r.format,
+                                                                  r.metadata, compress=deflated) as w:
         rep = clip_dump(r, w, ClipSpec(mode=mode, max=10.0 if mode == "norm" else 1.0))
     assert (mode != "global-norm" or rep.scale < 1) and all(run.nbytes <= 64 << 10 for run in runs)
     assert all((run.fd < 0) == deflated and run.end - run.start <= 64 << 10 for run in runs)

@@ -414,3 +414,23 @@ def test_a_written_file_s_metadata_cache_is_capped_and_it_reads_back_whole(tmp_p
     with h5py.File(path, "r") as f:
         assert {n: f[n][()].tolist() for n in want} == {n: a.tolist() for n, a in want.items()}
         assert f["g/t001"].compression == "gzip" and f["g/t000"].compression is None
+
+
+def test_shapes_and_chunk_places_are_shared_up_to_a_bound(tmp_path, monkeypatch):
+    """Equal shapes, chunk shapes and chunk places of an index are one tuple (``h5header.shared``), and
+    no more than SHARED_TUPLES are kept: past it a tuple is given back as it is, still equal."""
+    monkeypatch.setattr(h5header, "_SHARED", {})
+    path = str(tmp_path / "g.h5")
+    with h5py.File(path, "w") as f:
+        for i in range(6):
+            f.create_dataset(f"t{i}", data=np.ones((40, 3), np.float32), compression="gzip", chunks=(16, 3))
+    with open_dump(path) as r:
+        plans = [r._deflated[i.name] for i in r.tensors]
+        assert all(p.shape == (40, 3) and p.chunk == (16, 3) for p in plans)
+        assert len({id(p.shape) for p in plans}) == 1 and len({id(p.chunk) for p in plans}) == 1
+        assert {id(k) for p in plans for k in p.chunks if k == (2, 0)} == {id(h5header.shared((2, 0)))}
+        assert r.tensors[0].shape is plans[0].shape
+    monkeypatch.setattr(h5header, "SHARED_TUPLES", len(h5header._SHARED))
+    new = tuple([7, 7, 7])
+    assert h5header.shared(new) is new and h5header.shared(tuple([7, 7, 7])) is not new
+    assert (7, 7, 7) not in h5header._SHARED and h5header.shared((40, 3)) == (40, 3)
