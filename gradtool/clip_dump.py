@@ -95,7 +95,7 @@ class ClipSpec:
         return -threshold if self.min is None or name in (self.thresholds or {}) else self.min
 
 
-@dataclass
+@dataclass(slots=True, weakref_slot=True)
 class TensorClip:
     name: str
     norm_before: float | None

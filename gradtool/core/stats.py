@@ -86,7 +86,7 @@ def f32_summary(c: np.ndarray) -> tuple[float, float, float, float, int] | None:
     return lo, hi, s1, s2, zeros
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class TensorStats:
     shape: tuple[int, ...]
     dtype: str

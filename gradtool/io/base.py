@@ -38,7 +38,7 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-@dataclass
+@dataclass(slots=True, weakref_slot=True)
 class TensorInfo:
     """One entry of a dump's index: what is known without reading the data."""
 

@@ -18,7 +18,7 @@ import math
 import os
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import product
 from typing import Any
@@ -41,11 +41,41 @@ class DeflatePlan:
     shape: tuple[int, ...]
     chunk: tuple[int, ...]
     shuffle: bool
-    chunks: dict[tuple[int, ...], tuple[int, int]]
+    chunks: Mapping[tuple[int, ...], tuple[int, int]]
 
     @property
     def grid(self) -> tuple[int, ...]:
         return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk))
+
+
+class OneChunk(Mapping):
+    """The chunks of a dataset stored as one chunk, as a mapping: its one place in the chunk grid ->
+    (file offset, stored size), without a dict's ~180 bytes (an index of 20,000 small gzip datasets held
+    3.5 MB of one-entry dicts)."""
+
+    __slots__ = ("place", "where")
+
+    def __init__(self, place: tuple[int, ...], where: tuple[int, int]) -> None:
+        self.place, self.where = place, where
+
+    def __getitem__(self, key: tuple[int, ...]) -> tuple[int, int]:
+        if key != self.place:
+            raise KeyError(key)
+        return self.where
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        yield self.place
+
+    def __len__(self) -> int:
+        return 1
+
+
+def compact_chunks(chunks: dict[tuple[int, ...], tuple[int, int]]) -> Mapping[tuple[int, ...], tuple[int, int]]:
+    """``chunks`` as a :class:`OneChunk` when it holds one chunk, else as it is."""
+    if len(chunks) == 1:
+        ((place, where),) = chunks.items()
+        return OneChunk(place, where)
+    return chunks
 
 
 def deflate_plan(dsid: Any, shape: tuple[int, ...], itemsize: int) -> DeflatePlan | None:

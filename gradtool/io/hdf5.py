@@ -486,7 +486,8 @@ class Hdf5Reader(DumpReader):
         chunks here (:meth:`_inflated`), not by HDF5."""
         p = self.display_path
         shape, dtype = check_shape(found.shape, name, p), check_dtype(found.dtype, name, p)
-        self._deflated[name] = h5inflate.DeflatePlan(shape, found.chunk, found.shuffle, found.chunks or {})
+        self._deflated[name] = h5inflate.DeflatePlan(shape, found.chunk, found.shuffle,
+                                                     h5inflate.compact_chunks(found.chunks or {}))
         self.tensors.append(TensorInfo(name, shape, dtype, compression="gzip", compression_opts=found.level))
 
     def _add_dataset(self, name: str, dsid: Any, num_attrs: int) -> None:

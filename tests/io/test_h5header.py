@@ -434,3 +434,28 @@ def test_shapes_and_chunk_places_are_shared_up_to_a_bound(tmp_path, monkeypatch)
     new = tuple([7, 7, 7])
     assert h5header.shared(new) is new and h5header.shared(tuple([7, 7, 7])) is not new
     assert (7, 7, 7) not in h5header._SHARED and h5header.shared((40, 3)) == (40, 3)
+
+
+def test_a_dataset_of_one_chunk_has_its_chunk_as_a_one_entry_mapping(tmp_path):
+    """A one-chunk dataset's plan keeps its chunk in a :class:`OneChunk` (no dict a dataset), which acts
+    as the one-entry dict it replaces; a dataset of several chunks keeps its dict."""
+    from gradtool.io.h5inflate import OneChunk, compact_chunks
+
+    path = str(tmp_path / "g.h5")
+    a, b = np.arange(10, dtype=np.float32), np.arange(40, dtype=np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("one", data=a, compression="gzip")
+        f.create_dataset("four", data=b, compression="gzip", chunks=(10,))
+    with h5py.File(path) as f:
+        info = f["one"].id.get_chunk_info(0)
+    with open_dump(path) as r:
+        one, four = r._deflated["one"], r._deflated["four"]
+        assert isinstance(one.chunks, OneChunk) and type(four.chunks) is dict and len(four.chunks) == 4
+        assert dict(one.chunks) == {(0,): (info.byte_offset, info.size)} == one.chunks
+        assert (r.read("one") == a).all() and (r.read("four") == b).all()
+    m = compact_chunks({(0, 0): (4096, 77)})
+    assert len(m) == 1 and list(m) == [(0, 0)] and m[(0, 0)] == (4096, 77) and (0, 0) in m
+    assert m.get((1, 0)) is None and (1, 0) not in m and list(m.items()) == [((0, 0), (4096, 77))]
+    with pytest.raises(KeyError):
+        m[(0, 1)]
+    assert compact_chunks({}) == {} and len(compact_chunks({(0,): (1, 2), (1,): (3, 4)})) == 2
