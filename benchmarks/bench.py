@@ -741,7 +741,15 @@ def main() -> None:
 
         def against_budget(label: str, path: str, argv: Callable[[str], list[str]]) -> None:
             one = os.path.join(tmp, "one" + os.path.splitext(path)[1])
-            gradtool.save_dump(one, {"t": smalls[0]}, compress="gzip" in label or "compressed" in label)
+            if os.path.exists(one):
+                os.remove(one)
+            if "gzip" in label:  # (the same kind of file: a gzip dataset, as the dump's; save_dump writes
+                import h5py  # HDF5 uncompressed, and a start-up without the inflating path is ~1.3 MB less)
+
+                with h5py.File(one, "w") as f:
+                    f.create_dataset("t", data=smalls[0], compression="gzip")
+            else:
+                gradtool.save_dump(one, {"t": smalls[0]}, compress="compressed" in label)
             rss = [run_measured(gradtool_cmd() + argv(p), 1)[1] for p in (one, path)]
             budget = rss[0] + largest_small + 64
             rows.append((f"{label}: peak RSS vs target 4's budget", f"{rss[1]:.0f} MiB",
@@ -791,6 +799,7 @@ def main() -> None:
                 max(rss_packed, rss_clip_packed), rss_many, "safetensors", unit="MiB")
             against_budget(f"stats --format json, the same as a {label}", path,
                            lambda p: ["stats", p, "--format", "json"])
+            against_budget(f"clip --no-fsync, the same as a {label}", path, clip_argv)
             for f in (path, out_packed):
                 if os.path.exists(f):
                     os.remove(f)
