@@ -16,6 +16,7 @@ from gradtool.core.stats import STREAM_CHUNK
 from gradtool.errors import InputError
 from gradtool.io.hdf5 import SMALL_DATASET_BYTES, Hdf5Reader
 from gradtool.summarize import summarize_dump
+from tests.small_members import whole_and_streamed
 
 needs_kernel = pytest.mark.skipif(kernels.compiled_f32_summaries is None, reason="compiled kernel not built")
 
@@ -94,23 +95,7 @@ def test_a_damaged_small_dataset_is_none_and_streaming_it_names_the_file(tmp_pat
 
 
 def _both(path, monkeypatch):
-    """(summary with small datasets inflated whole, the same with each streamed, the datasets
-    inflate_members was asked for)."""
-    got = []
-    real = Hdf5Reader.inflate_members
-
-    def spy(self, infos, *rest):
-        got.extend(i.name for i in infos)
-        return real(self, infos, *rest)
-
-    with monkeypatch.context() as m:
-        m.setattr(Hdf5Reader, "inflate_members", spy)
-        with open_dump(path) as reader:
-            whole = summarize_dump(reader)
-        m.setattr(summarize_mod, "_small_members", lambda *a: set())
-        with open_dump(path) as reader:
-            streamed = summarize_dump(reader)
-    return whole, streamed, got
+    return whole_and_streamed(path, monkeypatch, Hdf5Reader)
 
 
 @needs_kernel

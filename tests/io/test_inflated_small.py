@@ -17,27 +17,13 @@ from gradtool.core.stats import STREAM_CHUNK
 from gradtool.errors import InputError
 from gradtool.io.npz import NpzReader
 from gradtool.summarize import summarize_dump
+from tests.small_members import whole_and_streamed
 
 needs_kernel = pytest.mark.skipif(kernels.compiled_f32_summaries is None, reason="compiled kernel not built")
 
 
 def _both(path, monkeypatch):
-    """(summary with small members inflated whole, summary with each streamed, members inflate_members got)."""
-    got = []
-    real = NpzReader.inflate_members
-
-    def spy(self, infos, *rest):
-        got.extend(i.name for i in infos)
-        return real(self, infos, *rest)
-
-    with monkeypatch.context() as m:
-        m.setattr(NpzReader, "inflate_members", spy)
-        with open_dump(path) as reader:
-            whole = summarize_dump(reader)
-        m.setattr(summarize_mod, "_small_members", lambda *a: set())
-        with open_dump(path) as reader:
-            streamed = summarize_dump(reader)
-    return whole, streamed, got
+    return whole_and_streamed(path, monkeypatch, NpzReader)
 
 
 def _model(rng, sizes, specials=True):
