@@ -34,6 +34,7 @@ read.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import struct
@@ -71,6 +72,8 @@ COMMON_TYPES: tuple[tuple[bytes, np.dtype], ...] = tuple((bytes.fromhex(body), n
 ))
 
 
+PARSED_BODIES = 4096  # dataspace, datatype and filter messages parsed once each (most datasets of a dump
+# repeat a few: the same dtype, filters and shapes)
 _SHARED: dict[tuple[int, ...], tuple[int, ...]] = {}
 SHARED_TUPLES = 1 << 14  # shapes, chunk shapes and chunk places kept to be shared (at most this many)
 
@@ -87,6 +90,7 @@ def shared(t: tuple[int, ...]) -> tuple[int, ...]:
     return got
 
 
+@functools.lru_cache(maxsize=PARSED_BODIES)
 def parse_dataspace(body: bytes) -> tuple[int, ...] | None:
     """The current dimensions of a dataspace message (version 1 or 2), or None (null, unknown, short)."""
     if len(body) < 4:
@@ -109,6 +113,7 @@ def parse_dataspace(body: bytes) -> tuple[int, ...] | None:
     return shared(struct.unpack_from(f"<{rank}Q", body, start))
 
 
+@functools.lru_cache(maxsize=PARSED_BODIES)
 def parse_datatype(body: bytes) -> np.dtype | None:
     for prefix, dtype in COMMON_TYPES:
         if body[: len(prefix)] == prefix:
@@ -140,6 +145,7 @@ def parse_chunked_layout(body: bytes, shape: tuple[int, ...],
     return address, shared(dims[:rank])
 
 
+@functools.lru_cache(maxsize=PARSED_BODIES)
 def parse_filters(body: bytes, itemsize: int) -> tuple[bool, int] | None:
     """(shuffle, level) of a version-1 filter pipeline message of deflate alone or shuffle (of
     ``itemsize``-byte elements) then deflate, or None."""

@@ -459,3 +459,17 @@ def test_a_dataset_of_one_chunk_has_its_chunk_as_a_one_entry_mapping(tmp_path):
     with pytest.raises(KeyError):
         m[(0, 1)]
     assert compact_chunks({}) == {} and len(compact_chunks({(0,): (1, 2), (1,): (3, 4)})) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(bodies=st.lists(st.binary(max_size=40), min_size=1, max_size=8), itemsize=st.sampled_from([1, 2, 4, 8]))
+def test_message_parses_kept_for_reuse_give_what_parsing_again_gives(bodies, itemsize):
+    """The dataspace, datatype and filter messages are parsed once each and the result kept (a dump's
+    datasets repeat a few; at most PARSED_BODIES of each): the same answers as parsing them afresh, asked
+    twice, for any bytes."""
+    for body in bodies + bodies:
+        assert h5header.parse_dataspace(body) == h5header.parse_dataspace.__wrapped__(body)
+        assert h5header.parse_datatype(body) == h5header.parse_datatype.__wrapped__(body)
+        assert h5header.parse_filters(body, itemsize) == h5header.parse_filters.__wrapped__(body, itemsize)
+    for parse in (h5header.parse_dataspace, h5header.parse_datatype, h5header.parse_filters):
+        assert parse.cache_info().maxsize == h5header.PARSED_BODIES
