@@ -636,8 +636,8 @@ class Hdf5Reader(DumpReader):
         :meth:`iter_chunks` inflates them (the same values), for the callers that take many small tensors
         at once (``clip``'s runs, ``stats``' small members): no generator, chunk loop and reader call a
         tensor. ``out`` (uint8, at least the tensors' bytes long): where they go, one after another (each
-        view a slice of it; without it, each view its own new bytes). None for a dataset it does not take or that fails a check: the caller reads
-        it the usual way, which reports what is wrong."""
+        view a slice of it; without it, each view its own new bytes). None for a dataset it does not take
+        or that fails a check: the caller reads it the usual way, which reports what is wrong."""
         views: list[memoryview | None] = []
         at = 0
         for info in infos:
