@@ -755,6 +755,7 @@ class Hdf5Writer(DumpWriter):
             settle_truncation(path)  # h5py's "w" truncated the empty temporary file: see the function
             _cap_metadata_cache(self._f)  # (clip of 20,000 datasets to HDF5: 126 -> 104 MB)
         self._root = self._f
+        self._groups: dict[str, Any] = {}  # the groups under the root, by path (see _group)
         if self._own:
             self._set_attrs(self._f, self.metadata)
 
@@ -791,12 +792,11 @@ class Hdf5Writer(DumpWriter):
         ``[]`` for every part of every tensor's name cost ~45 us a tensor (20,000 tensors: 0.9 s)."""
         if not path:
             return self._root
-        groups = self.__dict__.setdefault("_groups", {})
-        g = groups.get(path)
+        g = self._groups.get(path)
         if g is None:
             parent, _, part = path.rpartition("/")
             up = self._group(parent)
-            g = groups[path] = up[part] if part in up else up.create_group(part, track_order=True)
+            g = self._groups[path] = up[part] if part in up else up.create_group(part, track_order=True)
         return g
 
     def set_group_attrs(self, group: str, attrs: dict[str, Any]) -> None:
