@@ -18,13 +18,13 @@ import numpy as np
 
 from .backend import to_device, to_host
 from .core import clipping
-from .core.norms import (NormAccumulator, NormOfPieces, as_float64, combine_norms, parse_norm_type,
-                         tensor_norm)
+from .core.norms import (NormAccumulator, NormOfPieces, as_float64, bfloat16_bits_as_float32, combine_norms,
+                         parse_norm_type, tensor_norm)
 from .core.kernels import half_kind, kernel_kind
 from .core.stats import STREAM_CHUNK
 from .errors import NonFiniteError, UsageError
-from .io.base import (PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, WorkAhead, buffer_phase,
-                      kept_thread_pool, pread_at)
+from .io.base import (PAGE, DumpReader, DumpWriter, PhasedBuffer, TensorInfo, WorkAhead, bits_view,
+                      buffer_phase, kept_thread_pool, pread_at)
 from .summarize import name_selected
 
 MODES = ("value", "norm", "average-norm", "global-norm")
@@ -444,8 +444,17 @@ def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp:
 def _norm_accumulator(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str) -> NormAccumulator:
     """The tensor's chunks, read one by one (NaN/Inf zeroed first under the "zero" policy), in a
     :class:`NormAccumulator`. STREAM_CHUNK chunks, as the statistics path and pass B cut the tensor: a
-    chunk's Σx² is rounded once, so other cuts could differ from their norms in the last bit."""
+    chunk's Σx² is rounded once, so other cuts could differ from their norms in the last bit. A bfloat16
+    tensor taken as its bits (:func:`_bits_of`) is measured by its float32 values, chunk by chunk."""
     acc = NormAccumulator(p)
+    bits = bits_view(info) if nonfinite != "zero" else None
+    location = reader.raw_location(info) if bits is not None else None
+    if location is not None:
+        work = PhasedBuffer().get(min(info.size, STREAM_CHUNK) * info.dtype.itemsize,
+                                  buffer_phase(reads=[location[1]]))
+        for c in reader.chunks_into(location, info, work, STREAM_CHUNK, bits):
+            acc.update(bfloat16_bits_as_float32(c))
+        return acc
     for c in reader.iter_chunks(info, STREAM_CHUNK):
         acc.update(_prepare(c, nonfinite, None))
     return acc
@@ -622,9 +631,10 @@ def _small_runs(reader: DumpReader, chosen: set[str], spec: ClipSpec, scale: flo
     def op_of(info: TensorInfo) -> tuple[bool, _RunOp, float | None]:
         """(whether the tensor can be in a run, what the run does to it, its threshold)."""
         if not per_tensor:
-            if info.dtype not in kernels:
-                kernels[info.dtype] = _fused_scale(info, scale, p)
-            fused = kernels[info.dtype]
+            key = info.dtype.name if bits_view(info) is not None else info.dtype  # (a DeferredDtype's hash
+            if key not in kernels:  # imports ml_dtypes)
+                kernels[key] = _fused_scale(info, scale, p)
+            fused = kernels[key]
             return fused is not None, lambda view: fused(view, scale, view), spec.max
         hi = spec.threshold_for(info.name)
         before = norms_before.get(info.name, math.nan)
@@ -682,13 +692,14 @@ def _clip_run(writer: DumpWriter | None, run: _Run, data: np.ndarray,
         if op is None:  # (under its threshold: the streaming path copies it, its norm unchanged)
             clips.append(TensorClip(info.name, before, before, False, 0, threshold))
         else:
-            view = data[at:at + nbytes].view(info.dtype)
+            bits = bits_view(info)
+            view = data[at:at + nbytes].view(info.dtype if bits is None else bits)
             sum_sq, changed = op(view)  # in place: the kernels read each element first
             acc = NormAccumulator(2.0)
-            if sum_sq is None:
+            if sum_sq is None:  # (clipped by value: float32 alone, never bits)
                 acc.update(view)
             else:
-                acc.update_sum_sq(sum_sq, view)
+                _update_sum_sq(acc, sum_sq, view, bits)
             clips.append(TensorClip(info.name, before, acc.result(), changed > 0, changed, threshold))
         at += nbytes
     if writer is not None:
@@ -1003,35 +1014,49 @@ def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, 
     bits as the memory-map path: the same kernel on the same chunks."""
     writes = [] if where is None else [where]
     phase = buffer_phase(reads=[location[1]], writes=writes)
+    bits = bits_view(info)
     if ahead is not None and info.size > STREAM_CHUNK:
         def scaled(chunk: np.ndarray) -> tuple[int, NormAccumulator, int]:
             sum_sq, n_changed = fused(chunk, scale, chunk)  # in place
             part = NormAccumulator(acc.p)
-            part.update_sum_sq(sum_sq, chunk)
+            _update_sum_sq(part, sum_sq, chunk, bits)
             return n_changed, part, 0
 
-        return (yield from _changed_ahead(reader, info, location, phase, scaled, acc, ahead, "propagate"))
+        return (yield from _changed_ahead(reader, info, location, phase, scaled, acc, ahead, "propagate",
+                                          bits))
     changed = 0
     work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * info.dtype.itemsize, phase)
-    for chunk in reader.chunks_into(location, info, work, STREAM_CHUNK):
+    for chunk in reader.chunks_into(location, info, work, STREAM_CHUNK, bits):
         sum_sq, n_changed = fused(chunk, scale, chunk)  # in place: the kernel reads each element first
-        acc.update_sum_sq(sum_sq, chunk)
+        _update_sum_sq(acc, sum_sq, chunk, bits)
         changed += n_changed
         yield chunk
     return changed
 
 
+def _update_sum_sq(acc: NormAccumulator, sum_sq: Any, chunk: np.ndarray, bits: np.dtype | None) -> None:
+    """``acc.update_sum_sq(sum_sq, chunk)``, for a chunk of bfloat16 bits (``bits``: see :func:`_bits_of`)
+    too: where the accumulator needs the values (no finite sum above 1e-25: zeros, NaN, ±inf), their
+    float32 values (exact: a bfloat16 is the upper half of a float32), which it measures as it measures
+    the bfloat16 chunk (tested)."""
+    if bits is not None and not acc.takes_sum_sq(sum_sq):
+        acc.update(bfloat16_bits_as_float32(chunk))
+    else:
+        acc.update_sum_sq(sum_sq, chunk)
+
+
 def _changed_ahead(reader: DumpReader, info: TensorInfo, location: tuple[int, int], phase: int,
                    change: Callable[[np.ndarray], tuple[int, NormAccumulator, int]], acc: NormAccumulator,
-                   ahead: WorkAhead, policy: str) -> Generator[np.ndarray, None, int]:
+                   ahead: WorkAhead, policy: str,
+                   bits: np.dtype | None = None) -> Generator[np.ndarray, None, int]:
     """The chunks of a tensor at ``location`` of the input, read and changed in place on ``ahead``'s worker
     thread while the caller writes the chunks before (:class:`~.io.base.WorkAhead`), in buffers at
     ``phase`` in a page: ``change(chunk)`` gives (elements changed, the chunk's norm after as an
     accumulator of its own, NaN and ±inf it found), the accumulators merged into ``acc`` in order (the
     same parts as ``acc.update`` of each chunk gives). A chunk with NaN or ±inf under the "error" policy
     is refused (the tensor measured finite before: the file changed since). Returns the elements
-    changed."""
-    read_into, dtype = pread_at(*location), info.dtype
+    changed. ``bits``: the chunks' dtype, for a tensor taken as its bits (:func:`_bits_of`)."""
+    read_into, dtype = pread_at(*location), info.dtype if bits is None else bits
 
     def fill(view: memoryview, at: int) -> None:
         reader._fill(view, lambda v, pos: read_into(v, at + pos), info)

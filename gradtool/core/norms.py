@@ -51,6 +51,13 @@ def flat_chunks(x: Any, xp: ModuleType, chunk: int = CHUNK_ELEMENTS) -> Iterable
         yield flat[start : min(start + chunk, n)]
 
 
+def bfloat16_bits_as_float32(bits: np.ndarray) -> np.ndarray:
+    """The float32 values of bfloat16 ``bits`` (uint16), a new array: ``bits << 16`` as a float32's bits,
+    exactly the values (a bfloat16 is the upper half of a float32; signs and NaN payloads kept), without
+    ml_dtypes."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def as_float64(c: Any, xp: ModuleType) -> Any:
     """``c`` as float64; a complex ``c`` as its moduli |z| = hypot(Re z, Im z), taken in complex128 (no
     overflow), NaN where either part is NaN (as ``isnan`` of a complex says): the norms of a complex
@@ -140,10 +147,15 @@ class NormAccumulator:
         if c.dtype == _F64 and self.p == 2.0:
             self._float64_sum_sq(c, total)
             return
-        if self.p == 2.0 and math.isfinite(total) and total > 1e-25:
+        if self.takes_sum_sq(total):
             self.parts.append((1.0, total))
         else:
             self.update(c)
+
+    def takes_sum_sq(self, total: float) -> bool:
+        """Whether :meth:`update_sum_sq` of a float32, float16 or bfloat16 chunk adds ``total`` as it is
+        (L2, finite, above 1e-25), not what :meth:`update` makes of the chunk's values."""
+        return self.p == 2.0 and math.isfinite(total) and total > 1e-25
 
     def _exact(self, c: Any, xp: ModuleType) -> None:
         """The chunk's part in float64: a NumPy chunk's L2 part by :meth:`_float64_sum_sq` (float64 itself,

@@ -38,6 +38,71 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+class DeferredDtype:
+    """An ml_dtypes dtype (``bfloat16``, ``float8_e4m3fn``, ``float8_e5m2``) known by its name and size
+    before ml_dtypes is imported: ``import ml_dtypes`` 0.7 takes ~0.5 s (6 ms in 0.6: it registers its
+    new types' loops with NumPy one by one, each a search of the loops before it), which a ``stats`` of
+    a bfloat16 dump read by the compiled kernel (its bits) does not need. It answers as the dtype: its
+    ``name``, ``itemsize``, ``byteorder``, ``isnative`` and ``hasobject`` without the import; NumPy takes
+    it wherever a dtype goes (``np.dtype(d)``, ``np.frombuffer(b, d)``, ``a.view(d)``: an object's
+    ``dtype`` attribute), as ``==`` and ``hash`` do; any other attribute is the dtype's. All but those
+    five import ml_dtypes (``==`` only against a dtype of the same name)."""
+
+    __slots__ = ("name", "itemsize", "_dtype")
+    byteorder, isnative, hasobject = "=", True, False  # (its kind is the dtype's: "V", float8_e5m2's "f")
+
+    def __init__(self, name: str, itemsize: int) -> None:
+        self.name, self.itemsize, self._dtype = name, itemsize, None
+
+    @property
+    def dtype(self) -> np.dtype:
+        """NumPy's dtype (ml_dtypes imported here)."""
+        if self._dtype is None:
+            import ml_dtypes
+
+            self._dtype = np.dtype(getattr(ml_dtypes, self.name))
+        return self._dtype
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__") or attribute in DeferredDtype.__slots__:  # (copy and pickle's
+            raise AttributeError(attribute)  # questions, and slots not yet set: not the dtype's)
+        return getattr(self.dtype, attribute)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DeferredDtype):
+            return self.name == other.name
+        try:  # float32, np.float64, "f2": told apart by name, without the import
+            name = (other if isinstance(other, np.dtype) else np.dtype(other)).name  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # (a name NumPy knows only once ml_dtypes is imported)
+            name = self.name
+        if name != self.name:
+            return False
+        try:
+            return bool(self.dtype == other)
+        except TypeError:
+            return False
+
+    def __hash__(self) -> int:
+        return hash(self.dtype)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"dtype({self.name})"
+
+
+_U16 = np.dtype(np.uint16)
+
+
+def bits_view(info: TensorInfo) -> np.dtype | None:
+    """uint16, the dtype a bfloat16 tensor's chunks are taken as where the compiled kernel reads them (its
+    bits: ``stats``, ``clip`` by a norm), when its dtype is a :class:`DeferredDtype` (ml_dtypes, ~0.5 s
+    to import in 0.7, not imported yet); None (the tensor's own dtype) for any other tensor."""
+    d = info.dtype
+    return _U16 if type(d) is DeferredDtype and d.name == "bfloat16" else None
+
+
 @dataclass(slots=True, weakref_slot=True)
 class TensorInfo:
     """One entry of a dump's index: what is known without reading the data."""
@@ -332,12 +397,13 @@ class DumpReader:
         return self.iter_chunks(info, chunk_elements)
 
     def chunks_into(self, location: tuple[int, int], info: TensorInfo, buffer: np.ndarray,
-                    chunk_elements: int) -> Iterator[np.ndarray]:
+                    chunk_elements: int, view_as: np.dtype | None = None) -> Iterator[np.ndarray]:
         """The chunks of a tensor at ``raw_location``, read by ``pread`` into ``buffer`` (uint8, at least
         one chunk long), as views of it that the caller may change in place before asking for the next
         (``clip`` scales them there and writes them out: one buffer, where a memory map needs a second to
-        scale into)."""
-        return self._buffered_chunks(info, chunk_elements, pread_at(*location), buffer)
+        scale into); ``view_as``: the dtype of the views (an unsigned integer of the tensor's width: its
+        bits), default the tensor's."""
+        return self._buffered_chunks(info, chunk_elements, pread_at(*location), buffer, view_as=view_as)
 
     def raw_location(self, info: TensorInfo) -> tuple[int, int] | None:
         """(file descriptor, byte offset) when the tensor's bytes lie uncompressed, contiguous and in native
@@ -374,15 +440,18 @@ class DumpReader:
         naming the file and member, when it is not the stored one."""
 
     def range_window(self, location: tuple[int, int], info: TensorInfo, start: int, stop: int,
-                     buffer: PhasedBuffer | None = None, copy: bool = False) -> Iterator[np.ndarray]:
+                     buffer: PhasedBuffer | None = None, copy: bool = False,
+                     view_as: np.dtype | None = None) -> Iterator[np.ndarray]:
         """Yields once: elements [start, stop) of a tensor at ``raw_location`` as one 1-D array, a view of
         a read-only memory map when the data is aligned, else (or with ``copy``: for a few KiB one ``pread``
         costs less than a map; or where the file system cannot map files) read with ``pread`` into
         ``buffer`` (a new one if None), at the phase of a page where that read runs at full speed
         (:func:`buffer_phase`). The map is closed when the generator resumes. Touches no shared state, so
-        threads may call it concurrently on one reader."""
+        threads may call it concurrently on one reader. ``view_as``: the array's dtype (of the tensor's
+        width: its bits, see :func:`bits_view`), default the tensor's."""
         import mmap
 
+        dtype = info.dtype if view_as is None else view_as
         fd, offset = location
         itemsize = info.dtype.itemsize
         byte_start = offset + start * itemsize
@@ -400,13 +469,13 @@ class DumpReader:
         if m is None:
             view = (buffer or PhasedBuffer()).get(nbytes, buffer_phase(reads=[byte_start]))
             self._fill(memoryview(view), pread_at(fd, byte_start), info)
-            yield view.view(info.dtype)
+            yield view.view(dtype)
             return
         try:
             m.madvise(mmap.MADV_SEQUENTIAL)
         except (AttributeError, OSError):
             pass
-        window = np.frombuffer(m, dtype=info.dtype, count=stop - start, offset=byte_start - base)
+        window = np.frombuffer(m, dtype=dtype, count=stop - start, offset=byte_start - base)
         yield window
         del window
         try:
@@ -485,13 +554,16 @@ class DumpReader:
         return self._buffered_chunks(info, chunk_elements, lambda view, pos: f.readinto(view))
 
     def _buffered_chunks(self, info: TensorInfo, chunk_elements: int, read_into: Any,
-                         buffer: np.ndarray | None = None, phase: int = 0) -> Iterator[np.ndarray]:
+                         buffer: np.ndarray | None = None, phase: int = 0,
+                         view_as: np.dtype | None = None) -> Iterator[np.ndarray]:
         """Chunks filled into ``buffer`` (8-byte aligned uint8), else the reader's reused aligned buffer
         (starting ``phase`` bytes into a page: see :func:`buffer_phase`), by ``read_into(view,
         byte_position)``, which returns the number of bytes it read (0 at a premature end: a truncated
-        file)."""
+        file); as ``view_as`` (a dtype of the tensor's width: its bits) when given."""
         itemsize = info.dtype.itemsize
         native = info.dtype.isnative or itemsize == 1
+        as_dtype = info.dtype if view_as is None else view_as if native else view_as.newbyteorder(
+            info.dtype.byteorder)
         total = info.size
         nbytes = min(total, chunk_elements) * itemsize
         if buffer is None:
@@ -502,8 +574,8 @@ class DumpReader:
             count = min(chunk_elements, total - start)
             self._fill(memoryview(buf)[: count * itemsize],
                        lambda view, pos, at=start * itemsize: read_into(view, at + pos), info)
-            chunk = buf[: count * itemsize].view(info.dtype)
-            yield chunk if native else chunk.astype(info.dtype.newbyteorder("="))
+            chunk = buf[: count * itemsize].view(as_dtype)
+            yield chunk if native else chunk.astype(as_dtype.newbyteorder("="))
 
     def iter_tensors(self, names: Sequence[str] | None = None) -> Iterator[tuple[TensorInfo, np.ndarray]]:
         wanted = None if names is None else set(names)

@@ -25,7 +25,8 @@ import numpy as np
 
 from ..errors import InputError, UnsafeInputError
 from .atomic import open_output, preallocate
-from .base import PAGE, DumpReader, DumpWriter, TensorInfo, check_shape, copy_range, write_all
+from .base import (PAGE, DeferredDtype, DumpReader, DumpWriter, TensorInfo, check_shape, copy_range,
+                   write_all)
 
 MAX_HEADER = 100 * 1024 * 1024
 
@@ -38,14 +39,18 @@ DTYPES: dict[str, np.dtype] = {
 CODES = {v: k for k, v in DTYPES.items()}
 # ml_dtypes' types, by name: imported only when a file or an array has one (6 ms of every start-up else)
 ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+ML_ITEMSIZES = {"BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 def dtype_of(code: str) -> np.dtype | None:
-    """The NumPy dtype of a safetensors dtype code (BF16 and F8 through ml_dtypes); None if unknown."""
+    """The NumPy dtype of a safetensors dtype code (BF16 and F8 through ml_dtypes: a
+    :class:`DeferredDtype` until ml_dtypes is imported); None if unknown."""
     if code in DTYPES:
         return DTYPES[code]
     if code not in ML_DTYPES:
         return None
+    if "ml_dtypes" not in sys.modules:
+        return DeferredDtype(ML_DTYPES[code], ML_ITEMSIZES[code])  # type: ignore[return-value]
     import ml_dtypes
 
     return np.dtype(getattr(ml_dtypes, ML_DTYPES[code]))
@@ -53,6 +58,8 @@ def dtype_of(code: str) -> np.dtype | None:
 
 def code_of(dtype: np.dtype) -> str | None:
     """The safetensors code of a (little-endian) NumPy dtype; None if the format has none."""
+    if isinstance(dtype, DeferredDtype):
+        return next(code for code, name in ML_DTYPES.items() if name == dtype.name)
     if dtype in CODES:
         return CODES[dtype]
     for code, name in ML_DTYPES.items():  # an ml_dtypes array exists: ml_dtypes is imported already
@@ -191,7 +198,7 @@ class SafetensorsWriter(DumpWriter):
             }
         offset = 0
         for info in infos:
-            dt = np.dtype(info.dtype)
+            dt = info.dtype if isinstance(info.dtype, DeferredDtype) else np.dtype(info.dtype)
             code = code_of(dt.newbyteorder("<") if dt.byteorder == ">" else dt)
             if code is None:
                 raise InputError(f"cannot write tensor {info.name!r} of dtype {info.dtype} as safetensors")
