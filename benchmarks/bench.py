@@ -623,6 +623,10 @@ def main() -> None:
                                     lambda: timeit(lambda: raw_read(p), 1), max(rep, 5))
             add(f"stats safetensors {name} in-process vs raw read", half_bytes / t_in / 1e9,
                 half_bytes / t_raw / 1e9, "raw read", higher_is_better=True, unit="GB/s")
+            # ... and as a user runs it (ml_dtypes, ~0.5 s to import in 0.7, left unimported: DeferredDtype)
+            t_cli, t_raw = alternate(lambda: cli_stats(p), lambda: timeit(lambda: raw_read(p), 1), rep)
+            add(f"stats safetensors {name}: read bandwidth vs raw read", half_bytes / t_cli / 1e9,
+                half_bytes / t_raw / 1e9, "raw read", higher_is_better=True, unit="GB/s")
             os.unlink(p)
         # ... and the CLI against a process that only reads the file (interpreter start-up in both)
         reader_proc = [sys.executable, "-c", "import mmap, sys; b = mmap.mmap(-1, 1 << 20); "  # page-aligned: see raw_read
@@ -882,6 +886,20 @@ def main() -> None:
         # then 0.34), by the compiled f64_summary and f64_scale since the forty-third (0.30 s); and its
         # clipping by value against global-norm on the same file (NumPy's comparisons and where until the
         # forty-third session: 0.88 s for 420 MB, now 0.29)
+        # ... and a bfloat16 dump against a copy of it (ml_dtypes, ~0.5 s to import in 0.7, left unimported:
+        # the kernel scales the bits; 0.8 s against cp's 0.08 s before the fifty-fourth session)
+        import ml_dtypes
+
+        bf16 = os.path.join(tmp, "gpt2_bf16_clip.safetensors")
+        gradtool.save_dump(bf16, {k: v.astype(ml_dtypes.bfloat16) for k, v in big.items()})
+        os.sync()
+        dst16 = os.path.join(tmp, "copy16.bin")
+        t_bf16, t_cp16 = alternate(lambda: clip_mode(bf16, out, "--mode", "global-norm", "--max", "1e-3"),
+                                   lambda: timed_cp(bf16, dst16, False), rep)
+        add(f"clip global-norm, {os.path.getsize(bf16) / 1e6:.0f} MB of bfloat16 safetensors --no-fsync (vs cp)",
+            t_bf16, t_cp16, "cp")
+        for f in (bf16, dst16):
+            os.remove(f)
         f64 = os.path.join(tmp, "gpt2_f64.safetensors")
         half = dict(list(big.items())[::2])
         gradtool.save_dump(f64, {k: v.astype(np.float64) for k, v in half.items()})
@@ -1027,6 +1045,15 @@ def main() -> None:
         t_tiny, rss_tiny = run_measured(gradtool_cmd() + ["stats", tiny], 5)
         add("gradtool --help start-up (vs python -c 'import numpy')", t_help, t_np_imp, "import numpy")
         add("gradtool stats tiny.npz (vs python -c 'import numpy')", t_tiny, t_np_imp, "import numpy")
+        # ... of a bfloat16 safetensors file: ml_dtypes 0.7's import alone is ~0.5 s (6 ms in 0.6), which
+        # the kernel, reading the bits, does not need (safetensors.DeferredDtype)
+        import ml_dtypes
+
+        tiny_bf16 = os.path.join(tmp, "tiny_bf16.safetensors")
+        gradtool.save_dump(tiny_bf16, {"w": np.ones(10, ml_dtypes.bfloat16)})
+        t_bf16, _ = run_measured(gradtool_cmd() + ["stats", tiny_bf16], 5)
+        add("gradtool stats tiny_bf16.safetensors (vs python -c 'import numpy')", t_bf16, t_np_imp,
+            "import numpy")
 
         # 7. history cost is linear; suggest-threshold on a 10^6-point log
         hist = os.path.join(tmp, "hist")
