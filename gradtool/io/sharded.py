@@ -42,10 +42,11 @@ class ShardedReader(DumpReader):
                 pieces.setdefault(info.name, []).append((shard, info))
         self._pieces = pieces
         for name, parts in pieces.items():
-            dtypes = {p[1].dtype for p in parts}
-            if len(dtypes) > 1:
+            # (compared, not hashed: a DeferredDtype's hash imports ml_dtypes)
+            if any(p[1].dtype != parts[0][1].dtype for p in parts):
+                dtypes = {str(p[1].dtype) for p in parts}
                 raise InputError(f"{self.display_path}: tensor {name!r} has pieces of different dtypes "
-                                 f"({', '.join(sorted(str(d) for d in dtypes))})")
+                                 f"({', '.join(sorted(dtypes))})")
             first = parts[0][1]
             shape = first.shape if len(parts) == 1 else (sum(p[1].size for p in parts),)
             self.tensors.append(TensorInfo(name, shape, first.dtype, fortran=first.fortran if len(parts) == 1 else False))

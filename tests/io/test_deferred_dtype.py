@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 
@@ -223,3 +224,34 @@ def test_a_norm_of_bfloat16_bits_widened_to_float32_is_the_norm_of_the_bfloat16_
             b.update(values)
             ra, rb = a.result(), b.result()
             assert (ra == rb or (ra != ra and rb != rb)) and (a.amax, a.nan, a.inf) == (b.amax, b.nan, b.inf)
+
+
+def test_a_sharded_step_of_bfloat16_pieces_does_not_import_ml_dtypes(tmp_path):
+    """The pieces of a sharded step (one safetensors file a rank) are checked for one dtype by comparing
+    them, not hashing them (a DeferredDtype's hash is NumPy's dtype's): ``stats`` and ``clip`` of the
+    step give what they give with ml_dtypes imported, without importing it."""
+    from gradtool import save_dump
+    from gradtool.core import kernels
+
+    rng = np.random.default_rng(2)
+    tensors = {"emb": rng.standard_normal(400_000).astype(ml_dtypes.bfloat16),
+               "b": rng.standard_normal(3000).astype(ml_dtypes.bfloat16)}
+    step = tmp_path / "run" / "step_00001"
+    step.mkdir(parents=True)
+    for r in range(2):
+        shard = {k: np.array_split(v, 2)[r] for k, v in tensors.items()}
+        save_dump(str(step / f"rank{r}.safetensors"), shard)
+    kernel = kernels.BUILT and not os.environ.get("GRADTOOL_NO_KERNELS")
+    run_dir = str(tmp_path / "run")
+    stats = [_run(["stats", run_dir, "--format", "json"], first, str(tmp_path)) for first in "-i"]
+    assert stats[0]["out"] == stats[1]["out"] and stats[0]["ml_dtypes"] is not kernel
+    outs = []
+    for first in "-i":
+        out = tmp_path / "out"
+        run = _run(["clip", run_dir, "-o", str(out), "--mode", "global-norm", "--max", "1",
+                    "--format", "json"], first, str(tmp_path))
+        files = sorted(p for p in out.rglob("*") if p.is_file())
+        outs.append([(p.relative_to(out).as_posix(), p.read_bytes()) for p in files])
+        assert files and (first == "i" or run["ml_dtypes"] is not kernel)
+        shutil.rmtree(out)
+    assert outs[0] == outs[1]
