@@ -2120,8 +2120,13 @@ def test_thousands_commas_matched_possessively_match_as_before(text, shape):
     """The number pattern's first form (1,234 before a space or the end) matched possessively finds, in
     any pattern around it and from every place, the matches it found backtracking: it has only one way to
     match where it does."""
+    from hypothesis import assume
+
     from gradtool.io.text_logs import _UNSIGNED
 
+    # (a number's digits repeated by "+" split every way before "$" fails: exponential in both patterns,
+    # 20 digits ~20 s a search; the readers' patterns never repeat a number so, their slots are atomic)
+    assume(not shape.endswith("+$") or sum(map(str.isdigit, text)) <= 10)
     now, before = (re.compile(shape.format(u)) for u in (_UNSIGNED, _BACKTRACKING_UNSIGNED))
     assert [m.groups() for m in now.finditer(text)] == [m.groups() for m in before.finditer(text)]
     for at in range(len(text) + 1):
