@@ -881,40 +881,39 @@ def main() -> None:
                                                            "1e-3"), rep)
             add(f"clip {' '.join(how[:-2])}, GPT-2 set {label} safetensors, --no-fsync (vs global-norm, "
                 "same file)", t_mode, t_global, "clip --mode global-norm")
-        # ... and a float64 dump (every other tensor of the set: ~1 GB) against a copy of it: its norms by
-        # NumPy in float64 (three new arrays a chunk until the forty-second session: 1.28 s for 420 MB,
-        # then 0.34), by the compiled f64_summary and f64_scale since the forty-third (0.30 s); and its
-        # clipping by value against global-norm on the same file (NumPy's comparisons and where until the
-        # forty-third session: 0.88 s for 420 MB, now 0.29)
+
+        def clip_against_cp(path: str, tensors: dict[str, np.ndarray], label: str) -> None:
+            """A row: ``clip --mode global-norm`` of the dump of ``tensors`` written to ``path`` (kept)
+            against ``cp`` of it, in turns."""
+            gradtool.save_dump(path, tensors)
+            os.sync()
+            dst = path + ".copy"
+            t_clip, t_cp = alternate(lambda: clip_mode(path, out, "--mode", "global-norm", "--max", "1e-3"),
+                                     lambda: timed_cp(path, dst, False), rep)
+            add(f"clip global-norm, {os.path.getsize(path) / 1e6:.0f} MB of {label} safetensors --no-fsync "
+                "(vs cp)", t_clip, t_cp, "cp")
+            os.remove(dst)
+
         # ... and a bfloat16 dump against a copy of it (ml_dtypes, ~0.5 s to import in 0.7, left unimported:
         # the kernel scales the bits; 0.8 s against cp's 0.08 s before the fifty-fourth session)
         import ml_dtypes
 
         bf16 = os.path.join(tmp, "gpt2_bf16_clip.safetensors")
-        gradtool.save_dump(bf16, {k: v.astype(ml_dtypes.bfloat16) for k, v in big.items()})
-        os.sync()
-        dst16 = os.path.join(tmp, "copy16.bin")
-        t_bf16, t_cp16 = alternate(lambda: clip_mode(bf16, out, "--mode", "global-norm", "--max", "1e-3"),
-                                   lambda: timed_cp(bf16, dst16, False), rep)
-        add(f"clip global-norm, {os.path.getsize(bf16) / 1e6:.0f} MB of bfloat16 safetensors --no-fsync (vs cp)",
-            t_bf16, t_cp16, "cp")
-        for f in (bf16, dst16):
-            os.remove(f)
+        clip_against_cp(bf16, {k: v.astype(ml_dtypes.bfloat16) for k, v in big.items()}, "bfloat16")
+        os.remove(bf16)
+        # ... and a float64 dump (every other tensor of the set: ~1 GB) against a copy of it: its norms by
+        # NumPy in float64 (three new arrays a chunk until the forty-second session: 1.28 s for 420 MB,
+        # then 0.34), by the compiled f64_summary and f64_scale since the forty-third (0.30 s); and its
+        # clipping by value against global-norm on the same file (NumPy's comparisons and where until the
+        # forty-third session: 0.88 s for 420 MB, now 0.29)
         f64 = os.path.join(tmp, "gpt2_f64.safetensors")
-        half = dict(list(big.items())[::2])
-        gradtool.save_dump(f64, {k: v.astype(np.float64) for k, v in half.items()})
-        os.sync()
-        dst64 = os.path.join(tmp, "copy64.bin")
-        t_f64, t_cp64 = alternate(lambda: clip_mode(f64, out, "--mode", "global-norm", "--max", "1e-3"),
-                                  lambda: timed_cp(f64, dst64, False), rep)
-        add(f"clip global-norm, {os.path.getsize(f64) / 1e6:.0f} MB of float64 safetensors --no-fsync (vs cp)",
-            t_f64, t_cp64, "cp")
+        clip_against_cp(f64, {k: v.astype(np.float64) for k, v in list(big.items())[::2]}, "float64")
         t_value64, t_global64 = alternate(lambda: clip_mode(f64, out, "--mode", "value", "--max", "1e-3"),
                                           lambda: clip_mode(f64, out, "--mode", "global-norm", "--max", "1e-3"),
                                           rep)
         add("clip --mode value, the float64 set, --no-fsync (vs global-norm, same file)", t_value64, t_global64,
             "clip --mode global-norm")
-        for f in (out, f16, f64, dst64):
+        for f in (out, f16, f64):
             if os.path.exists(f):
                 os.remove(f)
 
