@@ -40,6 +40,7 @@ CODES = {v: k for k, v in DTYPES.items()}
 # ml_dtypes' types, by name: imported only when a file or an array has one (6 ms of every start-up else)
 ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 ML_ITEMSIZES = {"BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+_DEFERRED: dict[str, DeferredDtype] = {}
 
 
 def dtype_of(code: str) -> np.dtype | None:
@@ -49,8 +50,10 @@ def dtype_of(code: str) -> np.dtype | None:
         return DTYPES[code]
     if code not in ML_DTYPES:
         return None
-    if "ml_dtypes" not in sys.modules:
-        return DeferredDtype(ML_DTYPES[code], ML_ITEMSIZES[code])  # type: ignore[return-value]
+    if "ml_dtypes" not in sys.modules:  # (one a code, shared by every tensor of it, as NumPy's dtypes are)
+        if code not in _DEFERRED:
+            _DEFERRED[code] = DeferredDtype(ML_DTYPES[code], ML_ITEMSIZES[code])
+        return _DEFERRED[code]  # type: ignore[return-value]
     import ml_dtypes
 
     return np.dtype(getattr(ml_dtypes, ML_DTYPES[code]))

@@ -255,3 +255,13 @@ def test_a_sharded_step_of_bfloat16_pieces_does_not_import_ml_dtypes(tmp_path):
         assert files and (first == "i" or run["ml_dtypes"] is not kernel)
         shutil.rmtree(out)
     assert outs[0] == outs[1]
+
+
+def test_one_deferred_dtype_a_code_shared_by_its_tensors(monkeypatch):
+    """Before ml_dtypes is imported, each BF16/F8 code has one DeferredDtype, shared by every tensor of
+    it (as NumPy's dtypes are one object each): resolved once, one object a code, not one a tensor."""
+    monkeypatch.delitem(sys.modules, "ml_dtypes")  # (only looked up: nothing here resolves one)
+    monkeypatch.setattr(safetensors, "_DEFERRED", {})
+    got = {code: safetensors.dtype_of(code) for code in CODES}
+    assert all(type(d) is DeferredDtype and d.name == ML_DTYPES[c] for c, d in got.items())
+    assert all(safetensors.dtype_of(code) is got[code] for code in CODES)
