@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import asarray, is_floating, namespace_of
+from ..backend import asarray, is_floating, is_numpy_namespace, namespace_of
 from ..errors import NonFiniteError, UsageError
 from .norms import combine_norms, parse_norm_type, slice_l2_norms, tensor_norm
 
@@ -120,6 +120,45 @@ def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------- ops
+def round_to_odd_float32(x: Any) -> np.ndarray:
+    """float64 ``x`` rounded to float32 "to odd": toward zero, the last significand bit then set if that
+    lost anything (finite ``x``; ±inf and NaN as they are). Rounding the result again to nearest-even in
+    any binary format at least two bits narrower (bfloat16's 8, float16's 11, float8's) gives ``x``
+    rounded there once (Boldo & Melquiond, "Emulation of FMA and correctly rounded sums: proved
+    algorithms using rounding to odd", 2008): float32 shares bfloat16's exponent range, and its
+    subnormals are 2^-149 apart, 16 bits finer than bfloat16's. Returns a float32 array of x's shape."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = np.array(x, dtype=np.float32, ndmin=1)
+        wide = f.astype(np.float64)
+    inexact = np.isfinite(x.reshape(f.shape)) & (wide != x.reshape(f.shape))
+    bits = f.view(np.uint32)
+    bits -= (inexact & (np.abs(wide) > np.abs(x.reshape(f.shape)))).astype(np.uint32)  # (one step toward
+    bits |= inexact.astype(np.uint32)  # zero in sign-magnitude: inf -> float32's largest, 1 -> 0.99999994)
+    return f.reshape(x.shape)
+
+
+def bfloat16_bits_of(x: float) -> int:
+    """The bits (uint16) of float64 ``x`` rounded once to bfloat16, to nearest with ties to even, past
+    bfloat16's largest finite value (3.3895e38) to ±inf, as IEEE 754 rounds: ``b = bits(round_to_odd_float32
+    (x))``, ``(b + 0x7fff + (b >> 16 & 1)) >> 16`` (no ml_dtypes). Not for NaN."""
+    b = int(round_to_odd_float32(x).view(np.uint32))
+    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+
+
+def bound_in_dtype(bound: Any, dtype: Any, xp: ModuleType) -> Any:
+    """A clip bound (float64 scalar or array) rounded once to a tensor's floating ``dtype``, to nearest
+    with ties to even (±inf past its range, without NumPy's overflow warning). NumPy rounds float64 to
+    float16 and float32 once; ml_dtypes 0.7 rounds to bfloat16 once too, but its earlier releases go
+    through float32 first, so a bound within 2^-24 of a midpoint of two bfloat16 values rounded the
+    other way: narrow NumPy dtypes go by :func:`round_to_odd_float32` first, which gives the single
+    rounding from every release (and for float8's)."""
+    with np.errstate(over="ignore"):
+        if is_numpy_namespace(xp) and dtype.itemsize < 4:
+            return np.asarray(round_to_odd_float32(np.asarray(bound, dtype=np.float64)).astype(dtype))
+        return xp.astype(xp.asarray(bound), dtype)
+
+
 def clip_by_value(t: Any, clip_value_min: Any, clip_value_max: Any, *, nonfinite: str = "error",
                   xp: ModuleType | None = None) -> Any:
     """TF ``clip_by_value``: min(max(t, lo), hi), element-wise.
@@ -154,8 +193,8 @@ def clip_by_value(t: Any, clip_value_min: Any, clip_value_max: Any, *, nonfinite
                 raise UsageError(f"a clip bound of shape {tuple(bound.shape)} does not broadcast to the "
                                  f"tensor's shape {tuple(t.shape)} (bounds never grow a tensor)")
     t = _apply_policy(t, nonfinite, xp)
-    lo_t = xp.astype(lo, t.dtype)
-    hi_t = xp.astype(hi, t.dtype)
+    lo_t = bound_in_dtype(lo, t.dtype, xp)
+    hi_t = bound_in_dtype(hi, t.dtype, xp)
     too_high = t > hi_t
     too_low = t < lo_t
     if not bool(xp.any(too_high | too_low)):

@@ -140,6 +140,20 @@ class NormAccumulator:
                 return
         self._exact(c, xp or (_NUMPY_XP or _numpy_xp() if type(c) is np.ndarray else namespace_of(c)))
 
+    def update_bfloat16_bits(self, bits: np.ndarray) -> None:
+        """:meth:`update` of the bfloat16 chunk whose bits (uint16, C order) these are, without a bfloat16
+        dtype (ml_dtypes): the kernel's sums of the same bits; where they do not settle the chunk (or
+        there is no kernel), its float32 values, ``bits << 16``, exactly its values (measured as the
+        bfloat16 chunk is: tested)."""
+        if bits.shape[0] == 0:
+            return
+        if self.p == 2.0 and kernels.compiled_half_summaries is not None and bits.flags.c_contiguous:
+            lo, hi, _, total, _ = kernels.compiled_half_summaries(bits, bits.size, kernels.HALF_BF16)[0]
+            if math.isfinite(total) and (total > 1e-25 or lo == hi == 0.0):
+                self.parts.append((1.0, total))
+                return
+        self.update(bfloat16_bits_as_float32(bits))
+
     def update_sum_sq(self, total: Any, c: np.ndarray) -> None:
         """Add a chunk whose Σc² the caller already took from the compiled kernel (the arithmetic
         :meth:`update` would use): the same result as ``update(c)``, one pass fewer. ``total``: Σc² of a

@@ -147,14 +147,17 @@ def test_stats_of_bfloat16_and_float8_read_by_the_kernel_does_not_import_ml_dtyp
 @pytest.mark.parametrize("mode, deferred", [
     (["--mode", "global-norm", "--max", "1"], True), (["--mode", "global-norm", "--max", "1e9"], True),
     (["--mode", "norm", "--max", "0.5"], True), (["--mode", "average-norm", "--max", "1e-3"], True),
-    (["--mode", "value", "--max", "0.5", "--nonfinite", "propagate"], False),  # (bounds rounded by ml_dtypes)
+    (["--mode", "value", "--max", "0.5", "--nonfinite", "propagate"], True),
+    (["--mode", "value", "--max", "1.00390625000000009", "--min", "-1e-3"], True),  # (bounds by bits)
+    (["--mode", "value", "--max", "1e30"], True),
     (["--mode", "global-norm", "--max", "1", "--nonfinite", "zero"], False)])  # (NaN zeroed by NumPy)
 def test_clip_of_bfloat16_scaled_by_the_kernel_does_not_import_ml_dtypes(tmp_path, mode, deferred):
-    """``clip`` by a norm of bfloat16 tensors the compiled kernel scales takes their chunks as their bits
-    (uint16): the same output bytes and report as with ml_dtypes imported first, without importing it, for
-    tensors of several chunks (scaled on the worker thread), small ones back to back (clipped in runs),
-    zeros and subnormal values (measured by their float32 values: clip_dump._update_sum_sq). The writer's
-    header comes from the deferred dtype's name. Other modes and policies import it, with the same
+    """``clip`` by a norm or by value of bfloat16 tensors the compiled kernel scales or clips takes their
+    chunks as their bits (uint16): the same output bytes and report as with ml_dtypes imported first,
+    without importing it, for tensors of several chunks (changed on the worker thread), small ones back to
+    back (clipped in runs), zeros and subnormal values (measured by their float32 values:
+    clip_dump._update_sum_sq), bounds next to a midpoint of two bfloat16 values and past their range. The
+    writer's header comes from the deferred dtype's name. Other policies import it, with the same
     results."""
     from gradtool import save_dump
     from gradtool.core import kernels
@@ -196,8 +199,9 @@ _SPECIAL = [0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x0080, 0x7F80, 0xFF80, 0x7F
 def test_a_norm_of_bfloat16_bits_widened_to_float32_is_the_norm_of_the_bfloat16_values(n, seed, special, kind,
                                                                                       kernel):
     """clip measures a bfloat16 chunk it took as its bits (ml_dtypes unimported) by its float32 values
-    where the kernel's sum does not do (zeros, subnormals, NaN, ±inf: clip_dump._update_sum_sq): the same
-    norm, maximum and NaN/inf flags as the bfloat16 chunk's own, with the kernel and without it."""
+    where the kernel's sum does not do (zeros, subnormals, NaN, ±inf: clip_dump._update_sum_sq), or by
+    NormAccumulator.update_bfloat16_bits: the same norm, maximum and NaN/inf flags as the bfloat16
+    chunk's own, with the kernel and without it."""
     import contextlib
 
     from gradtool.core.norms import bfloat16_bits_as_float32
@@ -219,11 +223,14 @@ def test_a_norm_of_bfloat16_bits_widened_to_float32_is_the_norm_of_the_bfloat16_
         pytest.skip("compiled kernel not built")
     with contextlib.nullcontext() if kernel else kernels.disabled():
         for p in (2.0, 1.0, "inf"):
-            a, b = NormAccumulator(p), NormAccumulator(p)
+            a, b, c = NormAccumulator(p), NormAccumulator(p), NormAccumulator(p)
             a.update(bits.view(ml_dtypes.bfloat16))
             b.update(values)
-            ra, rb = a.result(), b.result()
-            assert (ra == rb or (ra != ra and rb != rb)) and (a.amax, a.nan, a.inf) == (b.amax, b.nan, b.inf)
+            c.update_bfloat16_bits(bits)  # (the kernel's sums of the bits, else b's)
+            ra, rb, rc = a.result(), b.result(), c.result()
+            for r, acc in ((rb, b), (rc, c)):
+                assert ra == r or (ra != ra and r != r)
+                assert (a.amax, a.nan, a.inf) == (acc.amax, acc.nan, acc.inf)
 
 
 def test_a_sharded_step_of_bfloat16_pieces_does_not_import_ml_dtypes(tmp_path):
