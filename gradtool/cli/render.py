@@ -14,7 +14,7 @@ import math
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import chain, islice
 from typing import Any, TextIO
 
 FORMATS = ("table", "json", "jsonl", "csv", "tsv")
@@ -39,13 +39,14 @@ def strict(value: Any) -> Any:
     return value
 
 
-def dumps_json(doc: Any, *, indent: int | None = 2) -> str:
+def dumps_json(doc: Any, *, indent: int | None = 2, of: int = 1) -> str:
     """``json.dumps(strict(doc), indent=indent)``, faster for big documents: the standard library's C
     encoder takes ``doc`` as it is unless it holds non-finite floats or non-JSON types (NumPy scalars),
     which ``strict`` rewrites first. Python's indenting encoder is pure Python (~50 ms per MB of text:
     36 ms for an 8-step GPT-2 history); past MSGSPEC_LAYOUT_BYTES of compact text, msgspec (the
     ``[speedups]`` extra) lays out the indentation instead (2 ms), when installed: below that, importing
-    it (11 ms) costs more than it saves. The text is the same either way (property-tested)."""
+    it (11 ms) costs more than it saves. ``of``: how many such texts the caller makes in all (blocks of
+    one list), whose sizes count together. The text is the same either way (property-tested)."""
     try:
         compact = json.dumps(doc, allow_nan=False, ensure_ascii=False)
     except (ValueError, TypeError):
@@ -53,7 +54,8 @@ def dumps_json(doc: Any, *, indent: int | None = 2) -> str:
         compact = json.dumps(doc, allow_nan=False, ensure_ascii=False)
     if indent is None:
         return compact
-    layout = _msgspec_layout() if len(compact) >= MSGSPEC_LAYOUT_BYTES or "msgspec" in sys.modules else None
+    layout = (_msgspec_layout() if len(compact) * of >= MSGSPEC_LAYOUT_BYTES or "msgspec" in sys.modules
+              else None)
     if layout is None:
         return json.dumps(doc, allow_nan=False, indent=indent, ensure_ascii=False)
     return layout(compact.encode(), indent=indent).decode()
@@ -104,7 +106,9 @@ def write_records(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: s
         w.writerow([cell(r.get(c)) for c in columns])
 
 
-ITEMS_PER_BLOCK = 2048
+# Items encoded at a time: 2048 tensors' records held ~3 MB of dicts and ~6 MB of text copies at once
+# (stats --format json of 20,000 tensors: 16 MB of its peak RSS went to the output)
+ITEMS_PER_BLOCK = 256
 
 
 def json_list_item(value: Any) -> str:
@@ -114,24 +118,27 @@ def json_list_item(value: Any) -> str:
     return "".join(json_list_item_parts(value))
 
 
-def json_list_item_parts(value: Any) -> list[str]:
-    """:func:`json_list_item`'s text in parts. A dict whose last member is a sequence (a dump's tensors:
-    any ``Sequence``, whose items may be made as they are asked for) has that sequence encoded
-    ITEMS_PER_BLOCK items at a time, a part each, never all of them made or joined at once (20,000
-    tensors' records: ~30 MB of dicts and ~40 MB of text copies)."""
+def json_list_item_parts(value: Any) -> Iterator[str]:
+    """:func:`json_list_item`'s text in parts, made as they are asked for. A dict whose last member is a
+    sequence (a dump's tensors: any ``Sequence``, whose items may be made as they are asked for) has
+    that sequence encoded ITEMS_PER_BLOCK items at a time, a part each, never all of them made or joined
+    at once (20,000 tensors' records: ~30 MB of dicts and ~40 MB of text copies)."""
     last = next(reversed(value), None) if isinstance(value, dict) else None
     items = value[last] if last is not None else None
     if not isinstance(items, Sequence) or isinstance(items, (str, bytes)) or items == []:
-        return ["    " + dumps_json(value).replace("\n", "\n    ")]
+        yield "    " + dumps_json(value).replace("\n", "\n    ")
+        return
     head = json_list_item({**value, last: []})  # ... "tensors": []\n    }
     if not items:
-        return [head]
-    parts = [head[: -len("]\n    }")] + "\n"]
+        yield head
+        return
+    yield head[: -len("]\n    }")] + "\n"
+    blocks = -(-len(items) // ITEMS_PER_BLOCK)
     for start in range(0, len(items), ITEMS_PER_BLOCK):
-        block = dumps_json(list(items[start: start + ITEMS_PER_BLOCK]))  # "[\n  {...},\n  {...}\n]"
-        parts.append((",\n      " if start else "      ") + block[2:-2].replace("\n", "\n      "))
-    parts.append("\n      ]\n    }")
-    return parts
+        # "[\n  {...},\n  {...}\n]"
+        block = dumps_json(list(items[start: start + ITEMS_PER_BLOCK]), of=blocks)
+        yield (",\n      " if start else "      ") + block[2:-2].replace("\n", "\n      ")
+    yield "\n      ]\n    }"
 
 
 def json_document(key: str, items: Iterable[str | Iterable[str]], rest: dict[str, Any], out: TextIO) -> None:
@@ -154,14 +161,15 @@ class OrderedChunks:
     """Texts kept as they are made (in memory up to ``budget`` characters, then in a temporary file) and
     read back in any order: a history's output is made one dump at a time, in the order the dumps are
     read, and written in step order, which is known when the last is read (each dump's metadata may give
-    its step), without holding every dump's statistics. A text may be given in parts (a list of str,
-    never joined: a 20,000-tensor dump's JSON is ~9 MB) and read back in parts (:meth:`parts`)."""
+    its step), without holding every dump's statistics. A text may be given in parts (any iterable of
+    str, taken one part at a time and never joined: a 20,000-tensor dump's JSON is ~9 MB, written to the
+    file as it comes once the budget is spent) and read back in parts (:meth:`parts`)."""
 
     READ_BYTES = 1 << 20  # a part read back from the temporary file
 
-    def __init__(self, budget: int = 8 << 20) -> None:
+    def __init__(self, budget: int = 2 << 20) -> None:
         self.budget = budget
-        self._texts: list[str | list[str]] = []  # (until the budget is spent)
+        self._texts: list[list[str]] = []  # (until the budget is spent)
         self._held = 0
         self._file: Any = None  # then every text here, at self._where
         self._where: list[tuple[int, int]] = []
@@ -169,11 +177,17 @@ class OrderedChunks:
     def __len__(self) -> int:
         return len(self._where) if self._file is not None else len(self._texts)
 
-    def add(self, text: str | list[str]) -> None:
+    def add(self, text: str | Iterable[str]) -> None:
+        parts = iter((text,) if isinstance(text, str) else text)
         if self._file is None:
-            self._texts.append(text)
-            self._held += len(text) if isinstance(text, str) else sum(map(len, text))
-            if self._held <= self.budget:
+            held: list[str] = []
+            for part in parts:
+                held.append(part)
+                self._held += len(part)
+                if self._held > self.budget:
+                    break
+            else:
+                self._texts.append(held)
                 return
             import tempfile
 
@@ -184,13 +198,14 @@ class OrderedChunks:
             texts, self._texts = self._texts, []
             for t in texts:
                 self._write(t)
-            return
-        self._write(text)
+            parts = chain(held, parts)
+            del held
+        self._write(parts)
 
-    def _write(self, text: str | list[str]) -> None:
+    def _write(self, parts: Iterable[str]) -> None:
         try:
             start = self._file.tell()
-            for part in (text,) if isinstance(text, str) else text:
+            for part in parts:
                 self._file.write(part.encode("utf-8", "surrogatepass"))
             self._where.append((start, self._file.tell() - start))
         except OSError as exc:
@@ -212,8 +227,7 @@ class OrderedChunks:
     def parts(self, i: int) -> Iterator[str]:
         """Text ``i``, in parts (as given, or READ_BYTES of the temporary file at a time)."""
         if self._file is None:
-            text = self._texts[i]
-            yield from (text,) if isinstance(text, str) else text
+            yield from self._texts[i]
             return
         import codecs
 
@@ -266,20 +280,25 @@ class RecordsOutput:
         if self.fmt == "json":
             self.chunks.add(json_list_item_parts(record))
         elif self.fmt in ("jsonl", "csv", "tsv"):
-            where = {k: record[k] for k in self.where}
-            rows = iter(record["tensors"])
-            parts = []  # a part every ITEMS_PER_BLOCK rows (20,000 tensors' rows: ~9 MB of text)
-            while block := list(islice(rows, ITEMS_PER_BLOCK)):
-                text = io.StringIO()
-                write_records(({**where, **t} for t in block), self.where + self.fields, self.fmt, text,
-                              header=False)
-                parts.append(text.getvalue())
-            self.chunks.add(parts)
+            self.chunks.add(self._rows_text(record))
         elif self.tables == "all":
             self.print_record(record, console_like(self.out, text))
             self.chunks.add(text.getvalue())
         elif self.tables == "lone":
             self.lone = record if len(self.records) == 1 else None
+
+    def _rows_text(self, record: dict[str, Any]) -> Iterator[str]:
+        """The record's jsonl/csv/tsv rows, a part every ITEMS_PER_BLOCK of them (20,000 tensors' rows:
+        ~9 MB of text), made as they are asked for."""
+        import io
+
+        where = {k: record[k] for k in self.where}
+        rows = iter(record["tensors"])
+        while block := list(islice(rows, ITEMS_PER_BLOCK)):
+            text = io.StringIO()
+            write_records(({**where, **t} for t in block), self.where + self.fields, self.fmt, text,
+                          header=False)
+            yield text.getvalue()
 
     def shows_tensors(self) -> bool:
         """Whether the next record's ``tensors`` are shown (False: a table that shows no tensor of it)."""

@@ -85,16 +85,37 @@ def test_ordered_chunks_give_back_each_text_in_any_order(budget, read_bytes, mon
     """Texts given whole or in parts come back whole or in parts (read back from the temporary file a few
     bytes at a time: a character's bytes split between two reads)."""
     monkeypatch.setattr(render.OrderedChunks, "READ_BYTES", read_bytes)
-    texts = ["", "a", "ä€😀\n", ["\udcff sur", "", "rogate"], "x" * 1000, ["ä", "€😀", "last"], []]
-    whole = [t if isinstance(t, str) else "".join(t) for t in texts]
+    texts = ["", "a", "ä€😀\n", ["\udcff sur", "", "rogate"], "x" * 1000, ["ä", "€😀", "last"], [],
+             ("y" * k for k in range(12))]
+    whole = [t if isinstance(t, str) else "".join(t) for t in texts[:-1]]
+    whole.append("".join("y" * k for k in range(12)))
     chunks = render.OrderedChunks(budget)
     for t in texts:
         chunks.add(t)
     assert len(chunks) == len(texts)
-    for i in [5, 0, 3, 3, 1, 4, 2, 6]:
+    for i in [5, 0, 3, 7, 3, 1, 4, 2, 6]:
         assert chunks[i] == whole[i] == "".join(chunks.parts(i))
     chunks.add("after")  # (reading moved no write position)
-    assert chunks[7] == "after" and chunks[2] == whole[2] and "".join(chunks.parts(5)) == whole[5]
+    assert chunks[8] == "after" and chunks[2] == whole[2] and "".join(chunks.parts(5)) == whole[5]
+    chunks.close()
+
+
+def test_ordered_chunks_spill_a_text_given_in_parts_as_it_comes():
+    """A text given part by part (a generator: a dump's JSON a block of tensors at a time) goes to the
+    temporary file once the budget is spent, before its last part is made: no more than the budget
+    and one part are held (the 20,000-tensor dump's ~10 MB of JSON were held whole first)."""
+    chunks = render.OrderedChunks(10)
+    chunks.add("abc")
+    seen = []
+
+    def parts():
+        for k in range(6):
+            seen.append(chunks._file is not None)  # (in the file already, when this part is made?)
+            yield str(k) * 5
+
+    chunks.add(parts())
+    assert seen == [False, False, True, True, True, True]  # (3 + 5 + 5 > 10: spilled after the second)
+    assert chunks[0] == "abc" and chunks[1] == "".join(str(k) * 5 for k in range(6)) and len(chunks) == 2
     chunks.close()
 
 
