@@ -188,6 +188,67 @@ TARGET static Py_ssize_t VARIANT(f32_to_half_loop)(const float *src, unsigned sh
 #endif
 }
 
+/* half_scale's loop: y[i] = round(widen(x[i]) * scale) for i < n - n % H, bfloat16 (bf16 != 0) or float16
+ * (the AVX-512 and AVX2 builds; elsewhere 0 is returned and the caller does it all), in registers: the
+ * widening loads, one float32 multiply, and the rounding of f32_to_half_loop, so the bits of half_scale's
+ * block steps (widen, multiply, round: one pass each over the block). x may be y (each vector is read before
+ * its own place is written). Adds to *changed #(widened y != widened x) - #(x is NaN): as floats compare, so
+ * +0 and -0 are equal, and NaN to NaN is not a change (x NaN makes y NaN): half_changes' count. Two counters,
+ * not one AND of two comparisons (see f32_scale_loop). Returns the elements done. */
+TARGET static Py_ssize_t VARIANT(half_scale_loop)(const unsigned short *x, unsigned short *y, Py_ssize_t n,
+                                                  float scale, int bf16, long long *changed) {
+    Py_ssize_t i = 0, end = n - n % H;
+    VF sv;
+    for (int k = 0; k < H; k++) sv[k] = scale;
+    VI c = (VI){0};
+    if (bf16) {
+        for (; i < end; i += H) {
+            VF a = BF16_VEC(x + i), p = a * sv;
+            VU u;
+            memcpy(&u, &p, sizeof u);
+            VU rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+            VU nan = ((u >> 16) & 0x8000u) | 0x7fc0u;
+            VU is_nan = (VU)((u & 0x7fffffffu) > 0x7f800000u);
+            VU r = (nan & is_nan) | (rounded & ~is_nan);
+            VH h = __builtin_convertvector(r, VH);
+            memcpy(y + i, &h, sizeof h);
+            VU rb = r << 16;
+            VF b;
+            memcpy(&b, &rb, sizeof b);
+            c -= (b != a);
+            c += (a != a);
+        }
+#if defined(GT_X86_WIDTHS) && H == 16
+    } else {
+        for (; i < end; i += H) {
+            VF a = F16_VEC(x + i), p = a * sv;
+            __m256i h = _mm512_cvtps_ph((__m512)p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm256_storeu_si256((__m256i *)(y + i), h);
+            VF b = (VF)_mm512_cvtph_ps(h);
+            c -= (b != a);
+            c += (a != a);
+        }
+#elif defined(GT_X86_WIDTHS) && H == 8
+    } else {
+        for (; i < end; i += H) {
+            VF a = F16_VEC(x + i), p = a * sv;
+            __m128i h = _mm256_cvtps_ph((__m256)p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm_storeu_si128((__m128i *)(y + i), h);
+            VF b = (VF)_mm256_cvtph_ps(h);
+            c -= (b != a);
+            c += (a != a);
+        }
+#else
+    } else {
+        return 0;
+#endif
+    }
+    long long total = 0;
+    for (int k = 0; k < H; k++) total += c[k];
+    *changed += total;
+    return end;
+}
+
 #undef F16_VEC
 #undef BF16_VEC
 #undef VU
