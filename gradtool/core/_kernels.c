@@ -605,6 +605,13 @@ static PyObject *half_scale_slices(PyObject *self, PyObject *args) {
             Py_ssize_t len = w - c < SCALE_BLOCK ? w - c : SCALE_BLOCK;
             const uint16_t *xs = x + r + c;
             uint16_t *ys = y + r + c;
+            if (by_row) { /* one scale for the block: half_scale's loop in registers, then the rest */
+                Py_ssize_t done = chosen->half_scale(xs, ys, len, s[r / w], kind == HALF_BF16, &changed);
+                xs += done;
+                ys += done;
+                len -= done;
+                if (len == 0) continue;
+            }
             half_to_f32(xs, before, len, kind);
             if (by_row) {
                 float sr = s[r / w];
