@@ -188,6 +188,24 @@ TARGET static Py_ssize_t VARIANT(f32_to_half_loop)(const float *src, unsigned sh
 #endif
 }
 
+/* H float32 values p rounded to float16 (one vcvtps2ph), stored at dst, and given back widened again: the
+ * AVX-512 and AVX2 (+F16C) builds only. */
+#if defined(GT_X86_WIDTHS) && H == 16
+#define F16_ROUND_STORE(dst, p)                                                                              \
+    ({                                                                                                       \
+        __m256i h_ = _mm512_cvtps_ph((__m512)(p), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);            \
+        _mm256_storeu_si256((__m256i *)(dst), h_);                                                           \
+        (VF) _mm512_cvtph_ps(h_);                                                                            \
+    })
+#elif defined(GT_X86_WIDTHS) && H == 8
+#define F16_ROUND_STORE(dst, p)                                                                              \
+    ({                                                                                                       \
+        __m128i h_ = _mm256_cvtps_ph((__m256)(p), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);            \
+        _mm_storeu_si128((__m128i *)(dst), h_);                                                              \
+        (VF) _mm256_cvtph_ps(h_);                                                                            \
+    })
+#endif
+
 /* half_scale's loop: y[i] = round(widen(x[i]) * scale) for i < n - n % H, bfloat16 (bf16 != 0) or float16
  * (the AVX-512 and AVX2 builds; elsewhere 0 is returned and the caller does it all), in registers: the
  * widening loads, one float32 multiply, and the rounding of f32_to_half_loop, so the bits of half_scale's
@@ -218,23 +236,11 @@ TARGET static Py_ssize_t VARIANT(half_scale_loop)(const unsigned short *x, unsig
             c -= (b != a);
             c += (a != a);
         }
-#if defined(GT_X86_WIDTHS) && H == 16
+#ifdef F16_ROUND_STORE
     } else {
         for (; i < end; i += H) {
             VF a = F16_VEC(x + i), p = a * sv;
-            __m256i h = _mm512_cvtps_ph((__m512)p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            _mm256_storeu_si256((__m256i *)(y + i), h);
-            VF b = (VF)_mm512_cvtph_ps(h);
-            c -= (b != a);
-            c += (a != a);
-        }
-#elif defined(GT_X86_WIDTHS) && H == 8
-    } else {
-        for (; i < end; i += H) {
-            VF a = F16_VEC(x + i), p = a * sv;
-            __m128i h = _mm256_cvtps_ph((__m256)p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            _mm_storeu_si128((__m128i *)(y + i), h);
-            VF b = (VF)_mm256_cvtph_ps(h);
+            VF b = F16_ROUND_STORE(y + i, p);
             c -= (b != a);
             c += (a != a);
         }
@@ -249,6 +255,7 @@ TARGET static Py_ssize_t VARIANT(half_scale_loop)(const unsigned short *x, unsig
     return end;
 }
 
+#undef F16_ROUND_STORE
 #undef F16_VEC
 #undef BF16_VEC
 #undef VU
