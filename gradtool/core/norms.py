@@ -121,13 +121,12 @@ class NormAccumulator:
             return
         if self.p == 2.0 and type(c) is np.ndarray and c.dtype.itemsize <= 4 and is_floating_dtype(c.dtype):
             kind = kernels.half_kind(c.dtype)
-            zero = False  # every element ±0, as the kernel's min and max say (0 is then exact)
             if kind is not None and kernels.compiled_half_summaries is not None and c.flags.c_contiguous:
                 # float16/bfloat16 widened inside the kernel: chunk_sum_sq's bits, without NumPy's cast
-                summary = kernels.compiled_half_summaries(c.view(np.uint16), max(c.size, 1), kind)[0]
-                lo, hi, _, total, _ = summary
-                zero = lo == hi == 0.0
+                if self._half_sum_taken(c.view(np.uint16), kind):
+                    return
             else:
+                zero = False  # every element ±0, as the kernel's min and max say (0 is then exact)
                 with np.errstate(over="ignore", under="ignore", invalid="ignore"):
                     c32 = np.ascontiguousarray(c, dtype=np.float32)
                     if kernels.compiled_f32_summary is not None:
@@ -135,10 +134,23 @@ class NormAccumulator:
                         zero = lo == hi == 0.0
                     else:
                         total = chunk_sum_sq(c32)
-            if math.isfinite(total) and (total > 1e-25 or zero):
-                self.parts.append((1.0, total))
-                return
+                if self._sum_taken(total, zero):
+                    return
         self._exact(c, xp or (_NUMPY_XP or _numpy_xp() if type(c) is np.ndarray else namespace_of(c)))
+
+    def _sum_taken(self, total: float, zero: bool) -> bool:
+        """Add a chunk's fast float32 Σx² ``total`` where it settles the chunk (finite, and above 1e-25, or
+        every element ±0: exact then); False, nothing added, where the chunk needs :meth:`_exact`."""
+        if math.isfinite(total) and (total > 1e-25 or zero):
+            self.parts.append((1.0, total))
+            return True
+        return False
+
+    def _half_sum_taken(self, bits: np.ndarray, kind: int) -> bool:
+        """:meth:`_sum_taken` of the kernel's sums of float16 or bfloat16 ``bits`` (uint16, C order) as
+        one chunk."""
+        lo, hi, _, total, _ = kernels.compiled_half_summaries(bits, max(bits.size, 1), kind)[0]
+        return self._sum_taken(total, lo == hi == 0.0)
 
     def update_bfloat16_bits(self, bits: np.ndarray) -> None:
         """:meth:`update` of the bfloat16 chunk whose bits (uint16, C order) these are, without a bfloat16
@@ -147,11 +159,9 @@ class NormAccumulator:
         bfloat16 chunk is: tested)."""
         if bits.shape[0] == 0:
             return
-        if self.p == 2.0 and kernels.compiled_half_summaries is not None and bits.flags.c_contiguous:
-            lo, hi, _, total, _ = kernels.compiled_half_summaries(bits, bits.size, kernels.HALF_BF16)[0]
-            if math.isfinite(total) and (total > 1e-25 or lo == hi == 0.0):
-                self.parts.append((1.0, total))
-                return
+        if (self.p == 2.0 and kernels.compiled_half_summaries is not None and bits.flags.c_contiguous
+                and self._half_sum_taken(bits, kernels.HALF_BF16)):
+            return
         self.update(bfloat16_bits_as_float32(bits))
 
     def update_sum_sq(self, total: Any, c: np.ndarray) -> None:
