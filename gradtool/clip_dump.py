@@ -509,7 +509,9 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
                                                    ahead)
             return
         bits = bits_view(info)
-        location = reader.raw_location(info) if clip_values is not None and policy != "zero" else None
+        in_place = clip_values is not None and policy != "zero" and (
+            bits is not None or (ahead is not None and info.size > STREAM_CHUNK))
+        location = reader.raw_location(info) if in_place else None
         if location is not None and ahead is not None and info.size > STREAM_CHUNK:
             # clipped in place on the second thread while written (see there)
             def clipped(chunk: np.ndarray) -> tuple[int, NormAccumulator, int]:
@@ -527,7 +529,7 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
             return
         if location is not None and bits is not None:  # (bfloat16 as its bits: without ml_dtypes)
             changed += yield from _clipped_bits_in_place(reader, info, location, where, clip_values, acc,
-                                                         buffer, policy)
+                                                         buffer, policy, bits)
             return
         # the output buffer, placed in a page where the write out of it runs at full speed (buffer_phase:
         # up to 2.1x faster)
@@ -1048,18 +1050,19 @@ def _scaled_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, 
 
 def _clipped_bits_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,
                            clip_values: Callable[[np.ndarray, np.ndarray], tuple[int, int]],
-                           acc: NormAccumulator, buffer: PhasedBuffer | None,
-                           policy: str) -> Generator[np.ndarray, None, int]:
-    """A bfloat16 tensor at ``location`` of the input taken as its bits (:func:`~.io.base.bits_view`),
-    clipped by value chunk by chunk in place by the kernel (``clip_values``, which compares bits) in a
-    buffer placed for both offsets, measured (:meth:`NormAccumulator.update_bfloat16_bits`) and yielded
-    to be written out of it: the streaming path's bits without ml_dtypes. A chunk with NaN or ±inf under
+                           acc: NormAccumulator, buffer: PhasedBuffer | None, policy: str,
+                           bits: np.dtype) -> Generator[np.ndarray, None, int]:
+    """A bfloat16 tensor at ``location`` of the input taken as its bits (``bits``, its
+    :func:`~.io.base.bits_view`), clipped by value chunk by chunk in place by the kernel (``clip_values``,
+    which compares bits) in a buffer placed for both offsets, measured
+    (:meth:`NormAccumulator.update_bfloat16_bits`) and yielded to be written out of it: the streaming
+    path's bits without ml_dtypes. A chunk with NaN or ±inf under
     the "error" policy is refused (the tensor measured finite before: the file changed since). Returns
     the number of elements changed."""
     phase = buffer_phase(reads=[location[1]], writes=[] if where is None else [where])
     work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * info.dtype.itemsize, phase)
     changed = 0
-    for chunk in reader.chunks_into(location, info, work, STREAM_CHUNK, bits_view(info)):
+    for chunk in reader.chunks_into(location, info, work, STREAM_CHUNK, bits):
         n_changed, nonfinite = clip_values(chunk, chunk)  # in place: the kernel reads each element first
         if nonfinite and policy == "error":
             raise NonFiniteError(f"tensor {info.name!r} holds NaN/Inf", [info.name])

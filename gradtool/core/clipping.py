@@ -127,15 +127,16 @@ def round_to_odd_float32(x: Any) -> np.ndarray:
     rounded there once (Boldo & Melquiond, "Emulation of FMA and correctly rounded sums: proved
     algorithms using rounding to odd", 2008): float32 shares bfloat16's exponent range, and its
     subnormals are 2^-149 apart, 16 bits finer than bfloat16's. Returns a float32 array of x's shape."""
-    x = np.asarray(x, dtype=np.float64)
+    shape = np.shape(x)
+    x = np.array(x, dtype=np.float64, ndmin=1)  # (1-D at least, so that the bits below are a view)
     with np.errstate(over="ignore", invalid="ignore"):
-        f = np.array(x, dtype=np.float32, ndmin=1)
+        f = x.astype(np.float32)
         wide = f.astype(np.float64)
-    inexact = np.isfinite(x.reshape(f.shape)) & (wide != x.reshape(f.shape))
+    inexact = np.isfinite(x) & (wide != x)
     bits = f.view(np.uint32)
-    bits -= (inexact & (np.abs(wide) > np.abs(x.reshape(f.shape)))).astype(np.uint32)  # (one step toward
-    bits |= inexact.astype(np.uint32)  # zero in sign-magnitude: inf -> float32's largest, 1 -> 0.99999994)
-    return f.reshape(x.shape)
+    bits -= (inexact & (np.abs(wide) > np.abs(x))).astype(np.uint32)  # (one step toward zero in
+    bits |= inexact.astype(np.uint32)  # sign-magnitude: inf -> float32's largest, 1 -> 0.99999994)
+    return f.reshape(shape)
 
 
 def bfloat16_bits_of(x: float) -> int:
@@ -155,7 +156,7 @@ def bound_in_dtype(bound: Any, dtype: Any, xp: ModuleType) -> Any:
     rounding from every release (and for float8's)."""
     with np.errstate(over="ignore"):
         if is_numpy_namespace(xp) and dtype.itemsize < 4:
-            return np.asarray(round_to_odd_float32(np.asarray(bound, dtype=np.float64)).astype(dtype))
+            return np.asarray(round_to_odd_float32(bound).astype(dtype))
         return xp.astype(xp.asarray(bound), dtype)
 
 
