@@ -492,6 +492,7 @@ class NpzReader(DumpReader):
             for n, a, b in inside:
                 with whole[a - base: b - base] as piece:
                     got.append((n, crc32(piece), b - a))
+            _drop_mapped_pages(m, task_lo - base, task_hi - base)
             return got
 
         try:
@@ -737,3 +738,22 @@ class NpzWriter(DumpWriter):
             self._file.close()  # zipfile leaves a file object it was given open
             if self._pool is not None:
                 self._pool.shutdown()
+
+
+def _drop_mapped_pages(m: Any, start: int, stop: int) -> None:
+    """Let go of the pages of bytes [start, stop) of read-only map ``m`` (widened to whole pages) once read:
+    a page of the page cache counts in the process's RSS for as long as it is mapped, so a check's window
+    of up to CRC_WINDOW bytes, mapped whole, took ``stats`` of a 245 MB npz without the kernel to 299 MB
+    (the budget of target 4: ~100). ``MADV_DONTNEED`` on a file's read-only map only drops the mapping (a
+    page read again faults back in from the cache), so a page a neighbouring task reads too is safe to
+    drop. Where the system has no such advice, nothing."""
+    import mmap
+
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if advice is None:
+        return
+    page = mmap.PAGESIZE
+    start -= start % page
+    stop = min(len(m), -(-stop // page) * page)
+    if stop > start:
+        m.madvise(advice, start, stop - start)

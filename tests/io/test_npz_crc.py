@@ -444,3 +444,34 @@ def test_stats_and_clip_on_two_threads_refuse_the_damaged_dump(run, damaged, tmp
     assert r.exit_code == 1 and "member 'w.npy' is corrupt (bad CRC-32)" in r.stderr
     assert sorted(os.listdir(tmp_path)) == ["bad.npz", "good.npz"]
     assert run("stats", damaged[0], "--format", "json").exit_code == 0
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_DONTNEED") or not os.path.exists("/proc/self/status"),
+                    reason="no MADV_DONTNEED or /proc here")
+def test_the_check_lets_go_of_the_pages_it_has_read(tmp_path):
+    """The members checked together are mapped whole (up to CRC_WINDOW bytes), and a mapped page of the
+    page cache counts in the process's RSS until it is let go: each task's pages are dropped once read,
+    so checking 96 MB of members raises the peak RSS by a task or two (8 MiB each), not by the window
+    (``stats`` of a 245 MB npz without the kernel peaked at 299 MB). In a fresh process (VmHWM: its own
+    peak; ``ru_maxrss`` would start from pytest's at the fork), the file in the page cache."""
+    import subprocess
+    import sys
+
+    p = str(tmp_path / "big.npz")
+    save_dump(p, {"a": np.ones(12 << 20, np.float32), "b": np.ones(12 << 20, np.float32)})  # 2 x 48 MiB
+    with open(p, "rb") as f:
+        while f.read(1 << 24):  # (into the page cache)
+            pass
+    script = (
+        "import sys\n"
+        "from gradtool import open_dump\n"
+        "def peak():\n"
+        "    with open('/proc/self/status') as f:\n"
+        "        return next(int(line.split()[1]) for line in f if line.startswith('VmHWM:'))\n"
+        "r = open_dump(sys.argv[1])\n"
+        "before = peak()\n"
+        "assert r.raw_location(r.info('a')) is not None and r._crc_checked >= {'a', 'b'}\n"
+        "print(peak() - before)\n")
+    grown_kib = int(subprocess.run([sys.executable, "-c", script, p], capture_output=True, text=True,
+                                   check=True).stdout)
+    assert grown_kib < 40 << 10  # (96 MiB without letting go)
