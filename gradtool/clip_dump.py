@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -221,9 +221,12 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
     if measured:
         own = shared.piece_norms[reader.display_path]  # type: ignore[union-attr]
         norms_before = {name: v for name, v in own.items() if name in chosen_set}
+    holding: set[str] | None = None  # under "zero", the tensors that held NaN/±inf (None: not known)
     if spec.mode == "global-norm":
-        if not measured:
-            fast = _norms_in_parallel(reader, chosen, p, spec.nonfinite, xp, on_tensor)
+        if not measured and spec.nonfinite == "zero" and xp is None:
+            norms_before, holding = _zeroed_norms(reader, chosen, p, on_tensor)
+        elif not measured:
+            fast = _norms_in_parallel(reader, chosen, p, xp, on_tensor)
             for name in chosen:
                 if name in fast:
                     norms_before[name] = fast[name]
@@ -246,14 +249,20 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
         # that applies, the same bits as the serial pass that _clip_streamed takes for the others
         streamed = [name for name in chosen if not reader.info(name).fortran
                     and (spec.axes is None or _slice_layout(spec, reader.info(name)) is not None)]
-        norms_before = _norms_in_parallel(reader, streamed, 2.0, spec.nonfinite, None, None)
+        if spec.nonfinite == "zero":
+            norms_before, holding = _zeroed_norms(reader, streamed, 2.0, None)
+        else:
+            norms_before = _norms_in_parallel(reader, streamed, 2.0, None, None)
 
     if writer is not None:
         writer.plan(list(reader.tensors) + reader.metadata_members, data_phase=_data_phase(reader))
     norms_after: dict[str, float] = {}
     out_buffer = PhasedBuffer()  # the streamed tensors' output buffer, reused
     ahead = WorkAhead()  # the scaled tensors' chunks (see _scaled_in_place)
-    runs = {} if xp is not None else _small_runs(reader, chosen_set, spec, result.scale, p,
+    # under "zero", the tensors found without NaN/±inf are clipped as finite ones (see _zeroed_norms)
+    finite_spec = replace(spec, nonfinite="error") if holding is not None else spec
+    clean = chosen_set if holding is None else {n for n in norms_before if n not in holding}
+    runs = {} if xp is not None else _small_runs(reader, clean, finite_spec, result.scale, p,
                                                  norms_before if shared is None else {})  # (a shard's
     # tensors are clipped by their whole tensors' norms: not in per-tensor runs)
     inflated_ahead = _RunsInflatedAhead(reader, runs)
@@ -280,6 +289,7 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
             why = "not selected" if _float_info(info) else "not floating point"
             result.tensors.append(TensorClip(info.name, None, None, False, 0, skipped=why))
             continue
+        tensor_spec = finite_spec if info.name in clean else spec
         try:
             layout = _slice_layout(spec, info) if xp is None and not info.fortran else None
             if xp is None and not info.fortran and (spec.mode != "norm" or spec.axes is None
@@ -287,14 +297,15 @@ def clip_dump(reader: DumpReader, writer: DumpWriter | None, spec: ClipSpec, *, 
                 logical = None
                 if shared is not None and info.name in shared.tensor_norms:
                     logical = (shared.tensor_norms[info.name], shared.tensor_sizes[info.name])
-                tc = _clip_streamed(reader, writer, info, spec, norms_before, result.scale, p, logical,
+                tc = _clip_streamed(reader, writer, info, tensor_spec, norms_before, result.scale, p, logical,
                                     out_buffer, ahead)
-            elif layout and (by_slice := _clip_slices(reader, writer, info, spec, norms_before, layout)):
+            elif layout and (by_slice := _clip_slices(reader, writer, info, tensor_spec, norms_before,
+                                                      layout)):
                 tc = by_slice
             elif shared is not None:
                 raise UsageError("sharded steps are clipped on the NumPy backend, without --axes")
             else:
-                tc = _clip_whole(reader, writer, info, spec, norms_before, used, xp, p)
+                tc = _clip_whole(reader, writer, info, tensor_spec, norms_before, used, xp, p)
         except NonFiniteError:
             bad = [info.name] + [c for c in chosen if c != info.name
                                  and not math.isfinite(_norm_of(reader, reader.info(c), 2.0, "propagate", xp))]
@@ -348,7 +359,7 @@ def _refusal(reader: DumpReader, bad: list[str]) -> NonFiniteError:
     return NonFiniteError(f"{reader.display_path}: {'; '.join(what)}; nothing written ({hint})", bad)
 
 
-def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite: str, xp: ModuleType | None,
+def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, xp: ModuleType | None,
                        on_tensor: Callable[[int], None] | None) -> dict[str, float]:
     """The L2 norms of pass 1 for the float32, float16 and bfloat16 tensors, on two cores, from the
     statistics path (the same per-chunk kernel sums, sent to float64 by the same rule, so the same bits as
@@ -358,9 +369,9 @@ def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite
     0.031 -> 0.016 s, from a process's second dump on (the first starts the threads). float64 tensors by
     :func:`_float64_norms_in_parallel` (the statistics path sums their squares by ``np.dot``, the serial
     pass by NumPy's sum of products). Missing where neither applies (the caller streams those tensors):
-    other norms, other dtypes, the "zero" policy (zeroing comes first), device backends, tensors whose
-    summary does not decide (NaN/inf)."""
-    if xp is not None or p != 2.0 or nonfinite == "zero":
+    other norms, other dtypes, device backends, tensors whose summary does not decide (NaN/inf). The
+    norms of the tensors as they are (under the "zero" policy: :func:`_zeroed_norms`)."""
+    if xp is not None or p != 2.0:
         return {}
     from .summarize import batch_stats, small_tensor_batches, stats_in_parallel
 
@@ -379,18 +390,32 @@ def _norms_in_parallel(reader: DumpReader, names: list[str], p: float, nonfinite
     return norms
 
 
-FLOAT64_PIECE_CHUNKS = 8  # STREAM_CHUNK chunks a task of _float64_norms_in_parallel (16 MiB of float64)
+FLOAT64_PIECE_CHUNKS = 8  # STREAM_CHUNK chunks a task of _norms_in_pieces (16 MiB of float64)
 
 
 def _float64_norms_in_parallel(reader: DumpReader, names: list[str],
                                on_tensor: Callable[[int], None] | None) -> dict[str, float]:
-    """The L2 norms of the float64 tensors among ``names`` whose bytes lie at a file offset, on two cores:
-    each tensor cut into pieces of FLOAT64_PIECE_CHUNKS whole STREAM_CHUNK chunks, each piece read as one
-    window (a memory map, or a ``pread`` into the thread's buffer where unaligned) and its chunks fed to a
-    :class:`NormAccumulator` of the piece, the pieces' accumulators merged: the chunks :func:`_norm_of`
-    feeds one accumulator, so the same parts, summed by fsum (in any order: the same bits). 420 MB of
-    float64: 0.090 -> 0.058 s (``clip --mode global-norm`` 0.36 -> 0.34 s). Empty on one core and for
-    dumps under the statistics path's PARALLEL_MIN_BYTES (thread start-up costs more than a core gains)."""
+    """The L2 norms of the float64 tensors among ``names`` whose bytes lie at a file offset, on two cores
+    (:func:`_norms_in_pieces`; the statistics path sums their squares by ``np.dot``, the serial pass by
+    NumPy's sum of products). 420 MB of float64: 0.090 -> 0.058 s (``clip --mode global-norm`` 0.36 ->
+    0.34 s). Empty on one core and for dumps under the statistics path's PARALLEL_MIN_BYTES."""
+    infos = [i for i in map(reader.info, names) if i.dtype == np.float64]  # (native: ">f8" is not float64)
+    accs = _norms_in_pieces(reader, infos, 2.0, False)
+    if on_tensor and accs:
+        on_tensor(len(accs))
+    return {name: acc.result() for name, (acc, _) in accs.items()}
+
+
+def _norms_in_pieces(reader: DumpReader, infos: list[TensorInfo], p: float,
+                     zero: bool) -> dict[str, tuple[NormAccumulator, bool]]:
+    """(the :class:`NormAccumulator` :func:`_norm_accumulator` makes of it, whether NaN or ±inf were zeroed)
+    by name, for the tensors of ``infos`` whose bytes lie at a file offset, on two cores: each tensor cut
+    into pieces of FLOAT64_PIECE_CHUNKS whole STREAM_CHUNK chunks, each piece read as one window (a memory
+    map, or a ``pread`` into the thread's buffer where unaligned; bfloat16 as its bits) and its chunks fed
+    (``zero``: NaN and ±inf zeroed first, in a copy) to an accumulator of the piece, the pieces'
+    accumulators merged: the chunks :func:`_norm_accumulator` feeds one accumulator, so the same parts,
+    summed by fsum (in any order: the same bits). Empty on one core and for dumps under the statistics
+    path's PARALLEL_MIN_BYTES (thread start-up costs more than a core gains)."""
     import os
     import threading
 
@@ -400,37 +425,99 @@ def _float64_norms_in_parallel(reader: DumpReader, names: list[str],
     if _in_pool():  # (a task of the pool must not wait on it)
         return {}
     tensors = []
-    for info in map(reader.info, names):
-        if info.dtype == np.float64 and not info.fortran and info.size:  # (native: ">f8" is not float64)
+    for info in infos:
+        if not info.fortran and info.size:
             location = reader.raw_location(info)
             if location is not None:
-                tensors.append((info, location))
-    if (os.cpu_count() or 1) < 2 or sum(i.size * 8 for i, _ in tensors) < PARALLEL_MIN_BYTES:
+                tensors.append((info, location, bits_view(info)))
+    if (os.cpu_count() or 1) < 2 or sum(i.nbytes for i, _, _ in tensors) < PARALLEL_MIN_BYTES:
         return {}
     step = FLOAT64_PIECE_CHUNKS * STREAM_CHUNK
-    pieces = [(k, start, min(start + step, info.size)) for k, (info, _) in enumerate(tensors)
+    pieces = [(k, start, min(start + step, info.size)) for k, (info, _, _) in enumerate(tensors)
               for start in range(0, info.size, step)]
     local = threading.local()
 
-    def piece_norm(piece: tuple[int, int, int]) -> NormAccumulator:
+    def piece_norm(piece: tuple[int, int, int]) -> tuple[NormAccumulator, bool]:
         k, start, stop = piece
-        info, location = tensors[k]
+        info, location, bits = tensors[k]
         buffer = getattr(local, "buffer", None)
         if buffer is None:
             buffer = local.buffer = PhasedBuffer()
-        acc = NormAccumulator(2.0)
-        for window in reader.range_window(location, info, start, stop, buffer):
+        acc, zeroed = NormAccumulator(p), False
+        for window in reader.range_window(location, info, start, stop, buffer, view_as=bits):
             for a in range(0, stop - start, STREAM_CHUNK):
-                acc.update(window[a:a + STREAM_CHUNK])
-            del window
-        return acc
+                c = window[a:a + STREAM_CHUNK]
+                if zero:
+                    c, found = _zeroed(c, bits)
+                    zeroed |= found
+                if bits is None:
+                    acc.update(c)
+                else:
+                    acc.update_bfloat16_bits(c)
+            del window, c
+        return acc, zeroed
 
-    accs = [NormAccumulator(2.0) for _ in tensors]
-    for (k, _, _), acc in zip(pieces, _pool().map(piece_norm, pieces)):
-        accs[k].merge(acc)
-    if on_tensor:
-        on_tensor(len(tensors))
-    return {info.name: acc.result() for (info, _), acc in zip(tensors, accs)}
+    accs = [(NormAccumulator(p), False) for _ in tensors]
+    for (k, _, _), (acc, zeroed) in zip(pieces, _pool().map(piece_norm, pieces)):
+        accs[k][0].merge(acc)
+        accs[k] = accs[k][0], accs[k][1] or zeroed
+    return {info.name: got for (info, _, _), got in zip(tensors, accs)}
+
+
+def _zeroed(c: np.ndarray, bits: np.dtype | None) -> tuple[np.ndarray, bool]:
+    """(``c`` with its NaN and ±inf set to +0.0, in a new array, or ``c`` itself when it holds none; whether
+    it held any), for a chunk of bfloat16 bits too (``bits``: see :func:`~.io.base.bits_view`)."""
+    if bits is None:
+        z = clipping.zero_nonfinite(c, xp=np)
+        return z, z is not c
+    if not ((c & 0x7F80) == 0x7F80).any():
+        return c, False
+    z = c.copy()
+    clipping.zero_nonfinite_in_place(z, bfloat16_bits=True)
+    return z, True
+
+
+def _zeroed_norms(reader: DumpReader, names: list[str], p: float,
+                  on_tensor: Callable[[int], None] | None) -> tuple[dict[str, float], set[str]]:
+    """Pass 1 under the "zero" policy: (each tensor's norm after its NaN and ±inf are zeroed, the tensors
+    that held any). A tensor without them is left as it is by zeroing, so the caller clips it as a finite
+    tensor (in runs, in place, copied whole); before, a zeroed copy of each chunk took every tensor
+    through NumPy (the float16 GPT-2 set's ``clip --nonfinite zero`` 0.60 s against 0.36 s, bfloat16's
+    1.13 s: ml_dtypes imported). One read of each: tensors of several chunks at a file offset on two
+    cores (:func:`_norms_in_pieces`); small float32, float16 and bfloat16 ones many to a kernel call
+    (:func:`~.summarize.batch_stats`, whose summary decides only a tensor without NaN/±inf: the others
+    are read again); the rest chunk by chunk (:func:`_norm_accumulator`). The same norms as that serial
+    pass."""
+    from .summarize import batch_stats, small_tensor_batches
+
+    infos = list(map(reader.info, names))
+    found: dict[str, float] = {}
+    holding: set[str] = set()
+    for name, (acc, zeroed) in _norms_in_pieces(reader, [i for i in infos if i.size > STREAM_CHUNK
+                                                         and (i.dtype in (np.float32, np.float64, np.float16)
+                                                              or bits_view(i) is not None)], p, True).items():
+        found[name] = acc.result()
+        if zeroed:
+            holding.add(name)
+    rest = [i for i in infos if i.name not in found]
+    for batch in small_tensor_batches(reader, rest, p):
+        for k, s in batch_stats(reader, batch, p).items():
+            if s is not None and math.isfinite(s.norm) and not s.nonfinite_count:
+                found[rest[k].name] = s.norm
+    if on_tensor and found:
+        on_tensor(len(found))
+    norms = {}
+    for info in infos:
+        if info.name in found:
+            norms[info.name] = found[info.name]
+            continue
+        zeroed: list[int] = []
+        norms[info.name] = _norm_accumulator(reader, info, p, "zero", zeroed).result()
+        if sum(zeroed):
+            holding.add(info.name)
+        if on_tensor:
+            on_tensor(1)
+    return norms, holding
 
 
 def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp: ModuleType | None) -> float:
@@ -441,22 +528,30 @@ def _norm_of(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str, xp:
     return _norm_accumulator(reader, info, p, nonfinite).result()
 
 
-def _norm_accumulator(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str) -> NormAccumulator:
-    """The tensor's chunks, read one by one (NaN/Inf zeroed first under the "zero" policy), in a
+def _norm_accumulator(reader: DumpReader, info: TensorInfo, p: float, nonfinite: str,
+                      zeroed: list[int] | None = None) -> NormAccumulator:
+    """The tensor's chunks, read one by one (NaN/Inf zeroed first under the "zero" policy, a chunk without
+    them as it is; how many, or whether any, appended to ``zeroed`` a chunk), in a
     :class:`NormAccumulator`. STREAM_CHUNK chunks, as the statistics path and pass B cut the tensor: a
     chunk's Σx² is rounded once, so other cuts could differ from their norms in the last bit. A bfloat16
-    tensor taken as its bits (:func:`_bits_of`) is measured by its float32 values, chunk by chunk."""
+    tensor taken as its bits (:func:`~.io.base.bits_view`) is measured by
+    :meth:`NormAccumulator.update_bfloat16_bits`, chunk by chunk."""
     acc = NormAccumulator(p)
-    bits = bits_view(info) if nonfinite != "zero" else None
+    found = [] if zeroed is None else zeroed
+    bits = bits_view(info)
     location = reader.raw_location(info) if bits is not None else None
     if location is not None:
         work = PhasedBuffer().get(min(info.size, STREAM_CHUNK) * info.dtype.itemsize,
                                   buffer_phase(reads=[location[1]]))
         for c in reader.chunks_into(location, info, work, STREAM_CHUNK, bits):
-            acc.update(bfloat16_bits_as_float32(c))
+            if nonfinite == "zero":
+                found.append(clipping.zero_nonfinite_in_place(c, bfloat16_bits=True))
+            acc.update_bfloat16_bits(c)
         return acc
     for c in reader.iter_chunks(info, STREAM_CHUNK):
-        acc.update(_prepare(c, nonfinite, None))
+        x = _prepare(c, nonfinite, None)
+        found.append(x is not c)
+        acc.update(x)
     return acc
 
 
@@ -503,6 +598,10 @@ def _clip_streamed(reader: DumpReader, writer: DumpWriter | None, info: TensorIn
     def clipped_chunks() -> Any:
         nonlocal changed
         where = getattr(writer, "data_offset", None)  # known once the writer asks for the first chunk
+        if policy == "zero" and (how := _in_place_op(info, lo, scale, fused, clip_values)) is not None \
+                and (location := reader.raw_location(info)) is not None:
+            changed += yield from _zeroed_in_place(reader, info, location, where, how, acc, buffer)
+            return
         location = reader.raw_location(info) if fused is not None and policy != "zero" else None
         if location is not None:  # float32 at a file offset, to be scaled: see _scaled_in_place
             changed += yield from _scaled_in_place(reader, info, location, where, scale, fused, acc, buffer,
@@ -1068,6 +1167,57 @@ def _clipped_bits_in_place(reader: DumpReader, info: TensorInfo, location: tuple
             raise NonFiniteError(f"tensor {info.name!r} holds NaN/Inf", [info.name])
         acc.update_bfloat16_bits(chunk)
         changed += n_changed
+        yield chunk
+    return changed
+
+
+def _in_place_op(info: TensorInfo, lo: Any, scale: float, fused: Callable[..., tuple[float, int]] | None,
+                 clip_values: Callable[[np.ndarray, np.ndarray], tuple[int, int]] | None) -> Any:
+    """What :func:`_zeroed_in_place` does to a tensor's zeroed chunks in place: (``chunk -> (Σx² of the
+    result as the kernel took it, or None to measure it again; elements changed)``, or None to leave
+    them as they are (a scale of 1); whether it changes a zero: a clip by value to bounds without 0, in
+    the tensor's dtype); None where no kernel does it (the caller takes NumPy's steps): a dtype of its
+    own, a scale below float32's normal range, bounds of another type, no kernel."""
+    bits = bits_view(info)
+    if info.dtype not in (np.float32, np.float64, np.float16) and bits is None:
+        return None
+    if lo is not None:
+        if clip_values is None:
+            return None
+        zero = np.zeros(1, info.dtype if bits is None else bits)
+        return (lambda chunk: (None, clip_values(chunk, chunk)[0])), clip_values(zero, zero)[0] > 0
+    if scale == 1.0:
+        return None, False
+    if fused is None or math.isnan(scale):
+        return None
+    return (lambda chunk: fused(chunk, scale, chunk)), False  # (0 · a finite scale is 0)
+
+
+def _zeroed_in_place(reader: DumpReader, info: TensorInfo, location: tuple[int, int], where: int | None,
+                     how: tuple[Callable[[np.ndarray], tuple[Any, int]] | None, bool], acc: NormAccumulator,
+                     buffer: PhasedBuffer | None) -> Generator[np.ndarray, None, int]:
+    """A tensor at ``location`` of the input that holds NaN or ±inf, under the "zero" policy: each chunk
+    read into a buffer placed for both offsets (bfloat16 as its bits: :func:`~.io.base.bits_view`), its
+    NaN and ±inf set to +0.0 there (:func:`~.core.clipping.zero_nonfinite_in_place`), then scaled or
+    clipped by value in place (``how``: :func:`_in_place_op`), measured and yielded to be written out of
+    it: the kernels' arithmetic on the zeroed chunks of the NumPy path, without a zeroed copy of each (nor
+    ml_dtypes for bfloat16). Returns the elements changed: those zeroed, and those changed after; a
+    zeroed element that the clip moves too (bounds without 0) counted once."""
+    op, zero_moves = how
+    bits = bits_view(info)
+    phase = buffer_phase(reads=[location[1]], writes=[] if where is None else [where])
+    work = (buffer or PhasedBuffer()).get(min(info.size, STREAM_CHUNK) * info.dtype.itemsize, phase)
+    changed = 0
+    for chunk in reader.chunks_into(location, info, work, STREAM_CHUNK, bits):
+        zeroed = clipping.zero_nonfinite_in_place(chunk, bfloat16_bits=bits is not None)
+        sum_sq, n_changed = (None, 0) if op is None else op(chunk)  # (the kernels read each element first)
+        if sum_sq is not None:
+            _update_sum_sq(acc, sum_sq, chunk, bits)
+        elif bits is not None:
+            acc.update_bfloat16_bits(chunk)
+        else:
+            acc.update(chunk)
+        changed += n_changed + (0 if zero_moves else zeroed)
         yield chunk
     return changed
 

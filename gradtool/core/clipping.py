@@ -80,6 +80,17 @@ def zero_nonfinite(x: Any, /, *, xp: ModuleType | None = None) -> Any:
     return xp.where(xp.isfinite(x), x, xp.zeros_like(x))
 
 
+def zero_nonfinite_in_place(x: np.ndarray, *, bfloat16_bits: bool = False) -> int:
+    """In place: the NaN and ±inf of NumPy float array ``x`` set to +0.0, as :func:`zero_nonfinite` replaces
+    them; with ``bfloat16_bits``, of bfloat16 values held as their bits (uint16: exponent all ones, ``x &
+    0x7F80 == 0x7F80``; without ml_dtypes), set to +0.0's (0). Returns how many."""
+    mask = (x & 0x7F80) == 0x7F80 if bfloat16_bits else ~np.isfinite(x)
+    n = int(np.count_nonzero(mask))
+    if n:
+        x[mask] = 0
+    return n
+
+
 def _apply_policy(t: Any, nonfinite: str, xp: ModuleType, label: Any = 0) -> Any:
     if nonfinite == "propagate":
         return t

@@ -261,15 +261,14 @@ def test_clip_with_fused_scale_kernel_equals_numpy_steps(tmp_path, monkeypatch, 
     # but not by a NaN scale (the global norm of "big"'s NaN under propagate): NumPy's product then
     nan_scale = mode == "global-norm" and nonfinite == "propagate"
     assert real64 is None or (bool(wide) == (bool(calls) and not nan_scale) and (not wide or max(wide) > 5000))
-    # in place (source and output the same buffer), read at the tensors' file offsets; under "zero" the
-    # chunks are zeroed first, from the memory map into a second buffer
-    if nonfinite == "zero":
-        assert not in_place and not any(calls)
-    else:
-        assert all(calls) and bool(in_place) == bool(calls)
-        # short chunks too (the 100-element tensor, the 1000-element rest of "tail"): the kernel sums them
-        # in float64, as the NumPy steps do
-        assert not calls or sorted(n for n in lengths if n < 4096) == [100, 1000]
+    # in place (source and output the same buffer), read at the tensors' file offsets; under "zero" too:
+    # "big"'s NaN and inf zeroed there first, scaled or not (clip_dump._zeroed_in_place), the others
+    # holding none, so left as they are by zeroing
+    assert all(calls)
+    assert "big" in in_place if nonfinite == "zero" else bool(in_place) == bool(calls)
+    # short chunks too (the 100-element tensor, the 1000-element rest of "tail"): the kernel sums them
+    # in float64, as the NumPy steps do
+    assert not calls or sorted(n for n in lengths if n < 4096) == [100, 1000]
     if mode == "global-norm" and max_ == 1.0 and nonfinite == "zero":
         assert rep_a[0][3] and rep_a[0][4] > 200_000  # the big tensor really was scaled
 
@@ -863,7 +862,7 @@ def _check_parallel_pass_bits(tmp_path_factory, dtype, sizes, scale, special, se
         if float64_piece_chunks is not None:
             mp.setattr(clip_module, "FLOAT64_PIECE_CHUNKS", float64_piece_chunks)
         with open_dump(src) as r:
-            fast = clip_module._norms_in_parallel(r, list(tensors), 2.0, "propagate", None, None)
+            fast = clip_module._norms_in_parallel(r, list(tensors), 2.0, None, None)
             serial = {i.name: clip_module._norm_of(r, i, 2.0, "propagate", None) for i in r.tensors}
     if seed % 2 and (os.cpu_count() or 1) >= 2:
         assert set(fast) == set(tensors)  # every tensor went that way
@@ -894,7 +893,7 @@ def test_float32_norms_of_the_parallel_pass_at_the_ends_of_the_range(tmp_path, m
     with open_dump(src) as r:
         if (os.cpu_count() or 1) < 2:
             pytest.skip("one core: pass 1 is the serial one")
-        fast = clip_module._norms_in_parallel(r, ["a"], 2.0, "propagate", None, None)["a"]
+        fast = clip_module._norms_in_parallel(r, ["a"], 2.0, None, None)["a"]
         serial = clip_module._norm_of(r, r.info("a"), 2.0, "propagate", None)
     assert struct.pack("<d", fast) == struct.pack("<d", serial)
 

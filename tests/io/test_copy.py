@@ -183,7 +183,8 @@ def test_clip_with_copies_equals_clip_streamed(tmp_path_factory, tensors, meta, 
 @pytest.mark.parametrize("nonfinite", ["zero", "propagate"])
 def test_nan_and_fortran_order_are_never_copied_as_they_are(tmp_path, monkeypatch, nonfinite):
     """Under "zero" a NaN is zeroed even where nothing is scaled (the norm before is taken after zeroing,
-    so it looks finite): nothing selected is copied. A Fortran-ordered member is rewritten in C order."""
+    so it looks finite): a tensor that held one is not copied; one that held none is, under every policy.
+    A Fortran-ordered member is rewritten in C order."""
     a = np.arange(12, dtype=np.float32)
     a[3] = np.nan
     tensors = {"nan": a, "fortran": np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4)),
@@ -194,8 +195,8 @@ def test_nan_and_fortran_order_are_never_copied_as_they_are(tmp_path, monkeypatc
         spec = ClipSpec("norm", max=1e30, nonfinite=nonfinite, exclude=exclude)
         with_copies, streamed, made = _clip_both_ways(src, str(tmp_path), spec, monkeypatch)
         assert with_copies == streamed
-        # under "zero" all are streamed; else "plain" is copied (a NaN norm scales its tensor by NaN, as TF)
-        assert made == (0 if nonfinite == "zero" else 1)
+        # "plain" is copied ("nan" is zeroed under "zero", and scaled by its NaN norm under propagate, as TF)
+        assert made == 1
     out = with_copies[2]
     assert np.frombuffer(out["fortran"][-1], np.float32).tolist() == list(range(12))  # C order
     assert np.isnan(np.frombuffer(out["nan"][-1], np.float32)[3]) == (nonfinite == "propagate")

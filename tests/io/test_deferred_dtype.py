@@ -150,15 +150,17 @@ def test_stats_of_bfloat16_and_float8_read_by_the_kernel_does_not_import_ml_dtyp
     (["--mode", "value", "--max", "0.5", "--nonfinite", "propagate"], True),
     (["--mode", "value", "--max", "1.00390625000000009", "--min", "-1e-3"], True),  # (bounds by bits)
     (["--mode", "value", "--max", "1e30"], True),
-    (["--mode", "global-norm", "--max", "1", "--nonfinite", "zero"], False)])  # (NaN zeroed by NumPy)
+    (["--mode", "global-norm", "--max", "1", "--nonfinite", "zero"], True),  # (NaN zeroed as bits)
+    (["--mode", "norm", "--max", "0.5", "--nonfinite", "zero"], True),
+    (["--mode", "value", "--max", "0.5", "--min", "0.25", "--nonfinite", "zero"], True)])  # (zero moves)
 def test_clip_of_bfloat16_scaled_by_the_kernel_does_not_import_ml_dtypes(tmp_path, mode, deferred):
     """``clip`` by a norm or by value of bfloat16 tensors the compiled kernel scales or clips takes their
     chunks as their bits (uint16): the same output bytes and report as with ml_dtypes imported first,
     without importing it, for tensors of several chunks (changed on the worker thread), small ones back to
     back (clipped in runs), zeros and subnormal values (measured by their float32 values:
     clip_dump._update_sum_sq), bounds next to a midpoint of two bfloat16 values and past their range. The
-    writer's header comes from the deferred dtype's name. Other policies import it, with the same
-    results."""
+    writer's header comes from the deferred dtype's name. Under "zero", a tensor holding NaN and ±inf has
+    them zeroed as bits too (in place, before it is scaled or clipped), with the same results."""
     from gradtool import save_dump
     from gradtool.core import kernels
 
