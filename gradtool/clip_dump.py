@@ -920,20 +920,21 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
     before = norms_before[name] if name in norms_before else _norm_of(reader, info, 2.0, policy, None)
     kind, width = layout
     block = max(1, STREAM_CHUNK // width) * width
-    norms = (_row_norms if kind == "rows" else _column_norms)(reader, info, width, block, policy, np_xp)
+    blocks, bits = _slice_blocks(reader, info, block, policy, kind)
+    norms = (_row_norms if kind == "rows" else _column_norms)(blocks, info, width, policy, np_xp, bits)
     clipped, scale = clipping.slice_clip_scales(norms, float(threshold), np_xp)
     if info.dtype == np.float32 and clipping._subnormal_in_float32(scale, np_xp):
         return None
     if not clipped.any() and policy != "zero" and _copied(reader, writer, info):
         return TensorClip(name, before, before, False, 0, threshold)
-    after = NormOfPieces(info.dtype, STREAM_CHUNK)
+    after = NormOfPieces(info.dtype if bits is None else bits, STREAM_CHUNK, bfloat16_bits=bits is not None)
     changed = 0
     kernel_scaled = _slice_scaler(info, kind == "rows")
 
     def clipped_blocks() -> Iterator[np.ndarray]:
         nonlocal changed
         done = 0
-        for chunk in reader.iter_chunks_ahead(info, block):
+        for chunk in blocks(True):
             src = _prepare(chunk, policy, np_xp)
             n = src.shape[0] // width
             out, counted = src, None
@@ -961,6 +962,30 @@ def _clip_slices(reader: DumpReader, writer: DumpWriter | None, info: TensorInfo
 
     _write_or_drain(writer, info, clipped_blocks())
     return TensorClip(name, before, after.result(), changed > 0, changed, threshold)
+
+
+def _slice_blocks(reader: DumpReader, info: TensorInfo, block: int, policy: str,
+                  kind: str) -> tuple[Callable[[bool], Iterator[np.ndarray]], np.dtype | None]:
+    """(``blocks(ahead)``: the tensor's blocks of ``block`` elements for a pass of :func:`_clip_slices`,
+    read ahead on a worker where that pays; the dtype they come in when it is not the tensor's). A
+    bfloat16 tensor at a file offset comes as its bits (:func:`~.io.base.bits_view`: ml_dtypes, ~0.5 s to
+    import in 0.7, is not needed) where the kernels take them: its slices' norms (rows widened to float32
+    by their bits, exactly; columns summed by ``column_sumsq``) and their scaling (``half_scale_slices``);
+    not under "zero", which zeroes a copy of each block and compares it with the block."""
+    from .core import kernels
+
+    bits = bits_view(info) if policy != "zero" and kernels.compiled_half_scale_slices is not None and (
+        kind == "rows" or kernels.compiled_column_sumsq is not None) else None
+    location = reader.raw_location(info) if bits is not None else None
+    if location is None:
+        return (lambda ahead: (reader.iter_chunks_ahead if ahead else reader.iter_chunks)(info, block)), None
+    buffer = PhasedBuffer()
+
+    def blocks(ahead: bool) -> Iterator[np.ndarray]:
+        work = buffer.get(min(info.size, block) * info.dtype.itemsize, buffer_phase(reads=[location[1]]))
+        return reader.chunks_into(location, info, work, block, bits)
+
+    return blocks, bits
 
 
 def _slice_scaler(info: TensorInfo, by_row: bool) -> Callable[..., tuple[np.ndarray, int]] | None:
@@ -996,16 +1021,17 @@ def _slice_scaler(info: TensorInfo, by_row: bool) -> Callable[..., tuple[np.ndar
     return scaled
 
 
-def _norm_rows(info: TensorInfo, width: int) -> tuple[int, np.ndarray | None]:
+def _norm_rows(info: TensorInfo, width: int, bits: bool = False) -> tuple[int, np.ndarray | None]:
     """(rows of ``width`` elements a NumPy call in the slice norms' pass A, the reused float64 buffer of
-    that many rows that float16 and float32 rows are widened into, or None for other dtypes)."""
-    widened = info.dtype in (np.float16, np.float32)
+    that many rows that float16, float32 and bfloat16 rows taken as their bits (``bits``) are widened
+    into, or None for other dtypes)."""
+    widened = bits or info.dtype in (np.float16, np.float32)
     step = max(1, (NORM_ROWS_WIDENED if widened else NORM_ROWS_ELEMENTS) // width)
     return step, np.empty((step, width)) if widened else None
 
 
-def _row_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, policy: str,
-               np_xp: ModuleType) -> np.ndarray:
+def _row_norms(blocks: Callable[[bool], Iterator[np.ndarray]], info: TensorInfo, width: int, policy: str,
+               np_xp: ModuleType, bits: np.dtype | None = None) -> np.ndarray:
     """Pass A of :func:`_clip_slices` for rows: each row's L2 norm by ``slice_l2_norms``, a few rows at a
     time (their float64 copies stay in cache); float16 and float32 rows widened into one reused float64
     buffer and squared there, as ``slice_l2_norms`` squares its copy (each row's sum is the same pairwise
@@ -1015,8 +1041,8 @@ def _row_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, pol
 
     norms = np.empty(info.size // width)
     done = 0
-    step, scratch = _norm_rows(info, width)
-    for chunk in reader.iter_chunks(info, block):
+    step, scratch = _norm_rows(info, width, bits is not None)
+    for chunk in blocks(False):
         x = _prepare(chunk, policy, np_xp)
         n = x.shape[0] // width
         rows = x.reshape(n, width)
@@ -1024,19 +1050,19 @@ def _row_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, pol
             part = rows[i: i + step]
             if scratch is not None:
                 sq = scratch[: part.shape[0]]
-                np.copyto(sq, part)
+                np.copyto(sq, part if bits is None else bfloat16_bits_as_float32(part))
                 sq *= sq
                 got = np.sqrt(np.sum(sq, axis=1))
             else:
                 got = slice_l2_norms(part, (1,), np_xp).reshape(-1)
             norms[done + i: done + i + got.shape[0]] = got
-        _refuse_nonfinite(policy, norms[done: done + n], x, info.name, np_xp)
+        _refuse_nonfinite(policy, norms[done: done + n], x, info.name, np_xp, bits)
         done += n
     return norms
 
 
-def _column_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, policy: str,
-                  np_xp: ModuleType) -> np.ndarray:
+def _column_norms(blocks: Callable[[bool], Iterator[np.ndarray]], info: TensorInfo, width: int, policy: str,
+                  np_xp: ModuleType, bits: np.dtype | None = None) -> np.ndarray:
     """Pass A of :func:`_clip_slices` for columns: ``slice_l2_norms`` over the leading axes, streamed.
     NumPy sums a reduction over leading axes row after row into one accumulator (a sum over the single
     contiguous axis, which it pairs, never comes here: width >= 2), so the squares of each few rows are
@@ -1048,7 +1074,7 @@ def _column_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, 
     safe = None
     if f64:
         peak = None
-        for chunk in reader.iter_chunks(info, block):
+        for chunk in blocks(False):
             x = _prepare(chunk, policy, np_xp)
             m = np.max(np.abs(x.reshape(-1, width)), axis=0)
             peak = m if peak is None else np.maximum(peak, m)
@@ -1058,10 +1084,10 @@ def _column_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, 
     kind = kernel_kind(info.dtype)
     if kind is not None and kernels.compiled_column_sumsq is not None:  # the same sums in the kernel
         sums = np.zeros(width)
-        for chunk in reader.iter_chunks(info, block):
+        for chunk in blocks(False):
             x = np.ascontiguousarray(_prepare(chunk, policy, np_xp))
             kernels.compiled_column_sumsq(x if kind == -1 else x.view(np.uint16), sums, kind)
-            _refuse_nonfinite(policy, sums, x, info.name, np_xp)
+            _refuse_nonfinite(policy, sums, x, info.name, np_xp, bits)
         return np.sqrt(sums)
     acc = None
     # float16/float32 widened into one reused float64 buffer and squared there (the same products: both
@@ -1069,7 +1095,7 @@ def _column_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, 
     # each 2^13 elements made a new array (np.multiply(..., dtype=float64) widened through NumPy's
     # buffered casts: 59 ms)
     step, scratch = _norm_rows(info, width)
-    for chunk in reader.iter_chunks(info, block):
+    for chunk in blocks(False):
         x = _prepare(chunk, policy, np_xp)
         rows = x.reshape(-1, width)
         for i in range(0, rows.shape[0], step):
@@ -1088,10 +1114,12 @@ def _column_norms(reader: DumpReader, info: TensorInfo, width: int, block: int, 
     return safe * np.sqrt(acc) if f64 else np.sqrt(acc)
 
 
-def _refuse_nonfinite(policy: str, norms: np.ndarray, x: np.ndarray, name: str, np_xp: ModuleType) -> None:
+def _refuse_nonfinite(policy: str, norms: np.ndarray, x: np.ndarray, name: str, np_xp: ModuleType,
+                      bits: np.dtype | None = None) -> None:
     """Under the "error" policy, NonFiniteError when ``x`` holds NaN/Inf (as ``clip_by_norm`` refuses such a
-    tensor); looked for only where a norm is not finite."""
-    if policy == "error" and not np.isfinite(norms).all() and clipping.has_nonfinite(x, xp=np_xp):
+    tensor); looked for only where a norm is not finite. ``bits``: ``x`` holds bfloat16 bits."""
+    if policy == "error" and not np.isfinite(norms).all() and (
+            clipping.has_nonfinite(x, xp=np_xp) if bits is None else bool(((x & 0x7F80) == 0x7F80).any())):
         raise NonFiniteError(f"tensor {name!r} holds NaN/Inf", [name])
 
 

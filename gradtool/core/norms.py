@@ -291,19 +291,21 @@ class NormOfPieces:
     ``chunk``-element boundaries), bit for bit :func:`tensor_norm` of the whole: the elements are
     accumulated over the same ``chunk``-element chunks (a chunk's Σx² is rounded once, so another cut could
     move the last bit). Whole chunks inside a piece are taken in place; a chunk split between pieces is
-    gathered in a buffer of ``chunk`` elements."""
+    gathered in a buffer of ``chunk`` elements. ``bfloat16_bits``: the pieces are bfloat16 values' bits
+    (uint16, ``dtype``), measured by :meth:`NormAccumulator.update_bfloat16_bits`."""
 
-    def __init__(self, dtype: Any, chunk: int = CHUNK_ELEMENTS):
+    def __init__(self, dtype: Any, chunk: int = CHUNK_ELEMENTS, *, bfloat16_bits: bool = False):
         self._acc = NormAccumulator(2.0)
         self._chunk = chunk
         self._buf = np.empty(chunk, np.dtype(dtype).newbyteorder("="))
         self._held = 0
+        self._update = self._acc.update_bfloat16_bits if bfloat16_bits else self._acc.update
 
     def add(self, piece: np.ndarray) -> None:
         flat, chunk = piece.reshape(-1), self._chunk
         while flat.shape[0]:
             if self._held == 0 and flat.shape[0] >= chunk:
-                self._acc.update(flat[:chunk])
+                self._update(flat[:chunk])
                 flat = flat[chunk:]
                 continue
             k = min(chunk - self._held, flat.shape[0])
@@ -311,12 +313,12 @@ class NormOfPieces:
             self._held += k
             flat = flat[k:]
             if self._held == chunk:
-                self._acc.update(self._buf)
+                self._update(self._buf)
                 self._held = 0
 
     def result(self) -> float:
         if self._held:
-            self._acc.update(self._buf[: self._held])
+            self._update(self._buf[: self._held])
             self._held = 0
         return self._acc.result()
 

@@ -15,6 +15,7 @@ import gradtool.clip_dump as clip_module
 from gradtool import open_dump, save_dump
 from gradtool.clip_dump import ClipSpec, clip_dump
 from gradtool.errors import NonFiniteError
+from gradtool.io.base import DeferredDtype
 from gradtool.io.dump import make_writer
 
 EXT = {"npz": "npz", "safetensors": "safetensors", "hdf5": "h5"}
@@ -183,10 +184,19 @@ def test_column_norms_by_the_kernel_are_numpys(tmp_path, monkeypatch, dtype):
     calls = []
     real = kernels.compiled_column_sumsq
     monkeypatch.setattr(kernels, "compiled_column_sumsq", lambda *a: calls.append(1) or real(*a))
-    with open_dump(src) as r:
+    def column_norms(r, deferred=False):
         info = r.info("w")
-        by_kernel = clip_module._column_norms(r, info, 301, 301 * 97, "propagate", np)
+        if deferred:  # (as the reader gives it when ml_dtypes is not imported: see io.base.DeferredDtype)
+            info = dataclasses.replace(info, dtype=DeferredDtype("bfloat16", 2))
+        blocks, bits = clip_module._slice_blocks(r, info, 301 * 97, "propagate", "columns")
+        assert (bits is not None) == deferred
+        return clip_module._column_norms(blocks, info, 301, "propagate", np, bits)
+
+    with open_dump(src) as r:
+        by_kernel = column_norms(r)
+        as_bits = column_norms(r, True) if dtype == ml_dtypes.bfloat16 else by_kernel  # (bits, in the kernel)
         with kernels.disabled():
-            by_numpy = clip_module._column_norms(r, info, 301, 301 * 97, "propagate", np)
-    assert len(calls) == -(-2000 // 97) and by_kernel.tobytes() == by_numpy.tobytes()
+            by_numpy = column_norms(r)
+    assert len(calls) == -(-2000 // 97) * (2 if dtype == ml_dtypes.bfloat16 else 1)
+    assert by_kernel.tobytes() == by_numpy.tobytes() == as_bits.tobytes()
     assert np.isnan(by_kernel[3]) and np.isinf(by_kernel[300]) and np.isfinite(by_kernel[:3]).all()

@@ -152,7 +152,11 @@ def test_stats_of_bfloat16_and_float8_read_by_the_kernel_does_not_import_ml_dtyp
     (["--mode", "value", "--max", "1e30"], True),
     (["--mode", "global-norm", "--max", "1", "--nonfinite", "zero"], True),  # (NaN zeroed as bits)
     (["--mode", "norm", "--max", "0.5", "--nonfinite", "zero"], True),
-    (["--mode", "value", "--max", "0.5", "--min", "0.25", "--nonfinite", "zero"], True)])  # (zero moves)
+    (["--mode", "value", "--max", "0.5", "--min", "0.25", "--nonfinite", "zero"], True),  # (zero moves)
+    (["--mode", "norm", "--max", "0.5", "--axes", "-1"], True),  # (by slices, as bits)
+    (["--mode", "norm", "--max", "0.5", "--axes", "0"], True),
+    (["--mode", "norm", "--max", "0.5", "--axes", "-1", "--nonfinite", "propagate"], True),
+    (["--mode", "norm", "--max", "0.5", "--axes", "0", "--nonfinite", "propagate"], True)])
 def test_clip_of_bfloat16_scaled_by_the_kernel_does_not_import_ml_dtypes(tmp_path, mode, deferred):
     """``clip`` by a norm or by value of bfloat16 tensors the compiled kernel scales or clips takes their
     chunks as their bits (uint16): the same output bytes and report as with ml_dtypes imported first,
@@ -172,6 +176,11 @@ def test_clip_of_bfloat16_scaled_by_the_kernel_does_not_import_ml_dtypes(tmp_pat
                "zeros": np.zeros(5000, ml_dtypes.bfloat16), "tiny": tiny.view(ml_dtypes.bfloat16),
                "negative_zeros": np.full(70_000, -0.0, np.float32).astype(ml_dtypes.bfloat16),
                "f32": np.ones(10, np.float32)}
+    if "--axes" in mode:  # slices across the 2^18-element chunks: rows of 300,000, blocks of 131,072 rows
+        tensors["rows"] = (rng.standard_normal((3, 300_000)) * 1e-3).astype(ml_dtypes.bfloat16)
+        tensors["columns"] = (rng.standard_normal((150_001, 2)) * [1e-3, 1]).astype(ml_dtypes.bfloat16)
+    if "--axes" in mode and "--nonfinite" in mode:  # a NaN row and an infinite column, in their last chunks
+        tensors["rows"][1, 299_999], tensors["columns"][150_000, 1] = np.nan, np.inf
     if "--nonfinite" in mode:
         tensors["nan"] = np.array([1.0, np.nan, -np.inf, 2.0], np.float32).astype(ml_dtypes.bfloat16)
     path = str(tmp_path / "d.safetensors")
@@ -274,3 +283,25 @@ def test_one_deferred_dtype_a_code_shared_by_its_tensors(monkeypatch):
     got = {code: safetensors.dtype_of(code) for code in CODES}
     assert all(type(d) is DeferredDtype and d.name == ML_DTYPES[c] for c, d in got.items())
     assert all(safetensors.dtype_of(code) is got[code] for code in CODES)
+
+
+@pytest.mark.parametrize("axes", ["-1", "0"])
+def test_nan_in_bfloat16_slices_taken_as_bits_is_refused_as_before(tmp_path, axes):
+    """``clip --mode norm --axes`` of bfloat16 slices taken as their bits, under the "error" policy: a NaN
+    (here in the last chunk of a row, in the second column) is refused with the error and exit code of
+    the values' path (ml_dtypes imported first), and nothing is written."""
+    from gradtool import save_dump
+
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((3, 300_000)) if axes == "-1" else rng.standard_normal((150_001, 2))) * 1e-3
+    w.reshape(-1)[-2] = np.nan
+    path, out = str(tmp_path / "d.safetensors"), str(tmp_path / "out.safetensors")
+    save_dump(path, {"w": w.astype(ml_dtypes.bfloat16), "b": np.ones(10, ml_dtypes.bfloat16)})
+    got = []
+    for first in ("", "import ml_dtypes; "):
+        code = first + "import sys; from gradtool.cli.main import main; main(sys.argv[1:])"
+        r = subprocess.run([sys.executable, "-c", code, "clip", path, "-o", out, "--mode", "norm", "--max", "1",
+                            "--axes", axes], cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+        got.append((r.returncode, r.stderr))
+        assert not os.path.exists(out)
+    assert got[0] == got[1] and got[0][0] != 0 and "NaN/Inf in w" in got[0][1], got
