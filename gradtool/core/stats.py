@@ -31,6 +31,7 @@ squares go to a :class:`~gradtool.core.norms.NormAccumulator`, so they can neith
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from types import ModuleType
@@ -116,6 +117,18 @@ class TensorStats:
 
 
 _TENSOR_STATS_FIELDS = tuple(f.name for f in fields(TensorStats))
+_SCRATCH = threading.local()  # each thread's buffers for StatsAccumulator._numpy_chunk
+
+
+def _scratch(role: str, n: int, dtype: Any) -> np.ndarray:
+    """This thread's buffer of ``n`` elements of ``dtype`` for ``role``, reused (grown when too small): a
+    new array of a chunk's size a pass is fresh pages of memory, each faulted in (a chunk with NaN took
+    2.2 ms, its passes ~1)."""
+    buf = getattr(_SCRATCH, role, None)
+    if buf is None or buf.size < n:
+        buf = np.empty(n, dtype)
+        setattr(_SCRATCH, role, buf)
+    return buf[:n]
 
 
 Moments = tuple[int, float, float, float]  # (count, m, m2, s): mean = m · s, M2 = Σ(x − mean)² = m2 · s²
@@ -123,17 +136,25 @@ NO_MOMENTS: Moments = (0, 0.0, 0.0, 1.0)
 UNSCALED_MOMENTS_RANGE = 1e100  # max |x| within [1/this, this]: (x − mean)² cannot overflow or underflow
 
 
-def chunk_moments(fin: Any, count: int, amax: float, xp: ModuleType, finite: Any = None) -> Moments:
+def chunk_moments(fin: Any, count: int, amax: float, xp: ModuleType, finite: Any = None,
+                  out: np.ndarray | None = None) -> Moments:
     """(count, m, m2, s) of a float64 chunk's ``count`` finite elements (``fin``: the chunk with zeros
     where ``finite`` is False; all finite when it is None), amax = their max |x|. s = 1 when amax is
     within [1e-100, 1e100]: m = mean = Σx / count, m2 = Σ(x − mean)². Otherwise s = 2^(e−1) for amax =
     f·2^e (f in [0.5, 1)), and the same formulas run on x/s (exact: s is a power of two): mean = m·s and
-    M2 = m2·s² are kept without overflowing or underflowing (nor rounding to subnormals until the end)."""
+    M2 = m2·s² are kept without overflowing or underflowing (nor rounding to subnormals until the end).
+    ``out``: a NumPy float64 buffer of fin's size for the deviations and their squares (else new arrays;
+    NumPy's own namespace then takes m2 by ``np.dot``)."""
     s = 1.0
     if amax > UNSCALED_MOMENTS_RANGE or 0.0 < amax < 1.0 / UNSCALED_MOMENTS_RANGE:
         s = math.ldexp(1.0, math.frexp(amax)[1] - 1)
         fin = fin / s
     mean = float(xp.sum(fin)) / count
+    if out is not None:  # in place, m2 summed as the Array API path below sums it (the same bits)
+        dev = np.subtract(fin, mean, out=out)
+        if finite is not None:
+            np.copyto(dev, 0.0, where=~finite)
+        return count, mean, float(np.sum(np.multiply(dev, dev, out=dev))), s
     dev = fin - mean
     if finite is not None:
         dev = xp.where(finite, dev, xp.zeros_like(dev))
@@ -310,7 +331,15 @@ class StatsAccumulator:
     def _generic_chunk(self, c: Any, xp: ModuleType, sumsq: bool = True) -> None:
         """(``sumsq`` False: the chunk's part of the norm is the caller's to add.)"""
         self.moduli |= is_complex_dtype(c.dtype, xp)
+        if type(c) is np.ndarray and not self.moduli:  # (into this thread's buffer: no new pages a chunk)
+            c64 = _scratch("c64", c.size, np.float64)
+            np.copyto(c64, c.reshape(-1), casting="unsafe")  # (astype's values)
+            self._numpy_chunk(c64, sumsq)
+            return
         c64 = as_float64(c, xp)  # complex: the moduli, NaN where a part is NaN
+        if type(c64) is np.ndarray:
+            self._numpy_chunk(c64.reshape(-1), sumsq)
+            return
         isnan = xp.isnan(c64)
         isinf = xp.isinf(c64)
         finite = ~(isnan | isinf)
@@ -334,6 +363,47 @@ class StatsAccumulator:
             self.moments = _combine(self.moments, chunk_moments(fin, count, amax, xp, finite))
             if self.p == 1.0:
                 self.l1.append(float(xp.sum(xp.abs(fin))))
+
+    def _numpy_chunk(self, c64: np.ndarray, sumsq: bool) -> None:
+        """:meth:`_generic_chunk` of a NumPy float64 chunk (a copy of the chunk: changed here), with the same
+        results in fewer passes: the counts
+        by ``count_nonzero``, NaN told from ±inf only where ``isfinite`` finds either, the finite extremes
+        by reductions ``where`` they are finite, max |x| from them; and a chunk with NaN or ±inf has no
+        squares (nor L1 part) summed, which the tensor's norms are NaN or inf without (:meth:`l2`,
+        :meth:`norm`). Such chunks are every chunk of a step whose training went NaN: ~1.8 ms each of
+        2^18 elements, the GPT-2 set with a NaN in each tensor read in-process in 0.34 s against 0.07 s."""
+        n = c64.shape[0]
+        finite = np.isfinite(c64, out=_scratch("finite", n, np.bool_))
+        count = int(np.count_nonzero(finite))
+        odd = n - count
+        mask = _scratch("mask", n, np.bool_)
+        if odd:
+            isnan = np.isnan(c64, out=_scratch("isnan", n, np.bool_))
+            n_nan = int(np.count_nonzero(isnan))
+            self.nan += n_nan
+            if odd > n_nan:
+                self.inf += odd - n_nan
+                isinf = ~(finite | isnan)
+                self.pos_inf |= bool(np.any(isinf & (c64 > 0)))
+                self.neg_inf |= bool(np.any(isinf & (c64 < 0)))
+        self.zeros += int(np.count_nonzero(np.equal(c64, 0, out=mask)))
+        if not count:
+            return
+        if odd:
+            lo = float(np.min(c64, where=finite, initial=math.inf))
+            hi = float(np.max(c64, where=finite, initial=-math.inf))
+            np.copyto(c64, 0.0, where=np.logical_not(finite, out=mask))
+            fin = c64
+        else:
+            fin, lo, hi = c64, float(np.min(c64)), float(np.max(c64))
+        amax = max(abs(lo), abs(hi))
+        self.lo, self.hi, self.amax = min(self.lo, lo), max(self.hi, hi), max(self.amax, amax)
+        if sumsq and not odd:
+            self.sumsq._exact(fin, np)
+        self.moments = _combine(self.moments, chunk_moments(fin, count, amax, np, finite if odd else None,
+                                                            _scratch("dev", n, np.float64)))
+        if self.p == 1.0 and not odd:
+            self.l1.append(float(np.sum(np.abs(fin))))
 
     def merge(self, other: StatsAccumulator) -> None:
         """Add another accumulator's elements (another shard of the tensor, or a worker's partial result).

@@ -221,3 +221,47 @@ def test_huge_and_tiny_values_in_stats():
     assert s.norm == pytest.approx(math.sqrt(2) * 1e200, rel=1e-14)
     s = tensor_stats(np.array([3e-200, 4e-200]))
     assert s.norm == pytest.approx(5e-200, rel=1e-14)
+
+
+_nonfinite = st.sampled_from([np.nan, -np.nan, np.inf, -np.inf])
+_odd_values = st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, 3e4, -7.5, 1e200, 5e-310])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([np.float32, np.float16, np.float64, ml_dtypes.bfloat16]),
+       st.lists(st.integers(0, 3000), min_size=1, max_size=4), _nonfinite, st.lists(_odd_values, max_size=12),
+       st.integers(0, 2**32 - 1), st.sampled_from([1.0, 2.0, math.inf]))
+def test_numpy_chunks_with_nan_and_inf_have_the_array_api_paths_statistics(dtype, sizes, first, odd, seed, p):
+    """Chunks with NaN or ±inf (and extreme values), which the compiled summary does not decide, are taken by
+    StatsAccumulator._numpy_chunk for NumPy arrays (in this thread's buffers, NaN and ±inf told apart
+    only where some are found, no squares summed where either is): every field of the result is the
+    Array API path's, bit for bit (array-api-strict's arrays take it), the counts, extremes, mean and
+    std of the finite elements, and the norms (NaN or inf where NaN or ±inf are)."""
+    import dataclasses
+
+    import array_api_strict as xps
+
+    from gradtool.core.stats import StatsAccumulator
+
+    rng = np.random.default_rng(seed)
+    chunks = []
+    for n in sizes:
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            c = (rng.standard_normal(n) * 10.0 ** rng.integers(-5, 6)).astype(np.float64)
+            if n:  # (each chunk with NaN or ±inf: a finite one takes NumPy's fast path, other sums)
+                c[rng.integers(0, n, len(odd) + 1)] = [first, *odd]
+                c[rng.integers(0, n)] = first
+            chunks.append(c.astype(dtype))
+    results = []
+    for namespace in (None, xps):
+        acc = StatsAccumulator(p, xp=namespace)
+        for c in chunks:
+            if namespace is None:
+                acc.update(c)
+            elif c.dtype.itemsize == 2:  # (array-api-strict has no 16-bit floats: their float32 values)
+                acc.update(xps.asarray(c.astype(np.float32)))
+            else:
+                acc.update(xps.asarray(c))
+        got = acc.result((sum(sizes),), np.dtype(dtype).name, True)
+        results.append(repr(dataclasses.astuple(got)))
+    assert results[0] == results[1]
