@@ -628,6 +628,21 @@ def main() -> None:
             add(f"stats safetensors {name}: read bandwidth vs raw read", half_bytes / t_cli / 1e9,
                 half_bytes / t_raw / 1e9, "raw read", higher_is_better=True, unit="GB/s")
             os.unlink(p)
+        # ... and a step whose training went wrong: a NaN in every tensor, so a chunk of each the compiled
+        # summary does not decide (NumPy's passes, each into a new array, 7 ms a chunk of 2^18 until the
+        # fifty-sixth session: in-process 0.23 s against 0.04 s), in-process against the clean file
+        nan_path = os.path.join(tmp, "gpt2_nan.safetensors")
+        with_nan = {k: v.copy() for k, v in big.items()}
+        for i, v in enumerate(with_nan.values()):
+            v.reshape(-1)[(i * 7919) % v.size] = np.nan
+        gradtool.save_dump(nan_path, with_nan)
+        del with_nan
+        clean = files["safetensors"]
+        t_nan, t_clean = alternate(lambda: timeit(lambda: in_process(nan_path), 1),
+                                   lambda: timeit(lambda: in_process(clean), 1), max(rep, 5))
+        add("stats in-process, the GPT-2 set with a NaN in every tensor (vs the clean set)", t_nan, t_clean,
+            "the clean set")
+        os.unlink(nan_path)
         # ... and the CLI against a process that only reads the file (interpreter start-up in both)
         reader_proc = [sys.executable, "-c", "import mmap, sys; b = mmap.mmap(-1, 1 << 20); "  # page-aligned: see raw_read
                        "f = open(sys.argv[1], 'rb', buffering=0)\nwhile f.readinto(b): pass", files["npz"]]
@@ -907,6 +922,14 @@ def main() -> None:
                                           rep)
         add("clip --mode value, the bfloat16 set, --no-fsync (vs global-norm, same file)", t_value16, t_global16,
             "clip --mode global-norm")
+        # (NaN zeroed first, and clipped by slices: their values by ml_dtypes, through NumPy, until the
+        # fifty-sixth session: 1.12 and 1.09 s against 0.29 s)
+        for how in (("--mode", "global-norm", "--nonfinite", "zero"), ("--mode", "norm", "--axes", "-1")):
+            t_how, t_global16 = alternate(lambda: clip_mode(bf16, out, *how, "--max", "1e-3"),
+                                          lambda: clip_mode(bf16, out, "--mode", "global-norm", "--max", "1e-3"),
+                                          rep)
+            add(f"clip {' '.join(how)}, the bfloat16 set, --no-fsync (vs global-norm, same file)", t_how,
+                t_global16, "clip --mode global-norm")
         os.remove(bf16)
         # ... and a float64 dump (every other tensor of the set: ~1 GB) against a copy of it: its norms by
         # NumPy in float64 (three new arrays a chunk until the forty-second session: 1.28 s for 420 MB,

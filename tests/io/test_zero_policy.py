@@ -23,9 +23,10 @@ _KINDS = ["plain", "plain", "plain", "nan", "inf", "all_nan", "zeros"]
 _tensor = st.tuples(st.sampled_from(list(_DTYPES)),
                     st.one_of(st.integers(0, 300), st.integers(0, 300), st.sampled_from([STREAM_CHUNK + 9])),
                     st.sampled_from(_KINDS), st.booleans())
-_SPECS = [("global-norm", 1e-2, None, None), ("global-norm", 1e30, None, None), ("norm", 0.5, None, None),
-          ("average-norm", 1e-3, None, None), ("value", 0.5, None, None), ("value", 0.5, 0.25, None),
-          ("norm", 0.5, None, (-1,)), ("norm", 0.5, None, (0,))]
+_SPECS = [("global-norm", 1e-2, None, None, 2), ("global-norm", 1e30, None, None, 2),
+          ("global-norm", 1e-2, None, None, math.inf), ("global-norm", 1e-2, None, None, 1),
+          ("norm", 0.5, None, None, 2), ("average-norm", 1e-3, None, None, 2), ("value", 0.5, None, None, 2),
+          ("value", 0.5, 0.25, None, 2), ("norm", 0.5, None, (-1,), 2), ("norm", 0.5, None, (0,), 2)]
 
 
 def _arrays(tensors, seed):
@@ -66,18 +67,20 @@ def _clipped(src, out, spec, fmt):
        st.sampled_from(range(len(_SPECS))), st.booleans(), st.integers(0, 2**16))
 @example([("bf16", STREAM_CHUNK + 9, "nan", False), ("f32", 200, "plain", False), ("f16", 7, "inf", False)],
          "safetensors", 0, True, 1)
-@example([("f32", STREAM_CHUNK + 9, "inf", True), ("f64", STREAM_CHUNK + 9, "nan", False)], "npz", 5, True, 2)
+@example([("f32", STREAM_CHUNK + 9, "inf", True), ("f64", STREAM_CHUNK + 9, "nan", False)], "npz", 7, True, 2)
+@example([("f16", STREAM_CHUNK + 9, "plain", False), ("f32", 50, "nan", False), ("f32", 60, "plain", False)],
+         "safetensors", 2, True, 3)
 def test_clip_under_zero_is_the_clip_of_the_zeroed_dump(tmp_path_factory, tensors, fmt, which, two_cores, seed):
     """Output bytes, norms before and after (to the bit) and scale of ``clip --nonfinite zero`` are those of
     clipping the dump with its NaN and ±inf zeroed beforehand (by NumPy, here) under the "error" policy;
     the changed elements are those whose value differs from the input (NaN -> 0 counts), counted here;
     the norms before are the float64 reference's of the zeroed tensors. For every mode, float32, float16,
     float64 and bfloat16 tensors of one chunk or more, in runs or alone, on two cores (pass 1 in pieces)
-    or one, read at a file offset or inflated."""
+    or one, read at a file offset or inflated; the global norm as L2, L1 and max."""
     from gradtool import summarize
     from gradtool.clip_dump import ClipSpec
 
-    mode, max_, min_, axes = _SPECS[which]
+    mode, max_, min_, axes, norm_type = _SPECS[which]
     arrays = _arrays(tensors, seed)
     deflated = fmt == "npz-deflated"
     ext = "npz" if deflated else fmt
@@ -94,7 +97,7 @@ def test_clip_under_zero_is_the_clip_of_the_zeroed_dump(tmp_path_factory, tensor
     writer_fmt = "hdf5" if ext == "h5" else ext
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(summarize, "PARALLEL_MIN_BYTES", 0 if two_cores else 1 << 40)
-        spec = ClipSpec(mode, max=max_, min=min_, axes=axes, nonfinite="zero")
+        spec = ClipSpec(mode, max=max_, min=min_, axes=axes, norm_type=norm_type, nonfinite="zero")
         rep, got = _clipped(src, str(d / f"out.{ext}"), spec, writer_fmt)
         ref_rep, ref = _clipped(zeroed_src, str(d / f"ref.{ext}"), dataclasses.replace(spec, nonfinite="error"),
                                 writer_fmt)
@@ -107,7 +110,9 @@ def test_clip_under_zero_is_the_clip_of_the_zeroed_dump(tmp_path_factory, tensor
         before, after = a.astype(np.float64), out.astype(np.float64)
         assert t.clipped_elements == int(np.count_nonzero(before != after)), t.name  # (NaN != 0: counted)
         assert t.clipped == (t.clipped_elements > 0)
-        assert math.isclose(t.norm_before, ref_l2(_zeroed(a)), rel_tol=1e-6, abs_tol=1e-300)
+        z = np.abs(_zeroed(a).astype(np.float64)).reshape(-1)
+        ref_norm = {2: ref_l2(z), 1: math.fsum(z.tolist()), math.inf: float(z.max(initial=0.0))}[norm_type]
+        assert math.isclose(t.norm_before, ref_norm, rel_tol=1e-6, abs_tol=1e-300)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
