@@ -1033,10 +1033,11 @@ def _norm_rows(info: TensorInfo, width: int, bits: bool = False) -> tuple[int, n
 def _row_norms(blocks: Callable[[bool], Iterator[np.ndarray]], info: TensorInfo, width: int, policy: str,
                np_xp: ModuleType, bits: np.dtype | None = None) -> np.ndarray:
     """Pass A of :func:`_clip_slices` for rows: each row's L2 norm by ``slice_l2_norms``, a few rows at a
-    time (their float64 copies stay in cache); float16 and float32 rows widened into one reused float64
-    buffer and squared there, as ``slice_l2_norms`` squares its copy (each row's sum is the same pairwise
-    sum whatever the rows around it: the same bits), four times the rows a call (~18,000 calls of ~20 us
-    for the GPT-2 set by rows: 0.4 s of its 1.0). Raises NonFiniteError under "error" for NaN/Inf."""
+    time (their float64 copies stay in cache); float16, float32 and bfloat16 rows (as their bits:
+    ``bits``, widened to float32 first, exactly) widened into one reused float64 buffer and squared there,
+    as ``slice_l2_norms`` squares its copy (each row's sum is the same pairwise sum whatever the rows
+    around it: the same bits), four times the rows a call (~18,000 calls of ~20 us for the GPT-2 set by
+    rows: 0.4 s of its 1.0). Raises NonFiniteError under "error" for NaN/Inf."""
     from .core.norms import slice_l2_norms
 
     norms = np.empty(info.size // width)
